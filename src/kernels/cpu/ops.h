@@ -1,0 +1,88 @@
+#pragma once
+// CPU reference ops (fp32 compute). Every op has its forward and backward side by side.
+// Conventions:
+//  * Pointers are contiguous row-major fp32 unless stated. `rows` = flattened leading dims.
+//  * Backward functions WRITE input gradients (dx) and ACCUMULATE (+=) parameter gradients
+//    (dw, db), because parameter grads live in the model's fp32 main-grad buffer and are
+//    accumulated over micro-batches.
+//  * Linear weights use Megatron's layout [out_features, in_features].
+//  * Multi-threading is by OpenMP / OpenBLAS; results must not depend on the thread count
+//    (each output element is reduced in a fixed order).
+#include <cstdint>
+
+namespace mt::cpu {
+
+// ---- GEMM (OpenBLAS sgemm). y[M,N] = x[M,K] @ w[N,K]^T (+ b[N]).
+void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K);
+// dx[M,K] = dy @ w (written, if dx != nullptr); dw[N,K] += dy^T @ x; db[N] += sum_rows dy (if db).
+void linear_backward(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db, int64_t M,
+                     int64_t N, int64_t K);
+
+// ---- Embedding. out[n, dim] = table[ids[n], :]; dtable[ids[n], :] += dout[n, :].
+void embedding_forward(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim);
+void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t dim);
+
+// ---- RMSNorm: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). rstd[rows] saved for backward.
+void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps);
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                      int64_t rows, int64_t dim);
+
+// ---- LayerNorm: y = (x - mean) * rstd * w + b.
+void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                       int64_t rows, int64_t dim, float eps);
+void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                        float* dx, float* dw, float* db, int64_t rows, int64_t dim);
+
+// ---- RoPE, rotate-half (GPT-NeoX / Megatron / HF Llama style), applied to the first
+// `rot_dim` channels of each head (rot_dim = head_dim * rotary_percent, even); the rest pass.
+// cos/sin tables: [seq, rot_dim/2], built by rope_tables with inv_freq[i] = base^(-2i/rot_dim).
+void rope_tables(int64_t seq, int64_t rot_dim, double base, float* cos_out, float* sin_out);
+// x: [B, H, S, D] in place. Position of element (b,h,s,:) is s.
+void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
+                  int64_t rot_dim);
+// Backward is the inverse rotation of dy, in place.
+void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
+                   int64_t rot_dim);
+
+// ---- Causal self-attention with GQA (Hq = Hkv * group), tiled with an online softmax:
+// no S x S matrix is kept; lse[B, Hq, S] (log-sum-exp of scaled scores) is saved for backward.
+// q: [B, Hq, S, D], k/v: [B, Hkv, S, D], out: [B, Hq, S, D].
+// Attention dropout (p > 0) is applied to the normalised probabilities with Philox keyed by
+// (seed, offset, (b*Hq+h)*S*S + i*S + j), regenerated identically in backward.
+struct AttnParams {
+  int64_t B, Hq, Hkv, S, D;
+  float scale;  // usually 1/sqrt(D)
+  bool causal = true;
+  float dropout_p = 0.f;
+  uint64_t seed = 0, offset = 0;
+};
+void attention_forward(const AttnParams& p, const float* q, const float* k, const float* v, float* out, float* lse);
+// Writes dq, dk, dv (not accumulated).
+void attention_backward(const AttnParams& p, const float* q, const float* k, const float* v, const float* out,
+                        const float* lse, const float* dout, float* dq, float* dk, float* dv);
+
+// ---- SwiGLU on Megatron's fc1 output: x[rows, 2F] = [gate | up]; y[rows, F] = silu(gate) * up.
+void swiglu_forward(const float* x, float* y, int64_t rows, int64_t F);
+void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, int64_t F);
+
+// ---- GELU: exact erf form (Megatron default) or tanh approximation (--openai-gelu, HF gelu_new).
+void gelu_forward(const float* x, float* y, int64_t n, bool tanh_approx);
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool tanh_approx);
+
+// ---- Dropout with inverted scaling; mask regenerated from Philox (seed, offset, i).
+void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t offset);
+void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed, uint64_t offset);
+
+// ---- Softmax cross-entropy over logits[N, V] (V may include padded entries: only the first
+// `valid_v` columns take part). losses[N] = lse - logit[target]; lse[N] saved.
+void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, float* lse, int64_t N,
+                           int64_t V, int64_t valid_v);
+// dlogits[N, V] = dloss[n] * (softmax - onehot); padded columns get 0.
+void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,
+                            float* dlogits, int64_t N, int64_t V, int64_t valid_v);
+
+// ---- Elementwise helpers used by the model.
+void add_inplace(float* y, const float* x, int64_t n);  // y += x
+void scale_inplace(float* y, float s, int64_t n);
+
+}  // namespace mt::cpu

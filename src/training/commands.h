@@ -1,0 +1,10 @@
+#pragma once
+#include <string>
+#include <vector>
+
+namespace mt {
+// Dispatches a subcommand; throws mt::Error for an unknown one (with a did-you-mean).
+int run_command(const std::string& cmd, const std::vector<std::string>& args);
+int pretrain_main(const std::vector<std::string>& args);
+int generate_main(const std::vector<std::string>& args);
+}  // namespace mt
