@@ -20,6 +20,7 @@ struct LRScheduleConfig {
   // Weight decay schedule (--start-weight-decay, --end-weight-decay, --weight-decay-incr-style).
   double start_wd = 0.01, end_wd = 0.01;
   std::string wd_incr_style = "constant";  // constant | linear | cosine
+  int64_t wd_incr_steps = 0;         // in samples (Megatron: --train-iters * global batch, or --train-samples)
 };
 
 class LRSchedule {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mt::optim {
@@ -35,6 +36,9 @@ class Optimizer {
   virtual void set_step_count(int64_t n) = 0;
 };
 
+// AdamW (optim/adamw.h) or SGD (optim/sgd.h) over a flat buffer of numel. Spans must not
+// overlap; elements outside every span get weight decay. Throws mt::Error naming the flag
+// for invalid settings (--optimizer, --adam-beta1, ...).
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> spans);
 
 // Global L2 norm of grads (fp64 accumulation, fixed order: thread-count independent).

@@ -1,4 +1,4 @@
-#include "training/suggest.h"
+#include "core/suggest.h"
 
 #include <algorithm>
 

@@ -1,0 +1,46 @@
+#pragma once
+// Safetensors files (HF's format: u64 header length, JSON header, raw little-endian data): plain
+// data, never code. The reader validates the header before trusting any size in it.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mt::checkpoint {
+
+struct TensorEntry {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  const void* data = nullptr;  // for writing
+  size_t nbytes = 0;
+};
+
+// Writes atomically enough for our use: the caller writes into a temporary directory.
+// Returns the CRC32 of the whole file.
+uint32_t write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
+                           const std::map<std::string, std::string>& metadata = {});
+
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);  // reads and validates; throws mt::Error naming the file
+  bool has(const std::string& name) const { return index_.count(name) != 0; }
+  const TensorEntry& entry(const std::string& name) const;  // throws naming tensor and file
+  std::vector<std::string> names() const;
+  // Copies tensor `name` into dst (converted to f32) after checking its shape.
+  void read_f32(const std::string& name, const Shape& expected, float* dst) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  std::string path_;
+  std::vector<char> bytes_;
+  std::map<std::string, TensorEntry> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+std::string safetensors_dtype(DType t);
+uint32_t crc32_file(const std::string& path);
+
+}  // namespace mt::checkpoint

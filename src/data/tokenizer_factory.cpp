@@ -1,0 +1,36 @@
+// Maps Megatron's --tokenizer-type to an implementation and checks the flags each type needs.
+#include <filesystem>
+
+#include "core/error.h"
+#include "data/tokenizer.h"
+#include "data/tokenizers/gpt2_bpe_tokenizer.h"
+#include "data/tokenizers/null_tokenizer.h"
+
+namespace mt::data {
+
+namespace {
+
+constexpr const char* kValidTypes =
+    "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, NullTokenizer";
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerOptions& opts) {
+  if (opts.type == "NullTokenizer") {
+    if (opts.vocab_size <= 0) {
+      fail("--tokenizer-type NullTokenizer needs --vocab-size N (ids are 0..N-1, EOD is N)");
+    }
+    return std::make_unique<NullTokenizer>(opts.vocab_size);
+  }
+  if (opts.type == "GPT2BPETokenizer") {
+    if (opts.vocab_file.empty() || opts.merge_file.empty()) {
+      fail("--tokenizer-type GPT2BPETokenizer needs --vocab-file (encoder.json / gpt2-vocab.json) "
+           "and --merge-file (vocab.bpe / gpt2-merges.txt)");
+    }
+    return std::make_unique<Gpt2BpeTokenizer>(opts.vocab_file, opts.merge_file);
+  }
+  if (opts.type.empty()) fail("--tokenizer-type is required; valid types: {}", kValidTypes);
+  fail("--tokenizer-type {} is not supported; valid types: {}", opts.type, kValidTypes);
+}
+
+}  // namespace mt::data

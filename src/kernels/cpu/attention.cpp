@@ -1,0 +1,452 @@
+// Self-attention in the flash-attention style: per (batch, query head, query tile) the keys are
+// streamed in tiles with a running row max and row sum (online softmax), so no S x S matrix is
+// ever held; lse = max + log(sum) is saved and backward recomputes each probability tile from it.
+//
+// Determinism: every output element is produced by one thread in a fixed loop order. The
+// backward has two schedules that give bit-identical results (same tile code, same order of
+// accumulation per element):
+//  * fused: one task per (batch, kv head) computes dq of its query heads and dk/dv together;
+//    fewest flops, used when there are enough such tasks to keep the threads busy;
+//  * split: tasks per (batch, kv head, key tile) compute dk/dv, then tasks per (batch, query
+//    head, query tile) compute dq. Probabilities are recomputed twice, but the work spreads over
+//    many more tasks (MQA, batch 1).
+//
+// Tiles live in zero-padded scratch buffers of fixed size, so the inner products are small
+// register-blocked loops the compiler vectorises, with no bounds tests; masked and padded
+// probabilities are exact zeros and add nothing.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/philox.h"
+#include "kernels/cpu/ops.h"
+
+namespace mt::cpu {
+
+namespace {
+
+constexpr int64_t kBq = 64;  // query rows per tile
+constexpr int64_t kBk = 64;  // keys per tile
+constexpr int64_t kR = 4;    // rows per register block
+template <typename T>
+constexpr int64_t kC = 32 / sizeof(T);  // columns per register block (two 16-byte vectors)
+
+constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+void check_params(const AttnParams& p) {
+  MT_CHECK(p.B >= 0 && p.S >= 0 && p.D > 0 && p.Hkv > 0 && p.Hq % p.Hkv == 0,
+           "bad attention shape B={} Hq={} Hkv={} S={} D={}", p.B, p.Hq, p.Hkv, p.S, p.D);
+}
+
+// Philox draws u[j] = uniform(seed, offset, idx0 + j) for j < n, one block of 4 at a time.
+void philox_range(uint64_t seed, uint64_t offset, uint64_t idx0, int64_t n, float* u) {
+  int64_t j = 0;
+  while (j < n) {
+    const uint64_t idx = idx0 + static_cast<uint64_t>(j);
+    const auto blk = Philox::uniform4(seed, offset, idx / 4);
+    for (uint64_t l = idx % 4; l < 4 && j < n; ++l, ++j) u[j] = blk[l];
+  }
+}
+
+// Rows of one query tile together with the key tile they meet.
+struct TileGeom {
+  int64_t i0, nq;  // first query row and row count
+  int64_t j0, nk;  // first key and key count
+  // Number of keys of this tile that query row i (tile-local) may see.
+  int64_t visible(int64_t i, bool causal) const {
+    if (!causal) return nk;
+    return std::clamp<int64_t>(i0 + i - j0 + 1, 0, nk);
+  }
+};
+
+// Copies rows [0, n) of a [*, D] block into a [kBk, D] buffer; rows past n become zero.
+template <typename T>
+void load_rows(const T* src, T* dst, int64_t n, int64_t rows, int64_t D) {
+  std::copy(src, src + n * D, dst);
+  std::fill(dst + n * D, dst + rows * D, T(0));
+}
+
+// dst[d * kBk + j] = src[j * D + d], zero for j >= nk: a key (or value) tile transposed so that
+// dot products against it become contiguous row updates.
+template <typename T>
+void load_transposed(const T* src, T* dst, int64_t nk, int64_t D) {
+  for (int64_t d = 0; d < D; ++d) {
+    T* row = dst + d * kBk;
+    for (int64_t j = 0; j < nk; ++j) row[j] = src[j * D + d];
+    std::fill(row + nk, row + kBk, T(0));
+  }
+}
+
+// s[i * kBk + j] = sum_d a[i * D + d] * bt[d * kBk + j], over d in increasing order, for the
+// rows and columns covering nq x nk (rounded up to whole blocks; padding inputs are zero).
+template <typename T>
+void tile_dot(const T* a, const T* bt, T* s, int64_t nq, int64_t nk, int64_t D) {
+  constexpr int64_t C = kC<T>;
+  const int64_t rows = round_up(nq, kR), cols = round_up(nk, C);
+  for (int64_t i = 0; i < rows; i += kR)
+    for (int64_t j = 0; j < cols; j += C) {
+      T acc[kR][C] = {};
+      for (int64_t d = 0; d < D; ++d) {
+        const T* b = bt + d * kBk + j;
+        for (int64_t r = 0; r < kR; ++r) {
+          const T x = a[(i + r) * D + d];
+          for (int64_t c = 0; c < C; ++c) acc[r][c] += x * b[c];
+        }
+      }
+      for (int64_t r = 0; r < kR; ++r)
+        for (int64_t c = 0; c < C; ++c) s[(i + r) * kBk + j + c] = acc[r][c];
+    }
+}
+
+// out[i * D + :] += sum_{j < nk} w[i * kBk + j] * m[j * D + :], j increasing, for i < nq
+// (rounded up to a block). `out` rows are [kBq, D] scratch.
+template <typename T>
+void tile_acc_rows(const T* w, const T* m, T* out, int64_t nq, int64_t nk, int64_t D) {
+  constexpr int64_t C = kC<T>;
+  const int64_t rows = round_up(nq, kR), dfull = D / C * C;
+  for (int64_t i = 0; i < rows; i += kR) {
+    for (int64_t d0 = 0; d0 < dfull; d0 += C) {
+      T acc[kR][C];
+      for (int64_t r = 0; r < kR; ++r)
+        for (int64_t c = 0; c < C; ++c) acc[r][c] = out[(i + r) * D + d0 + c];
+      for (int64_t j = 0; j < nk; ++j) {
+        const T* mj = m + j * D + d0;
+        for (int64_t r = 0; r < kR; ++r) {
+          const T x = w[(i + r) * kBk + j];
+          for (int64_t c = 0; c < C; ++c) acc[r][c] += x * mj[c];
+        }
+      }
+      for (int64_t r = 0; r < kR; ++r)
+        for (int64_t c = 0; c < C; ++c) out[(i + r) * D + d0 + c] = acc[r][c];
+    }
+    for (int64_t r = i; r < i + kR; ++r)  // head dims past the last full block
+      for (int64_t j = 0; j < nk; ++j)
+        for (int64_t d = dfull; d < D; ++d) out[r * D + d] += w[r * kBk + j] * m[j * D + d];
+  }
+}
+
+// out[j * D + :] += sum_{i < nq} w[i * kBk + j] * m[i * D + :], i increasing, for j < nk
+// (rounded up to a block): the transposed use of a probability tile. `out` is [kBk, D] scratch.
+template <typename T>
+void tile_acc_cols(const T* w, const T* m, T* out, int64_t nq, int64_t nk, int64_t D) {
+  constexpr int64_t C = kC<T>;
+  const int64_t cols = round_up(nk, kR), dfull = D / C * C;
+  for (int64_t j = 0; j < cols; j += kR) {
+    for (int64_t d0 = 0; d0 < dfull; d0 += C) {
+      T acc[kR][C];
+      for (int64_t r = 0; r < kR; ++r)
+        for (int64_t c = 0; c < C; ++c) acc[r][c] = out[(j + r) * D + d0 + c];
+      for (int64_t i = 0; i < nq; ++i) {
+        const T* mi = m + i * D + d0;
+        for (int64_t r = 0; r < kR; ++r) {
+          const T x = w[i * kBk + j + r];
+          for (int64_t c = 0; c < C; ++c) acc[r][c] += x * mi[c];
+        }
+      }
+      for (int64_t r = 0; r < kR; ++r)
+        for (int64_t c = 0; c < C; ++c) out[(j + r) * D + d0 + c] = acc[r][c];
+    }
+    for (int64_t r = j; r < j + kR; ++r)
+      for (int64_t i = 0; i < nq; ++i)
+        for (int64_t d = dfull; d < D; ++d) out[r * D + d] += w[i * kBk + r] * m[i * D + d];
+  }
+}
+
+// Fills z[i * kBk + j] with the dropout factor (0 or 1/(1-p)) of every visible entry.
+template <typename T>
+void dropout_factors(const AttnParams& p, int64_t bh, const TileGeom& g, float* u, T* z) {
+  const T keep_scale = T(1) / (T(1) - static_cast<T>(p.dropout_p));
+  for (int64_t i = 0; i < g.nq; ++i) {
+    const int64_t n = g.visible(i, p.causal);
+    const uint64_t idx0 = static_cast<uint64_t>((bh * p.S + g.i0 + i) * p.S + g.j0);
+    philox_range(p.seed, p.offset, idx0, n, u + i * kBk);
+    for (int64_t j = 0; j < n; ++j) z[i * kBk + j] = u[i * kBk + j] >= p.dropout_p ? keep_scale : T(0);
+  }
+}
+
+template <typename T>
+struct FwdScratch {
+  std::vector<T> qs, kt, vr, s, z, acc, m, l;
+  std::vector<float> u;
+  explicit FwdScratch(int64_t D)
+      : qs(kBq * D), kt(D * kBk), vr(kBk * D), s(kBq * kBk), z(kBq * kBk), acc(kBq * D), m(kBq), l(kBq),
+        u(kBq * kBk) {}
+};
+
+template <typename T>
+void attention_forward_impl(const AttnParams& p, const T* q, const T* k, const T* v, T* out, T* lse) {
+  check_params(p);
+  const int64_t S = p.S, D = p.D, group = p.Hq / p.Hkv;
+  const int64_t nqt = (S + kBq - 1) / kBq;
+  const int64_t tasks = p.B * p.Hq * nqt;
+  const bool dropout = p.dropout_p > 0.f;
+  const T scale = static_cast<T>(p.scale);
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+#pragma omp parallel
+  {
+    FwdScratch<T> w(D);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      // Reverse tile order within a head: with causal masking the last tiles are the longest,
+      // so starting them first balances the dynamic schedule.
+      const int64_t bh = task / nqt, qt = nqt - 1 - task % nqt;
+      const int64_t b = bh / p.Hq, h = bh % p.Hq;
+      const int64_t i0 = qt * kBq, nq = std::min(kBq, S - i0);
+      const T* qh = q + bh * S * D;
+      const int64_t kvh = (b * p.Hkv + h / group) * S * D;
+      // The softmax scale is folded into q once per tile; backward does the same, so the
+      // recomputed scores match these bit for bit.
+      for (int64_t x = 0; x < nq * D; ++x) w.qs[x] = qh[i0 * D + x] * scale;
+      std::fill(w.qs.begin() + nq * D, w.qs.end(), T(0));
+      std::fill(w.acc.begin(), w.acc.end(), T(0));
+      std::fill(w.m.begin(), w.m.end(), kNegInf);
+      std::fill(w.l.begin(), w.l.end(), T(0));
+      const int64_t key_end = p.causal ? i0 + nq : S;
+      for (int64_t j0 = 0; j0 < key_end; j0 += kBk) {
+        const TileGeom g{i0, nq, j0, std::min(kBk, key_end - j0)};
+        load_transposed(k + kvh + j0 * D, w.kt.data(), g.nk, D);
+        load_rows(v + kvh + j0 * D, w.vr.data(), g.nk, kBk, D);
+        tile_dot(w.qs.data(), w.kt.data(), w.s.data(), nq, g.nk, D);
+        if (dropout) dropout_factors(p, bh, g, w.u.data(), w.z.data());
+        for (int64_t i = 0; i < nq; ++i) {
+          const int64_t n = g.visible(i, p.causal);
+          T* si = w.s.data() + i * kBk;
+          std::fill(si + n, si + kBk, T(0));  // masked keys carry probability exactly 0
+          if (n == 0) continue;
+          T mx = w.m[i];
+          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, si[j]);
+          const T alpha = std::exp(w.m[i] - mx);  // 0 on the first tile (m = -inf)
+          T sum = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            si[j] = std::exp(si[j] - mx);
+            sum += si[j];
+          }
+          w.m[i] = mx;
+          w.l[i] = w.l[i] * alpha + sum;
+          // The normaliser counts every probability; dropout only changes what reaches V.
+          if (dropout)
+            for (int64_t j = 0; j < n; ++j) si[j] *= w.z[i * kBk + j];
+          T* ai = w.acc.data() + i * D;
+          for (int64_t d = 0; d < D; ++d) ai[d] *= alpha;
+        }
+        tile_acc_rows(w.s.data(), w.vr.data(), w.acc.data(), nq, g.nk, D);
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        T* oi = out + (bh * S + i0 + i) * D;
+        const T* ai = w.acc.data() + i * D;
+        if (w.l[i] > T(0)) {
+          const T inv = T(1) / w.l[i];
+          for (int64_t d = 0; d < D; ++d) oi[d] = ai[d] * inv;
+          lse[bh * S + i0 + i] = w.m[i] + std::log(w.l[i]);
+        } else {  // a row that sees no key: zero output, and +inf makes backward's exp() zero
+          std::fill(oi, oi + D, T(0));
+          lse[bh * S + i0 + i] = std::numeric_limits<T>::infinity();
+        }
+      }
+    }
+  }
+}
+
+// ---- backward
+
+template <typename T>
+struct BwdScratch {
+  std::vector<T> qs, dout, lse, di, kt, vt, kr, s, dp, z, dq, dk, dv;
+  std::vector<float> u;
+  BwdScratch(int64_t D, int64_t kv_rows)
+      : qs(kBq * D),
+        dout(kBq * D),
+        lse(kBq),
+        di(kBq),
+        kt(D * kBk),
+        vt(D * kBk),
+        kr(kBk * D),
+        s(kBq * kBk),
+        dp(kBq * kBk),
+        z(kBq * kBk),
+        dq(kBq * D),
+        dk(kv_rows * D),
+        dv(kv_rows * D),
+        u(kBq * kBk) {}
+};
+
+// Loads the per-query-tile state: scaled q, dO, lse and D_i = rowsum(dO * O), the term that
+// makes softmax backward a single pass: dS = P * (dP - D_i), since sum_j P_ij dP_ij = dO_i . O_i
+// (also with dropout, where O already carries the dropped, rescaled probabilities).
+template <typename T>
+void load_query_tile(const AttnParams& p, int64_t bh, int64_t i0, int64_t nq, const T* q, const T* out,
+                     const T* lse, const T* dout, BwdScratch<T>& w) {
+  const int64_t S = p.S, D = p.D;
+  const T scale = static_cast<T>(p.scale);
+  const T* qh = q + (bh * S + i0) * D;
+  const T* oh = out + (bh * S + i0) * D;
+  const T* gh = dout + (bh * S + i0) * D;
+  for (int64_t x = 0; x < nq * D; ++x) w.qs[x] = qh[x] * scale;
+  std::fill(w.qs.begin() + nq * D, w.qs.end(), T(0));
+  load_rows(gh, w.dout.data(), nq, kBq, D);
+  for (int64_t i = 0; i < nq; ++i) {
+    T acc = 0;
+    for (int64_t d = 0; d < D; ++d) acc += gh[i * D + d] * oh[i * D + d];
+    w.di[i] = acc;
+    w.lse[i] = lse[bh * S + i0 + i];
+  }
+}
+
+// One (query tile, key tile) pair: recomputes P from lse and accumulates into w.dq (unscaled)
+// and/or dk, dv ([kBk, D] scratch rows of this key tile). dk uses the scaled q, which carries
+// the softmax scale; dq is scaled once at the end by the caller.
+template <typename T>
+void tile_backward(const AttnParams& p, int64_t bh, const TileGeom& g, const T* kh, const T* vh, BwdScratch<T>& w,
+                   bool want_dq, T* dk, T* dv) {
+  const int64_t D = p.D;
+  const bool dropout = p.dropout_p > 0.f;
+  load_transposed(kh + g.j0 * D, w.kt.data(), g.nk, D);
+  load_transposed(vh + g.j0 * D, w.vt.data(), g.nk, D);
+  tile_dot(w.qs.data(), w.kt.data(), w.s.data(), g.nq, g.nk, D);
+  tile_dot(w.dout.data(), w.vt.data(), w.dp.data(), g.nq, g.nk, D);
+  if (dropout) dropout_factors(p, bh, g, w.u.data(), w.z.data());
+  for (int64_t i = 0; i < g.nq; ++i) {
+    const int64_t n = g.visible(i, p.causal);
+    T* si = w.s.data() + i * kBk;
+    T* dpi = w.dp.data() + i * kBk;
+    const T l = w.lse[i], di = w.di[i];
+    for (int64_t j = 0; j < n; ++j) si[j] = std::exp(si[j] - l);
+    if (dropout) {
+      const T* zi = w.z.data() + i * kBk;
+      // dp becomes dS; s becomes the dropped probabilities that multiplied V in forward.
+      for (int64_t j = 0; j < n; ++j) {
+        dpi[j] = si[j] * (dpi[j] * zi[j] - di);
+        si[j] *= zi[j];
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) dpi[j] = si[j] * (dpi[j] - di);
+    }
+    std::fill(si + n, si + kBk, T(0));
+    std::fill(dpi + n, dpi + kBk, T(0));
+  }
+  if (dv) tile_acc_cols(w.s.data(), w.dout.data(), dv, g.nq, g.nk, D);
+  if (dk) tile_acc_cols(w.dp.data(), w.qs.data(), dk, g.nq, g.nk, D);
+  if (want_dq) {
+    load_rows(kh + g.j0 * D, w.kr.data(), g.nk, kBk, D);
+    tile_acc_rows(w.dp.data(), w.kr.data(), w.dq.data(), g.nq, g.nk, D);
+  }
+}
+
+template <typename T>
+void store_dq(const AttnParams& p, int64_t bh, int64_t i0, int64_t nq, const BwdScratch<T>& w, T* dq) {
+  const T scale = static_cast<T>(p.scale);
+  T* dst = dq + (bh * p.S + i0) * p.D;
+  for (int64_t x = 0; x < nq * p.D; ++x) dst[x] = w.dq[x] * scale;
+}
+
+template <typename T>
+void attention_backward_impl(const AttnParams& p, const T* q, const T* k, const T* v, const T* out, const T* lse,
+                             const T* dout, T* dq, T* dk, T* dv) {
+  check_params(p);
+  const int64_t S = p.S, D = p.D, group = p.Hq / p.Hkv;
+  const int64_t nt = (S + kBq - 1) / kBq;
+  static_assert(kBq == kBk, "the causal tile bounds below assume square tiles");
+  const int64_t kv_heads = p.B * p.Hkv;
+  // Query tiles that meet key tile kt, and key tiles that query tile qt meets.
+  auto first_qt = [&](int64_t kt) { return p.causal ? kt : int64_t{0}; };
+  auto last_kt = [&](int64_t qt) { return p.causal ? qt : nt - 1; };
+  auto geom = [&](int64_t qt, int64_t kt) {
+    return TileGeom{qt * kBq, std::min(kBq, S - qt * kBq), kt * kBk, std::min(kBk, S - kt * kBk)};
+  };
+  // The schedule choice only changes who computes what, never the arithmetic order.
+  const bool fused = kv_heads >= 2 * static_cast<int64_t>(omp_get_max_threads());
+
+  if (fused) {
+#pragma omp parallel
+    {
+      BwdScratch<T> w(D, nt * kBk);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t bkv = 0; bkv < kv_heads; ++bkv) {
+        const int64_t b = bkv / p.Hkv, hk = bkv % p.Hkv;
+        const T* kh = k + bkv * S * D;
+        const T* vh = v + bkv * S * D;
+        std::fill(w.dk.begin(), w.dk.end(), T(0));
+        std::fill(w.dv.begin(), w.dv.end(), T(0));
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+          const int64_t bh = b * p.Hq + h;
+          for (int64_t qt = 0; qt < nt; ++qt) {
+            const TileGeom g0 = geom(qt, 0);
+            load_query_tile(p, bh, g0.i0, g0.nq, q, out, lse, dout, w);
+            std::fill(w.dq.begin(), w.dq.end(), T(0));
+            for (int64_t kt = 0; kt <= last_kt(qt); ++kt)
+              tile_backward(p, bh, geom(qt, kt), kh, vh, w, true, w.dk.data() + kt * kBk * D,
+                            w.dv.data() + kt * kBk * D);
+            store_dq(p, bh, g0.i0, g0.nq, w, dq);
+          }
+        }
+        std::copy(w.dk.begin(), w.dk.begin() + S * D, dk + bkv * S * D);
+        std::copy(w.dv.begin(), w.dv.begin() + S * D, dv + bkv * S * D);
+      }
+    }
+    return;
+  }
+
+#pragma omp parallel
+  {
+    BwdScratch<T> w(D, kBk);
+    // dk, dv: one task per key tile of a kv head, visiting query heads and tiles in the same
+    // order as the fused schedule. The two loops write disjoint outputs: no barrier between.
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t task = 0; task < kv_heads * nt; ++task) {
+      const int64_t bkv = task / nt, kt = task % nt;
+      const int64_t b = bkv / p.Hkv, hk = bkv % p.Hkv;
+      const T* kh = k + bkv * S * D;
+      const T* vh = v + bkv * S * D;
+      std::fill(w.dk.begin(), w.dk.end(), T(0));
+      std::fill(w.dv.begin(), w.dv.end(), T(0));
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        const int64_t bh = b * p.Hq + h;
+        for (int64_t qt = first_qt(kt); qt < nt; ++qt) {
+          const TileGeom g = geom(qt, kt);
+          load_query_tile(p, bh, g.i0, g.nq, q, out, lse, dout, w);
+          tile_backward(p, bh, g, kh, vh, w, false, w.dk.data(), w.dv.data());
+        }
+      }
+      const TileGeom gk = geom(0, kt);
+      std::copy(w.dk.begin(), w.dk.begin() + gk.nk * D, dk + (bkv * S + gk.j0) * D);
+      std::copy(w.dv.begin(), w.dv.begin() + gk.nk * D, dv + (bkv * S + gk.j0) * D);
+    }
+    // dq: one task per query tile of a query head, longest (last) tiles first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < p.B * p.Hq * nt; ++task) {
+      const int64_t bh = task / nt, qt = nt - 1 - task % nt;
+      const int64_t b = bh / p.Hq, h = bh % p.Hq;
+      const int64_t bkv = b * p.Hkv + h / group;
+      const TileGeom g0 = geom(qt, 0);
+      load_query_tile(p, bh, g0.i0, g0.nq, q, out, lse, dout, w);
+      std::fill(w.dq.begin(), w.dq.end(), T(0));
+      for (int64_t kt = 0; kt <= last_kt(qt); ++kt)
+        tile_backward<T>(p, bh, geom(qt, kt), k + bkv * S * D, v + bkv * S * D, w, true, nullptr, nullptr);
+      store_dq(p, bh, g0.i0, g0.nq, w, dq);
+    }
+  }
+}
+
+}  // namespace
+
+void attention_forward(const AttnParams& p, const float* q, const float* k, const float* v, float* out, float* lse) {
+  attention_forward_impl(p, q, k, v, out, lse);
+}
+void attention_forward(const AttnParams& p, const double* q, const double* k, const double* v, double* out,
+                       double* lse) {
+  attention_forward_impl(p, q, k, v, out, lse);
+}
+void attention_backward(const AttnParams& p, const float* q, const float* k, const float* v, const float* out,
+                        const float* lse, const float* dout, float* dq, float* dk, float* dv) {
+  attention_backward_impl(p, q, k, v, out, lse, dout, dq, dk, dv);
+}
+void attention_backward(const AttnParams& p, const double* q, const double* k, const double* v, const double* out,
+                        const double* lse, const double* dout, double* dq, double* dk, double* dv) {
+  attention_backward_impl(p, q, k, v, out, lse, dout, dq, dk, dv);
+}
+
+}  // namespace mt::cpu

@@ -1,0 +1,96 @@
+// Linear layer on OpenBLAS. y = x @ w^T with Megatron's [out, in] weight layout, so every
+// product is a single gemm with a transpose flag and no copies.
+#include <cblas.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.h"
+#include "kernels/cpu/ops.h"
+
+namespace mt::cpu {
+
+namespace {
+
+inline blasint bi(int64_t v) {
+  MT_CHECK(v >= 0 && v <= std::numeric_limits<blasint>::max(), "gemm dimension {} does not fit BLAS int", v);
+  return static_cast<blasint>(v);
+}
+
+// Row-major C[m,n] = alpha * op(A) @ op(B) + beta * C.
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, bi(m), bi(n), bi(k),
+              alpha, a, bi(lda), b, bi(ldb), beta, c, bi(ldc));
+}
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+                 const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, bi(m), bi(n), bi(k),
+              alpha, a, bi(lda), b, bi(ldb), beta, c, bi(ldc));
+}
+
+template <typename T>
+void linear_forward_impl(const T* x, const T* w, const T* b, T* y, int64_t M, int64_t N, int64_t K) {
+  if (M == 0 || N == 0) return;
+  // The bias is written first and the gemm accumulates onto it (beta = 1): no second pass.
+  if (b) {
+#pragma omp parallel for schedule(static) if (M * N > 65536)
+    for (int64_t r = 0; r < M; ++r) std::copy(b, b + N, y + r * N);
+  }
+  if (K == 0) {
+    if (!b) std::fill(y, y + M * N, T(0));
+    return;
+  }
+  gemm(false, true, M, N, K, T(1), x, K, w, K, b ? T(1) : T(0), y, N);
+}
+
+// db[N] += column sums of dy[M,N]. Threads split the columns, and each column is summed over
+// rows in increasing order, so the result does not depend on the thread count.
+template <typename T>
+void column_sum_add(const T* dy, T* db, int64_t M, int64_t N) {
+  constexpr int64_t kBlock = 256;
+  const int64_t nblocks = (N + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (M * N > 65536)
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    const int64_t j0 = blk * kBlock, j1 = std::min(N, j0 + kBlock);
+    T acc[kBlock] = {};
+    for (int64_t r = 0; r < M; ++r) {
+      const T* row = dy + r * N;
+      for (int64_t j = j0; j < j1; ++j) acc[j - j0] += row[j];
+    }
+    for (int64_t j = j0; j < j1; ++j) db[j] += acc[j - j0];
+  }
+}
+
+template <typename T>
+void linear_backward_impl(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t M, int64_t N,
+                          int64_t K) {
+  if (dx && M > 0 && K > 0) {
+    if (N == 0)
+      std::fill(dx, dx + M * K, T(0));
+    else
+      gemm(false, false, M, K, N, T(1), dy, N, w, K, T(0), dx, K);
+  }
+  if (M == 0 || N == 0) return;
+  if (dw && K > 0) gemm(true, false, N, K, M, T(1), dy, N, x, K, T(1), dw, K);
+  if (db) column_sum_add(dy, db, M, N);
+}
+
+}  // namespace
+
+void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K) {
+  linear_forward_impl(x, w, b, y, M, N, K);
+}
+void linear_forward(const double* x, const double* w, const double* b, double* y, int64_t M, int64_t N, int64_t K) {
+  linear_forward_impl(x, w, b, y, M, N, K);
+}
+void linear_backward(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db, int64_t M,
+                     int64_t N, int64_t K) {
+  linear_backward_impl(dy, x, w, dx, dw, db, M, N, K);
+}
+void linear_backward(const double* dy, const double* x, const double* w, double* dx, double* dw, double* db,
+                     int64_t M, int64_t N, int64_t K) {
+  linear_backward_impl(dy, x, w, dx, dw, db, M, N, K);
+}
+
+}  // namespace mt::cpu

@@ -1,0 +1,29 @@
+#pragma once
+// Self-attention as Megatron lays it out: linear_qkv packs, per query group, that group's q
+// heads, then its k head, then its v head; RoPE (rotate-half) on q and k; causal flash-style
+// core attention with GQA; linear_proj back to hidden.
+#include "model/layers.h"
+
+namespace mt::model {
+
+struct RopeTables {
+  Tensor cos, sin;  // [seq, rot_dim/2]
+  int64_t rot_dim = 0;
+  void build(int64_t seq, int64_t rot_dim, double base);
+};
+
+struct SelfAttention {
+  TransformerConfig cfg;
+  Linear qkv, proj;
+  const RopeTables* rope = nullptr;
+  struct Saved {
+    Tensor x, q, k, v, out, lse, ctx;
+    uint64_t seed = 0, offset = 0;
+  };
+  void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const RopeTables* r);
+  // x: [S*B, H] with rows in (s, b) order.
+  Tensor forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
+  Tensor backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
+};
+
+}  // namespace mt::model

@@ -1,0 +1,53 @@
+#pragma once
+// TransformerConfig: the model's shape and numerics, filled from Megatron-LM's flags by the
+// training layer. validate() turns impossible combinations into one clear error.
+#include <cstdint>
+#include <string>
+
+namespace mt::model {
+
+struct TransformerConfig {
+  int64_t num_layers = 2;
+  int64_t hidden_size = 64;
+  int64_t ffn_hidden_size = 0;       // default 4*h, or Megatron's SwiGLU default (see finalize)
+  int64_t num_attention_heads = 4;
+  int64_t num_query_groups = 0;      // 0 -> = heads (no GQA)
+  int64_t kv_channels = 0;           // head dim; 0 -> hidden / heads
+  int64_t seq_length = 128;
+  int64_t max_position_embeddings = 0;  // learned positions; 0 -> seq_length
+  int64_t vocab_size = 0;            // padded vocabulary (rows of the embedding)
+  int64_t orig_vocab_size = 0;       // tokenizer vocabulary before padding
+  std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
+  float norm_epsilon = 1e-5f;
+  bool swiglu = false;
+  bool openai_gelu = false;          // tanh-approximate GELU
+  std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope | none
+  double rotary_base = 10000.0;
+  float rotary_percent = 1.0f;
+  bool add_bias_linear = true;
+  bool add_qkv_bias = false;         // true when add_bias_linear (Megatron), or --add-qkv-bias
+  bool untie_embeddings_and_output_weights = false;
+  float init_method_std = 0.02f;
+  float attention_dropout = 0.1f;
+  float hidden_dropout = 0.1f;
+  bool bf16 = false;                 // bf16 model params/activations, fp32 main params & grads
+  uint64_t seed = 1234;
+
+  int64_t head_dim() const { return kv_channels; }
+  int64_t groups() const { return num_query_groups; }
+  int64_t q_per_group() const { return num_attention_heads / num_query_groups; }
+  int64_t qkv_out() const { return num_query_groups * (q_per_group() + 2) * kv_channels; }
+  int64_t fc1_out() const { return swiglu ? 2 * ffn_hidden_size : ffn_hidden_size; }
+  int64_t rotary_dim() const;
+  bool rope() const { return position_embedding_type == "rope"; }
+  bool rmsnorm() const { return normalization == "RMSNorm"; }
+
+  // Fills defaults that depend on other fields, then validates; throws mt::Error naming the flag.
+  void finalize();
+  int64_t num_parameters() const;
+};
+
+// Megatron's vocab padding: round up to a multiple of divisible_by * tp.
+int64_t padded_vocab_size(int64_t orig, int64_t divisible_by, int64_t tp);
+
+}  // namespace mt::model

@@ -1,0 +1,18 @@
+#pragma once
+// MLP: linear_fc1 (-> [gate | up] for SwiGLU), activation, linear_fc2.
+#include "model/layers.h"
+
+namespace mt::model {
+
+struct MLP {
+  TransformerConfig cfg;
+  Linear fc1, fc2;
+  struct Saved {
+    Tensor x, h, a;  // input, fc1 output, activation output
+  };
+  void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c);
+  Tensor forward(const Tensor& x, Saved& s, PassContext& ctx) const;
+  Tensor backward(const Tensor& dy, Saved& s, PassContext& ctx) const;
+};
+
+}  // namespace mt::model

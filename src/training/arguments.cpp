@@ -1,0 +1,257 @@
+#include "training/arguments.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "training/flag_parser.h"
+
+namespace mt {
+namespace {
+
+struct Registered {
+  FlagParser parser{"pretrain"};
+  bool fp16 = false, disable_bias_linear = false, add_qkv_bias = false, use_rotary = false;
+};
+
+void register_flags(FlagParser& p, Arguments& a, Registered& r) {
+  auto& m = a.model;
+  // Model shape.
+  p.value("--num-layers", &m.num_layers, "number of transformer layers");
+  p.value("--hidden-size", &m.hidden_size, "transformer hidden size");
+  p.value("--ffn-hidden-size", &m.ffn_hidden_size, "MLP hidden size (default 4*h; SwiGLU: 8h/3 rounded to 64)");
+  p.value("--num-attention-heads", &m.num_attention_heads, "number of attention heads");
+  p.store_true("--group-query-attention", &a.group_query_attention, "use grouped-query attention");
+  p.value("--num-query-groups", &m.num_query_groups, "number of query groups (with --group-query-attention)");
+  p.value("--kv-channels", &m.kv_channels, "head dimension (default hidden/heads)");
+  p.value("--seq-length", &m.seq_length, "sequence length");
+  p.value("--max-position-embeddings", &m.max_position_embeddings, "positions of the learned position embedding");
+  p.value("--normalization", &m.normalization, "normalization layer", {"LayerNorm", "RMSNorm"});
+  p.value("--norm-epsilon", &m.norm_epsilon, "epsilon of the normalization layers (default 1e-5)");
+  p.store_true("--swiglu", &m.swiglu, "SwiGLU MLP activation");
+  p.store_true("--openai-gelu", &m.openai_gelu, "tanh-approximate GELU");
+  p.value("--position-embedding-type", &m.position_embedding_type, "position embedding",
+          {"learned_absolute", "rope", "none"});
+  p.store_true("--use-rotary-position-embeddings", &r.use_rotary, "same as --position-embedding-type rope");
+  p.value("--rotary-base", &m.rotary_base, "RoPE base (default 10000)");
+  p.value("--rotary-percent", &m.rotary_percent, "fraction of the head dimension rotated (default 1.0)");
+  p.store_true("--disable-bias-linear", &r.disable_bias_linear, "no biases in linear layers");
+  p.store_true("--add-qkv-bias", &r.add_qkv_bias, "bias in the QKV projection even with --disable-bias-linear");
+  p.store_true("--untie-embeddings-and-output-weights", &m.untie_embeddings_and_output_weights,
+               "separate output layer weights");
+  p.value("--init-method-std", &m.init_method_std, "std of the normal init (default 0.02)");
+  p.value("--attention-dropout", &m.attention_dropout, "attention dropout (default 0.1)");
+  p.value("--hidden-dropout", &m.hidden_dropout, "hidden dropout (default 0.1)");
+  p.value("--make-vocab-size-divisible-by", &a.make_vocab_size_divisible_by, "vocab padding multiple (default 128)");
+  p.store_true("--bf16", &m.bf16, "bf16 params and activations, fp32 main params and grads");
+  p.store_true("--fp16", &r.fp16, "fp16 mixed precision");
+  p.custom("--attention-softmax-in-fp32", false, [](const std::string&) {},
+           "softmax in fp32 (always the case in megatron.cpp)");
+  p.custom("--use-flash-attn", false, [](const std::string&) {}, "accepted: attention is always flash-style");
+  p.custom("--transformer-impl", true,
+           [](const std::string& v) {
+             if (v != "local" && v != "transformer_engine")
+               fail("--transformer-impl got '{}'; expected local or transformer_engine", v);
+           },
+           "accepted for compatibility; megatron.cpp has one implementation");
+  p.custom("--no-masked-softmax-fusion", false, [](const std::string&) {}, "accepted (no effect)");
+  p.custom("--no-bias-gelu-fusion", false, [](const std::string&) {}, "accepted (no effect)");
+  p.custom("--no-bias-swiglu-fusion", false, [](const std::string&) {}, "accepted (no effect)");
+  p.custom("--no-bias-dropout-fusion", false, [](const std::string&) {}, "accepted (no effect)");
+  p.custom("--no-rope-fusion", false, [](const std::string&) {}, "accepted (no effect)");
+
+  // Tokenizer and data.
+  p.value("--tokenizer-type", &a.tokenizer.type, "tokenizer",
+          {"GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer"});
+  p.value("--vocab-file", &a.tokenizer.vocab_file, "GPT-2 encoder.json");
+  p.value("--merge-file", &a.tokenizer.merge_file, "GPT-2 vocab.bpe");
+  p.value("--tokenizer-model", &a.tokenizer.tokenizer_model, "tokenizer.json / directory / SentencePiece .model");
+  p.value("--vocab-size", &a.tokenizer.vocab_size, "vocabulary size (NullTokenizer)");
+  p.list("--data-path", &a.data.data_path, "PREFIX or W1 PREFIX1 W2 PREFIX2 ...");
+  p.list("--train-data-path", &a.data.train_data_path, "data for the train split only");
+  p.list("--valid-data-path", &a.data.valid_data_path, "data for the validation split only");
+  p.list("--test-data-path", &a.data.test_data_path, "data for the test split only");
+  p.value("--split", &a.data.split, "train,valid,test proportions (default 969, 30, 1)");
+  p.value("--data-cache-path", &a.data.data_cache_path, "where dataset index caches are written");
+  p.store_true("--mock-data", &a.data.mock, "synthetic data (Megatron's mock GPT dataset)");
+  p.store_true("--eod-mask-loss", &a.eod_mask_loss, "no loss on end-of-document tokens");
+  p.custom("--num-workers", true, [](const std::string&) {}, "accepted (data loading is synchronous and deterministic)");
+
+  // Batch and length of training.
+  p.value("--micro-batch-size", &a.micro_batch_size, "samples per micro-batch");
+  p.value("--global-batch-size", &a.global_batch_size, "samples per iteration (gradient accumulation)");
+  p.value("--train-iters", &a.train_iters, "iterations to train");
+  p.value("--train-samples", &a.train_samples, "samples to train (instead of --train-iters)");
+
+  // Optimizer and learning-rate schedule.
+  p.value("--optimizer", &a.optimizer.type, "optimizer", {"adam", "sgd"});
+  p.value("--lr", &a.optimizer.lr, "peak learning rate");
+  p.value("--min-lr", &a.min_lr, "minimum learning rate");
+  p.value("--lr-decay-style", &a.lr_decay_style, "decay style",
+          {"constant", "linear", "cosine", "inverse-square-root", "WSD"});
+  p.value("--lr-decay-iters", &a.lr_decay_iters, "iterations of decay (default --train-iters)");
+  p.value("--lr-decay-samples", &a.lr_decay_samples, "samples of decay (default --train-samples)");
+  p.value("--lr-warmup-iters", &a.lr_warmup_iters, "iterations of linear warm-up");
+  p.value("--lr-warmup-samples", &a.lr_warmup_samples, "samples of linear warm-up");
+  p.value("--lr-warmup-fraction", &a.lr_warmup_fraction, "warm-up as a fraction of the decay length");
+  p.value("--lr-warmup-init", &a.lr_warmup_init, "learning rate at the start of warm-up");
+  p.value("--lr-wsd-decay-style", &a.lr_wsd_decay_style, "WSD decay style",
+          {"exponential", "linear", "cosine", "minus_sqrt"});
+  p.value("--lr-wsd-decay-iters", &a.lr_wsd_decay_iters, "iterations of the WSD decay phase");
+  p.value("--lr-wsd-decay-samples", &a.lr_wsd_decay_samples, "samples of the WSD decay phase");
+  p.value("--weight-decay", &a.optimizer.weight_decay, "weight decay (default 0.01)");
+  p.value("--start-weight-decay", &a.start_weight_decay, "weight decay at the start (with an incr style)");
+  p.value("--end-weight-decay", &a.end_weight_decay, "weight decay at the end");
+  p.value("--weight-decay-incr-style", &a.weight_decay_incr_style, "weight decay schedule",
+          {"constant", "linear", "cosine"});
+  p.value("--clip-grad", &a.clip_grad, "global gradient-norm clipping (default 1.0; 0 disables)");
+  p.value("--adam-beta1", &a.optimizer.adam_beta1, "Adam beta1 (default 0.9)");
+  p.value("--adam-beta2", &a.optimizer.adam_beta2, "Adam beta2 (default 0.999)");
+  p.value("--adam-eps", &a.optimizer.adam_eps, "Adam epsilon (default 1e-8)");
+  p.value("--sgd-momentum", &a.optimizer.sgd_momentum, "SGD momentum (default 0.9)");
+
+  // Run control, logging, evaluation, checkpoints.
+  p.value("--seed", &a.seed, "random seed (default 1234)");
+  p.value("--log-interval", &a.log_interval, "iterations between log lines (default 100)");
+  p.value("--eval-interval", &a.eval_interval, "iterations between evaluations (default 1000)");
+  p.value("--eval-iters", &a.eval_iters, "iterations per evaluation (default 100; 0 disables)");
+  p.value("--save", &a.save, "checkpoint directory to save to");
+  p.value("--load", &a.load, "checkpoint directory to load from");
+  p.value("--save-interval", &a.save_interval, "iterations between checkpoints");
+  p.store_true("--no-save-optim", &a.no_save_optim, "do not save optimizer state");
+  p.store_true("--no-save-rng", &a.no_save_rng, "do not save RNG state");
+  p.store_true("--no-load-optim", &a.no_load_optim, "do not load optimizer state");
+  p.store_true("--no-load-rng", &a.no_load_rng, "do not load RNG state");
+  p.store_true("--finetune", &a.finetune, "load weights only; start at iteration 0");
+  p.store_true("--eval-at-start", &a.eval_at_start, "megatron.cpp: also evaluate before the first iteration");
+  p.value("--exit-interval", &a.exit_interval, "exit after the iteration divisible by this");
+  p.custom("--no-progress-bar", false, [&a](const std::string&) { a.log_progress_bar = false; },
+           "no progress bar even on a terminal");
+  p.value("--device", &a.device, "where to train", {"auto", "cpu", "cuda"});
+  p.value("--num-threads", &a.num_threads, "CPU threads (default: all cores)");
+
+  // Parallelism: accepted at size 1 until the distributed layer lands.
+  p.value("--tensor-model-parallel-size", &a.tensor_model_parallel_size, "tensor-parallel size");
+  p.value("--pipeline-model-parallel-size", &a.pipeline_model_parallel_size, "pipeline-parallel size");
+  p.value("--context-parallel-size", &a.context_parallel_size, "context-parallel size");
+  p.value("--expert-model-parallel-size", &a.expert_model_parallel_size, "expert-parallel size");
+  p.store_true("--sequence-parallel", &a.sequence_parallel, "sequence parallelism (with TP)");
+  p.store_true("--use-distributed-optimizer", &a.use_distributed_optimizer, "ZeRO-1 distributed optimizer");
+  p.custom("--calculate-per-token-loss", false, [](const std::string&) {},
+           "accepted: the loss is always the token-weighted mean");
+
+  // Megatron-LM flags that are known but not implemented yet: rejected by name.
+  const char* later_dist = "it arrives with the distributed-training work";
+  for (const char* f : {"--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size",
+                        "--distributed-timeout-minutes", "--num-layers-per-virtual-pipeline-stage",
+                        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"})
+    p.unsupported(f, later_dist);
+  for (const char* f : {"--num-experts", "--moe-router-topk", "--moe-grouped-gemm", "--moe-aux-loss-coeff"})
+    p.unsupported(f, "mixture-of-experts models are not implemented yet");
+  for (const char* f : {"--fp8-format", "--fp8-recipe", "--fp8-amax-history-len"})
+    p.unsupported(f, "FP8 arrives with the CUDA backend");
+  for (const char* f : {"--recompute-granularity", "--recompute-method", "--recompute-num-layers"})
+    p.unsupported(f, "activation recomputation arrives with the CUDA backend");
+  for (const char* f : {"--async-save", "--ckpt-format", "--auto-detect-ckpt-format", "--save-retain-interval"})
+    p.unsupported(f, "arrives with distributed checkpoints");
+  for (const char* f : {"--reset-position-ids", "--reset-attention-mask", "--apply-layernorm-1p",
+                        "--apply-residual-connection-post-layernorm", "--qk-layernorm", "--tensorboard-dir",
+                        "--wandb-project", "--loss-scale", "--initial-loss-scale", "--exit-signal-handler"})
+    p.unsupported(f, "not implemented yet");
+}
+
+}  // namespace
+
+Arguments parse_pretrain_args(const std::vector<std::string>& argv) {
+  Arguments a;
+  Registered r;
+  register_flags(r.parser, a, r);
+  r.parser.enable_config();
+  r.parser.parse(argv);
+  if (r.parser.help_requested()) throw Error("help:" + r.parser.help());
+  a.given = r.parser.given_names();
+  if (r.fp16) fail("--fp16 is not supported by the CPU engine yet; use --bf16 or fp32 (no flag)");
+  if (r.use_rotary) a.model.position_embedding_type = "rope";
+  a.model.add_bias_linear = !r.disable_bias_linear;
+  a.model.add_qkv_bias = a.model.add_bias_linear || r.add_qkv_bias;
+  return a;
+}
+
+std::string pretrain_help() {
+  Arguments a;
+  Registered r;
+  register_flags(r.parser, a, r);
+  r.parser.enable_config();
+  return r.parser.help();
+}
+
+void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
+  auto given = [&](const char* n) { return std::find(a.given.begin(), a.given.end(), n) != a.given.end(); };
+  for (auto [name, v] : {std::pair{"--tensor-model-parallel-size", a.tensor_model_parallel_size},
+                         {"--pipeline-model-parallel-size", a.pipeline_model_parallel_size},
+                         {"--context-parallel-size", a.context_parallel_size},
+                         {"--expert-model-parallel-size", a.expert_model_parallel_size}}) {
+    if (v < 1) fail("{} must be at least 1 (got {})", name, v);
+    if (v > 1) fail("{} {} is not supported yet (single-rank training only for now); use 1", name, v);
+  }
+  if (a.sequence_parallel) fail("--sequence-parallel needs --tensor-model-parallel-size > 1, which is not supported yet");
+  if (a.use_distributed_optimizer)
+    fail("--use-distributed-optimizer needs data parallelism, which is not supported yet");
+
+  if (given("--num-query-groups") && !a.group_query_attention)
+    fail("--num-query-groups needs --group-query-attention (Megatron ignores it otherwise)");
+  if (!a.group_query_attention) a.model.num_query_groups = 0;
+
+  if (a.micro_batch_size <= 0) fail("--micro-batch-size must be positive (got {})", a.micro_batch_size);
+  if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * a.data_parallel_size;
+  if (a.global_batch_size % (a.micro_batch_size * a.data_parallel_size) != 0)
+    fail("--global-batch-size ({}) is not divisible by --micro-batch-size ({}) times data-parallel size ({})",
+         a.global_batch_size, a.micro_batch_size, a.data_parallel_size);
+
+  if (a.train_iters > 0 && a.train_samples > 0) fail("use only one of --train-iters and --train-samples");
+  if (a.train_iters <= 0 && a.train_samples <= 0) fail("set --train-iters or --train-samples");
+  bool iter_based = a.train_iters > 0;
+  if (iter_based) {
+    if (a.lr_decay_samples || a.lr_warmup_samples || a.lr_wsd_decay_samples)
+      fail("--lr-decay-samples/--lr-warmup-samples/--lr-wsd-decay-samples need --train-samples; with --train-iters use the -iters forms");
+  } else {
+    if (a.lr_decay_iters || a.lr_warmup_iters || a.lr_wsd_decay_iters)
+      fail("--lr-decay-iters/--lr-warmup-iters/--lr-wsd-decay-iters need --train-iters; with --train-samples use the -samples forms");
+  }
+  if (a.lr_warmup_fraction >= 0 && (a.lr_warmup_iters || a.lr_warmup_samples))
+    fail("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples cannot be used together");
+  if (a.optimizer.lr <= 0) fail("--lr must be positive (got {})", a.optimizer.lr);
+  if (a.log_interval <= 0) fail("--log-interval must be positive (got {})", a.log_interval);
+  if (a.eval_interval <= 0) fail("--eval-interval must be positive (got {})", a.eval_interval);
+  if (a.eval_iters < 0) fail("--eval-iters must be >= 0 (got {})", a.eval_iters);
+  if (a.save_interval < 0) fail("--save-interval must be >= 0 (got {})", a.save_interval);
+  if (a.save_interval > 0 && a.save.empty()) fail("--save-interval needs --save DIR");
+  if (a.clip_grad < 0) fail("--clip-grad must be >= 0 (got {})", a.clip_grad);
+  if (a.num_threads < 0) fail("--num-threads must be >= 0 (got {})", a.num_threads);
+
+  if (a.weight_decay_incr_style == "constant") {
+    if (a.start_weight_decay >= 0 || a.end_weight_decay >= 0) {
+      if (!(a.start_weight_decay >= 0 && a.end_weight_decay >= 0 && a.start_weight_decay == a.end_weight_decay))
+        fail("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine");
+    }
+    a.start_weight_decay = a.end_weight_decay = a.optimizer.weight_decay;
+  } else if (a.start_weight_decay < 0 || a.end_weight_decay < 0) {
+    fail("--weight-decay-incr-style {} needs --start-weight-decay and --end-weight-decay", a.weight_decay_incr_style);
+  }
+
+  if (a.data.data_path.empty() && a.data.train_data_path.empty() && !a.data.mock)
+    fail("no training data: give --data-path PREFIX (from 'megatron preprocess') or --mock-data");
+  if (!a.data.mock && a.tokenizer.type.empty())
+    fail("--tokenizer-type is required with --data-path (the tokenizer that made the data)");
+  if (a.model.seq_length <= 0) fail("--seq-length is required and must be positive");
+
+  a.model.orig_vocab_size = tokenizer_vocab_size;
+  a.model.vocab_size = model::padded_vocab_size(tokenizer_vocab_size, a.make_vocab_size_divisible_by,
+                                                a.tensor_model_parallel_size);
+  a.model.seed = a.seed;
+  a.data.seq_length = a.model.seq_length;
+  a.data.seed = a.seed;
+  a.model.finalize();
+}
+
+}  // namespace mt

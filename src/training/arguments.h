@@ -1,0 +1,77 @@
+#pragma once
+// Megatron-LM's command-line arguments for pretrain/generate: the same names, defaults and
+// validation rules. Flags may also come from --config FILE.yaml (same keys, with dashes or
+// underscores); flags on the command line override the file.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/sample_source.h"
+#include "data/tokenizer.h"
+#include "model/config.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+
+namespace mt {
+
+struct Arguments {
+  model::TransformerConfig model;
+  int64_t make_vocab_size_divisible_by = 128;
+  bool group_query_attention = false;
+  data::TokenizerOptions tokenizer;
+  data::GPTDataOptions data;
+  bool eod_mask_loss = false;
+
+  // Batching and length of training.
+  int64_t micro_batch_size = 1;
+  int64_t global_batch_size = 0;  // 0 -> micro_batch_size * dp
+  int64_t train_iters = 0, train_samples = 0;
+
+  // Optimizer and schedule.
+  optim::OptimizerConfig optimizer;
+  double min_lr = 0.0;
+  std::string lr_decay_style = "linear";
+  int64_t lr_decay_iters = 0, lr_decay_samples = 0;
+  int64_t lr_warmup_iters = 0, lr_warmup_samples = 0;
+  double lr_warmup_fraction = -1;  // unset
+  double lr_warmup_init = 0.0;
+  std::string lr_wsd_decay_style = "exponential";
+  int64_t lr_wsd_decay_iters = 0, lr_wsd_decay_samples = 0;
+  double start_weight_decay = -1, end_weight_decay = -1;
+  std::string weight_decay_incr_style = "constant";
+  double clip_grad = 1.0;
+
+  // Logging, evaluation, checkpoints.
+  uint64_t seed = 1234;
+  int64_t log_interval = 100;
+  int64_t eval_interval = 1000;
+  int64_t eval_iters = 100;
+  std::string save, load;
+  int64_t save_interval = 0;
+  bool no_save_optim = false, no_save_rng = false, no_load_optim = false, no_load_rng = false, finetune = false;
+  int64_t exit_interval = 0;
+  bool eval_at_start = false;      // --eval-at-start (megatron.cpp): evaluate before the first step
+  bool log_progress_bar = true;   // a progress bar when stdout is a terminal
+  std::string device = "auto";    // --device cpu|cuda|auto
+  int64_t num_threads = 0;        // --num-threads (0: OMP/OpenBLAS default)
+
+  // Parallel sizes (only 1 is supported until the distributed layer lands).
+  int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1, context_parallel_size = 1;
+  int64_t expert_model_parallel_size = 1;
+  bool sequence_parallel = false, use_distributed_optimizer = false;
+  int64_t data_parallel_size = 1;
+
+  std::vector<std::string> given;  // flag names given by the user (for conflict checks)
+};
+
+// Parses pretrain flags (and --config). Throws mt::Error naming the flag on any problem.
+Arguments parse_pretrain_args(const std::vector<std::string>& argv);
+// Validates cross-flag rules and fills derived values (Megatron's validate_args).
+void validate_args(Arguments& a, int64_t tokenizer_vocab_size);
+std::string pretrain_help();
+
+// Generic flag parsing used by other subcommands (generate, ...): a table of flags with setters.
+struct FlagTable;
+
+}  // namespace mt

@@ -1,0 +1,244 @@
+#include "training/flag_parser.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "core/error.h"
+#include "training/suggest.h"
+
+namespace mt {
+namespace {
+
+int64_t parse_int(const std::string& flag, const std::string& v) {
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno) {
+    // Accept integral floats like 1e3 as Megatron's argparse would not; keep it strict.
+    fail("{} expects an integer, got '{}'", flag, v);
+  }
+  return x;
+}
+
+double parse_float(const std::string& flag, const std::string& v) {
+  errno = 0;
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || errno) fail("{} expects a number, got '{}'", flag, v);
+  return x;
+}
+
+std::string dashed(std::string k) {
+  std::replace(k.begin(), k.end(), '_', '-');
+  return k.rfind("--", 0) == 0 ? k : "--" + k;
+}
+
+}  // namespace
+
+FlagParser::Flag& FlagParser::add(const std::string& name, const std::string& help) {
+  MT_CHECK(!flags_.count(name), "flag {} registered twice", name);
+  order_.push_back(name);
+  Flag& f = flags_[name];
+  f.name = name;
+  f.help = help;
+  return f;
+}
+
+void FlagParser::store_true(const std::string& name, bool* t, const std::string& help) {
+  auto& f = add(name, help);
+  f.takes_value = false;
+  f.set = [t](const std::string&) { *t = true; };
+}
+
+void FlagParser::store_false(const std::string& name, bool* t, const std::string& help) {
+  auto& f = add(name, help);
+  f.takes_value = false;
+  f.set = [t](const std::string&) { *t = false; };
+}
+
+void FlagParser::value(const std::string& name, int64_t* t, const std::string& help) {
+  add(name, help).set = [t, name](const std::string& v) { *t = parse_int(name, v); };
+}
+
+void FlagParser::value(const std::string& name, uint64_t* t, const std::string& help) {
+  add(name, help).set = [t, name](const std::string& v) {
+    int64_t x = parse_int(name, v);
+    if (x < 0) fail("{} must be non-negative, got {}", name, v);
+    *t = static_cast<uint64_t>(x);
+  };
+}
+
+void FlagParser::value(const std::string& name, double* t, const std::string& help) {
+  add(name, help).set = [t, name](const std::string& v) { *t = parse_float(name, v); };
+}
+
+void FlagParser::value(const std::string& name, float* t, const std::string& help) {
+  add(name, help).set = [t, name](const std::string& v) { *t = static_cast<float>(parse_float(name, v)); };
+}
+
+void FlagParser::value(const std::string& name, std::string* t, const std::string& help,
+                       std::vector<std::string> choices) {
+  std::string h = help;
+  if (!choices.empty()) {
+    h += " {";
+    for (size_t i = 0; i < choices.size(); ++i) h += (i ? "," : "") + choices[i];
+    h += "}";
+  }
+  add(name, h).set = [t, name, choices](const std::string& v) {
+    if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
+      std::string list;
+      for (size_t i = 0; i < choices.size(); ++i) list += (i ? ", " : "") + choices[i];
+      std::string s = closest_match(v, choices);
+      fail("{} got '{}'; expected one of: {}{}", name, v, list, s.empty() ? "" : " (did you mean '" + s + "'?)");
+    }
+    *t = v;
+  };
+}
+
+void FlagParser::list(const std::string& name, std::vector<std::string>* t, const std::string& help) {
+  auto& f = add(name, help);
+  f.is_list = true;
+  f.set_list = [t](const std::vector<std::string>& v) { *t = v; };
+}
+
+void FlagParser::custom(const std::string& name, bool takes_value, std::function<void(const std::string&)> fn,
+                        const std::string& help) {
+  auto& f = add(name, help);
+  f.takes_value = takes_value;
+  f.set = std::move(fn);
+}
+
+void FlagParser::unsupported(const std::string& name, const std::string& why) { unsupported_[name] = why; }
+
+bool FlagParser::given(const std::string& name) const {
+  return std::find(given_.begin(), given_.end(), name) != given_.end();
+}
+
+void FlagParser::unknown(const std::string& name, const std::string& source) const {
+  auto u = unsupported_.find(name);
+  if (u != unsupported_.end()) fail("{}{} is a Megatron-LM flag that megatron.cpp does not support yet: {}", source, name, u->second);
+  std::vector<std::string> all(order_);
+  std::string s = closest_match(name, all);
+  fail("{}unknown flag {}{}; run 'megatron {} --help' for the list", source, name,
+       s.empty() ? "" : " (did you mean " + s + "?)", command_);
+}
+
+void FlagParser::apply(const Flag& f, const std::vector<std::string>& values, const std::string& source) {
+  if (f.is_list) {
+    if (values.empty()) fail("{}{} expects at least one value", source, f.name);
+    f.set_list(values);
+  } else {
+    f.set(values.empty() ? std::string() : values[0]);
+  }
+  given_.erase(std::remove(given_.begin(), given_.end(), f.name), given_.end());
+  given_.push_back(f.name);
+}
+
+void FlagParser::apply_yaml(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    fail("--config: cannot read '{}' (no such file or not readable)", path);
+  } catch (const YAML::Exception& e) {
+    fail("--config: '{}' is not valid YAML: {}", path, e.what());
+  }
+  if (!root.IsMap()) fail("--config: '{}' must be a mapping of flag names to values", path);
+  const std::string source = "--config " + path + ": ";
+  for (const auto& kv : root) {
+    std::string name = dashed(kv.first.as<std::string>());
+    auto it = flags_.find(name);
+    if (it == flags_.end()) unknown(name, source);
+    const Flag& f = it->second;
+    const YAML::Node& v = kv.second;
+    if (!f.takes_value) {
+      bool on = false;
+      try {
+        on = v.as<bool>();
+      } catch (const YAML::Exception&) {
+        fail("{}{} is a switch: use true or false", source, name);
+      }
+      if (on) apply(f, {}, source);
+      continue;
+    }
+    std::vector<std::string> values;
+    if (v.IsSequence()) {
+      for (const auto& e : v) values.push_back(e.as<std::string>());
+    } else if (v.IsScalar()) {
+      values.push_back(v.as<std::string>());
+    } else if (v.IsNull()) {
+      continue;
+    } else {
+      fail("{}{} must be a scalar or a list", source, name);
+    }
+    if (!f.is_list && values.size() != 1) fail("{}{} takes one value", source, name);
+    apply(f, values, source);
+  }
+}
+
+void FlagParser::parse(const std::vector<std::string>& argv) {
+  // --config first, wherever it appears, so the command line overrides the file.
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--help" || argv[i] == "-h") help_ = true;
+    if (config_enabled_ && (argv[i] == "--config" || argv[i].rfind("--config=", 0) == 0)) {
+      std::string path;
+      if (argv[i] == "--config") {
+        if (i + 1 >= argv.size()) fail("--config expects a YAML file path");
+        path = argv[i + 1];
+      } else {
+        path = argv[i].substr(9);
+      }
+      apply_yaml(path);
+    }
+  }
+  if (help_) return;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    std::string tok = argv[i];
+    if (tok.rfind("--", 0) != 0) fail("unexpected argument '{}' (flags start with --)", tok);
+    std::string name = tok, inline_value;
+    bool has_inline = false;
+    if (auto eq = tok.find('='); eq != std::string::npos) {
+      name = tok.substr(0, eq);
+      inline_value = tok.substr(eq + 1);
+      has_inline = true;
+    }
+    if (config_enabled_ && name == "--config") {
+      if (!has_inline) ++i;
+      continue;
+    }
+    auto it = flags_.find(name);
+    if (it == flags_.end()) unknown(name, "");
+    const Flag& f = it->second;
+    std::vector<std::string> values;
+    if (!f.takes_value) {
+      if (has_inline) fail("{} is a switch and takes no value", name);
+    } else if (has_inline) {
+      values.push_back(inline_value);
+    } else if (f.is_list) {
+      while (i + 1 < argv.size() && argv[i + 1].rfind("--", 0) != 0) values.push_back(argv[++i]);
+    } else {
+      if (i + 1 >= argv.size()) fail("{} expects a value", name);
+      values.push_back(argv[++i]);
+    }
+    apply(f, values, "");
+  }
+}
+
+std::string FlagParser::help() const {
+  std::string out = "usage: megatron " + command_ + " [flags]\n\nflags:\n";
+  for (const auto& n : order_) {
+    const Flag& f = flags_.at(n);
+    std::string lhs = "  " + n + (f.takes_value ? (f.is_list ? " V [V ...]" : " V") : "");
+    if (lhs.size() < 40) lhs.resize(40, ' ');
+    else lhs += "\n" + std::string(40, ' ');
+    out += lhs + f.help + "\n";
+  }
+  if (config_enabled_) out += "  --config FILE.yaml                    the same flags as YAML keys; command-line flags override it\n";
+  return out;
+}
+
+}  // namespace mt

@@ -1,0 +1,8 @@
+#pragma once
+#include "model/config.h"
+
+namespace mt {
+// Model FLOPs of one training iteration (forward + backward) for `batch` sequences of length
+// `seq`, by DESIGN.md's formula (Megatron's, causal attention counted as half).
+double flops_per_iteration(const model::TransformerConfig& c, int64_t batch, int64_t seq);
+}  // namespace mt

@@ -1,0 +1,63 @@
+#pragma once
+// The pretraining loop: data -> micro-batches -> forward/backward with gradient accumulation ->
+// clip -> optimizer -> schedule; Megatron's log line, evaluation and checkpoints.
+#include <memory>
+
+#include "checkpoint/checkpoint.h"
+#include "data/sample_source.h"
+#include "data/tokenizer.h"
+#include "model/gpt_model.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+#include "training/arguments.h"
+
+namespace mt {
+
+struct IterationResult {
+  double loss_sum = 0, tokens = 0;
+  double grad_norm = 0;
+  bool skipped = false;
+};
+
+class Trainer {
+ public:
+  Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer);
+  // Runs training to the end; returns the process exit code.
+  int run();
+
+  // Pieces exposed for tests.
+  IterationResult train_step();
+  double evaluate(data::SampleSource& source, int64_t& consumed, int64_t iters);
+  model::GPTModel& model() { return *model_; }
+  const checkpoint::TrainingState& state() const { return state_; }
+  void save();
+  void set_data(std::unique_ptr<data::SampleSource> train, std::unique_ptr<data::SampleSource> valid);
+
+ private:
+  model::Batch make_batch(data::SampleSource& src, int64_t first, int64_t count) const;
+  void maybe_load();
+  nlohmann::json model_args_json() const;
+  void log_iteration(double elapsed_s, double loss, double grad_norm, int64_t tokens);
+  void print_validation(const char* set, double loss);
+
+  Arguments args_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  std::unique_ptr<model::GPTModel> model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::LRSchedule> schedule_;
+  std::unique_ptr<data::SampleSource> train_, valid_;
+  checkpoint::TrainingState state_;
+  RngState dropout_rng_;
+  model::OpTimes op_times_;
+  int64_t total_iters_ = 0;
+  // Accumulated over a log interval, as Megatron averages the logged loss.
+  double interval_loss_sum_ = 0, interval_tokens_ = 0, interval_time_ = 0;
+  int64_t interval_iters_ = 0, interval_tokens_count_ = 0;
+  double last_lr_ = 0;
+};
+
+// Megatron's model/tokenizer arguments as stored in checkpoints (for generate and resume checks).
+nlohmann::json model_args_to_json(const Arguments& a);
+void model_args_from_json(const nlohmann::json& j, Arguments& a);
+
+}  // namespace mt
