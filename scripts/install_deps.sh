@@ -7,12 +7,16 @@ cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake ninja-build pkg-config git
       libopenblas-dev libomp-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libfmt-dev libspdlog-dev
       libpcre2-dev libsentencepiece-dev sentencepiece zlib1g-dev libssl-dev
-      libgtest-dev libgmock-dev libbenchmark-dev nodejs npm)
+      libgtest-dev libgmock-dev libbenchmark-dev time libgloo-dev
+      python3-numpy)  # numpy: reference for the GPT dataset index tests (run with /usr/bin/python3)
 
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js may come from another source (e.g. NodeSource, which bundles npm): only install
+# Debian's when the commands are missing.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then missing+=(nodejs npm); fi
 if ((${#missing[@]})); then
   echo "[install] apt-get install ${missing[*]}"
   SUDO=""

@@ -1,6 +1,7 @@
 #include "core/allocator.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "core/error.h"
@@ -22,6 +23,8 @@ class CpuAllocator final : public Allocator {
 };
 
 Allocator* g_cuda = nullptr;
+DeviceCopyFn g_copy = nullptr;
+DeviceZeroFn g_zero = nullptr;
 
 }  // namespace
 
@@ -31,5 +34,27 @@ Allocator* cpu_allocator() {
 }
 Allocator* cuda_allocator() { return g_cuda; }
 void register_cuda_allocator(Allocator* a) { g_cuda = a; }
+void register_device_copy(DeviceCopyFn fn) { g_copy = fn; }
+void register_device_zero(DeviceZeroFn fn) { g_zero = fn; }
+
+void device_zero(void* dst, Device dev, size_t bytes) {
+  if (bytes == 0) return;
+  if (dev == Device::CPU) {
+    std::memset(dst, 0, bytes);
+    return;
+  }
+  if (!g_zero) fail("no CUDA backend is registered; use --device cpu");
+  g_zero(dst, bytes);
+}
+
+void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_dev == Device::CPU && src_dev == Device::CPU) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  if (!g_copy) fail("no CUDA backend is registered for a device copy; use --device cpu");
+  g_copy(dst, dst_dev, src, src_dev, bytes);
+}
 
 }  // namespace mt

@@ -22,4 +22,13 @@ Allocator* cpu_allocator();
 Allocator* cuda_allocator();
 void register_cuda_allocator(Allocator* a);
 
+// Copies bytes between devices (host<->device, device<->device); registered by the CUDA backend
+// so that core stays free of CUDA headers. Synchronous with respect to the host.
+using DeviceCopyFn = void (*)(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+void register_device_copy(DeviceCopyFn fn);
+void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+using DeviceZeroFn = void (*)(void* dst, size_t bytes);  // memset 0 on the CUDA device
+void register_device_zero(DeviceZeroFn fn);
+void device_zero(void* dst, Device dev, size_t bytes);
+
 }  // namespace mt

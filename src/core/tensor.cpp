@@ -114,9 +114,19 @@ Tensor Tensor::clone() const {
   return t;
 }
 
+Tensor Tensor::to_device(Device d) const {
+  Tensor t = empty(shape_, dtype_, d);
+  device_copy(t.raw(), d, raw(), device(), nbytes());
+  return t;
+}
+
 void Tensor::copy_from(const Tensor& src) {
   MT_CHECK(src.numel_ == numel_, "copy_from: {} vs {}", src.shape_str(), shape_str());
-  MT_CHECK(device() == Device::CPU && src.device() == Device::CPU, "copy_from is CPU-only");
+  if (src.dtype_ == dtype_ && (device() != Device::CPU || src.device() != Device::CPU)) {
+    device_copy(raw(), device(), src.raw(), src.device(), nbytes());
+    return;
+  }
+  MT_CHECK(device() == Device::CPU && src.device() == Device::CPU, "copy_from with a dtype change is CPU-only");
   if (src.dtype_ == dtype_) {
     if (nbytes()) std::memmove(raw(), src.raw(), nbytes());
     return;
@@ -125,10 +135,7 @@ void Tensor::copy_from(const Tensor& src) {
   std::memcpy(raw(), converted.raw(), nbytes());
 }
 
-void Tensor::zero_() {
-  MT_CHECK(device() == Device::CPU, "zero_ is CPU-only here");
-  if (nbytes()) std::memset(raw(), 0, nbytes());
-}
+void Tensor::zero_() { device_zero(raw(), device(), nbytes()); }
 
 void Tensor::fill_(float value) {
   MT_CHECK(dtype_ == DType::F32 && device() == Device::CPU, "fill_ needs a CPU f32 tensor");

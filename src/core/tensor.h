@@ -56,6 +56,7 @@ class Tensor {
   // Copies.
   Tensor clone() const;
   Tensor to(DType dtype) const;  // CPU dtype conversion (float types via f32)
+  Tensor to_device(Device d) const;  // same dtype, copied to device d (a no-op copy when equal)
   void copy_from(const Tensor& src);
   void zero_();
   void fill_(float value);

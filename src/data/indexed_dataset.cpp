@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -74,6 +75,24 @@ bool dtype_from_code(uint8_t code, DType* out) {
 }
 
 DType optimal_dtype(int64_t vocab_size) { return vocab_size < 65500 ? DType::U16 : DType::I32; }
+
+std::string temp_suffix() {
+  static std::atomic<uint64_t> counter{0};
+  return ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+}
+
+void write_file_atomically(const std::string& path, const std::string& data) {
+  const std::string tmp = path + temp_suffix();
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail("cannot create {}: {}", tmp, errno_text());
+  bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = errno_text();
+    std::remove(tmp.c_str());
+    fail("writing {} failed: {} (disk full?)", path, why);
+  }
+}
 
 bool indexed_dataset_exists(const std::string& prefix) {
   return std::filesystem::is_regular_file(idx_path(prefix)) &&
@@ -250,7 +269,7 @@ std::vector<int64_t> IndexedDataset::get(int64_t seq) const {
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, DType dtype)
     : prefix_(std::move(prefix)), dtype_(dtype) {
   // Temporary names carry the pid so two runs writing the same prefix cannot corrupt each other.
-  const std::string tag = ".tmp." + std::to_string(::getpid());
+  const std::string tag = temp_suffix();
   bin_tmp_ = bin_path(prefix_) + tag;
   idx_tmp_ = idx_path(prefix_) + tag;
   len_tmp_ = idx_path(prefix_) + tag + ".lengths";

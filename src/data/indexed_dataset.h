@@ -26,6 +26,12 @@ inline std::string idx_path(const std::string& prefix) { return prefix + ".idx";
 inline std::string bin_path(const std::string& prefix) { return prefix + ".bin"; }
 bool indexed_dataset_exists(const std::string& prefix);
 
+// ".tmp.<pid>.<n>", unique per process and call, so concurrent writers (ranks, or threads of one
+// process) never share a temporary file.
+std::string temp_suffix();
+// Writes `data` to `path` through a temporary file and a rename (readers never see a part).
+void write_file_atomically(const std::string& path, const std::string& data);
+
 // A read-only memory map of a whole file (empty files map to nothing).
 class MappedFile {
  public:

@@ -1,6 +1,5 @@
 #include "data/numpy_npy.h"
 
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -86,7 +85,7 @@ void NpyArray::save(const std::string& path) const {
   header.append((64 - total % 64) % 64, ' ');
   header.push_back('\n');
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = path + temp_suffix();
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) fail("cannot create {}: {} (check --data-cache-path)", tmp, std::strerror(errno));
   const uint8_t ver[2] = {1, 0};

@@ -4,14 +4,17 @@
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "data/tokenizers/gpt2_bpe_tokenizer.h"
+#include "data/tokenizers/hf_tokenizer.h"
 #include "data/tokenizers/null_tokenizer.h"
+#include "data/tokenizers/sentencepiece_tokenizer.h"
 
 namespace mt::data {
 
 namespace {
 
 constexpr const char* kValidTypes =
-    "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, NullTokenizer";
+    "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, "
+    "Llama2Tokenizer, NullTokenizer";
 
 }  // namespace
 
@@ -28,6 +31,19 @@ std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerOptions& opts) {
            "and --merge-file (vocab.bpe / gpt2-merges.txt)");
     }
     return std::make_unique<Gpt2BpeTokenizer>(opts.vocab_file, opts.merge_file);
+  }
+  if (opts.type == "HuggingFaceTokenizer") return std::make_unique<HfTokenizer>(opts.tokenizer_model);
+  if (opts.type == "SentencePieceTokenizer") {
+    return std::make_unique<SentencePieceTokenizer>(opts.tokenizer_model,
+                                                    SentencePieceTokenizer::Flavor::Megatron);
+  }
+  if (opts.type == "GPTSentencePieceTokenizer") {
+    return std::make_unique<SentencePieceTokenizer>(opts.tokenizer_model,
+                                                    SentencePieceTokenizer::Flavor::Gpt);
+  }
+  if (opts.type == "Llama2Tokenizer") {
+    return std::make_unique<SentencePieceTokenizer>(opts.tokenizer_model,
+                                                    SentencePieceTokenizer::Flavor::Llama2);
   }
   if (opts.type.empty()) fail("--tokenizer-type is required; valid types: {}", kValidTypes);
   fail("--tokenizer-type {} is not supported; valid types: {}", opts.type, kValidTypes);

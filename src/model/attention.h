@@ -13,14 +13,15 @@ struct RopeTables {
 };
 
 struct SelfAttention {
-  TransformerConfig cfg;
+  TransformerConfig cfg;  // heads and query groups of this TP rank
   Linear qkv, proj;
   const RopeTables* rope = nullptr;
   struct Saved {
     Tensor x, q, k, v, out, lse, ctx;
     uint64_t seed = 0, offset = 0;
   };
-  void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const RopeTables* r);
+  void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const RopeTables* r,
+             const TensorParallel* tp = nullptr);
   // x: [S*B, H] with rows in (s, b) order.
   Tensor forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
   Tensor backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;

@@ -21,9 +21,22 @@ struct LossSums {
   double tokens = 0;    // sum of the mask
 };
 
+// How this rank's copy of the model is split: its TP group (null: no tensor parallelism),
+// sequence parallelism, and the flat-buffer layout the data-parallel layer wants.
+struct ModelOptions {
+  comm::Communicator* tp = nullptr;
+  bool sequence_parallel = false;
+  LayoutFn layout;
+};
+
+// Megatron's rules for splitting a model over `tp` ranks, as errors naming the flags.
+void check_tensor_parallel(const TransformerConfig& c, int64_t tp, bool sp);
+
 class GPTModel {
  public:
-  explicit GPTModel(const TransformerConfig& cfg);  // builds, allocates and initialises params
+  // Builds, allocates and initialises params (this rank's shards under TP, cut from the same
+  // full tensors a single rank would draw).
+  explicit GPTModel(const TransformerConfig& cfg, const ModelOptions& opts = {});
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
 
@@ -34,6 +47,7 @@ class GPTModel {
     Dropout::Saved emb_drop;
     std::vector<TransformerLayer::Saved> layers;
     Norm::Saved final_norm;
+    Tensor ids, labels;  // I32 [S*B] on the model's device
     Tensor final_x, logits, lse;
   };
 
@@ -45,12 +59,15 @@ class GPTModel {
 
   const TransformerConfig& config() const { return cfg_; }
   ParamStore& params() { return params_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
 
  private:
   Tensor embed(const std::vector<int32_t>& ids_sb, int64_t S, int64_t B, Saved& s, PassContext& ctx);
   Tensor run_layers(Tensor x, int64_t S, int64_t B, Saved& s, PassContext& ctx);
+  Linear output_linear() const;
 
   TransformerConfig cfg_;
+  TensorParallel tp_;  // layers keep pointers to it: GPTModel never moves
   ParamStore params_;
   Param* word_emb_ = nullptr;
   Param* pos_emb_ = nullptr;

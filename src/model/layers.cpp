@@ -1,72 +1,96 @@
 #include "model/layers.h"
 
-#include "kernels/cpu/ops.h"
+#include "kernels/ops.h"
 
 namespace mt::model {
 
 void Linear::build(ParamStore& ps, const std::string& prefix, int64_t in_f, int64_t out_f, bool with_bias,
-                   Init init) {
+                   Init init, ParallelMode m, const TensorParallel* t, int blocks) {
   in = in_f;
   out = out_f;
-  weight = &ps.add(prefix + ".weight", {out, in}, init, true);
-  bias = with_bias ? &ps.add(prefix + ".bias", {out}, Init::Zeros, false) : nullptr;
+  mode = t && t->on() ? m : ParallelMode::None;
+  tp = t;
+  TPSplit wsplit = mode == ParallelMode::Column ? t->split(0, blocks) : mode == ParallelMode::Row ? t->split(1) : TPSplit{};
+  weight = &ps.add(prefix + ".weight", {out, in}, init, true, wsplit);
+  TPSplit bsplit = mode == ParallelMode::Column ? t->split(0, blocks) : TPSplit{};
+  bias = with_bias ? &ps.add(prefix + ".bias", {out}, Init::Zeros, false, bsplit) : nullptr;
 }
 
 Tensor Linear::forward(const Tensor& x, PassContext& ctx) const {
+  ctx.before_use(weight);
+  ctx.before_use(bias);
+  if (mode == ParallelMode::Column) {
+    Tensor xf = tp->sp() ? all_gather_rows(x, *tp) : x;
+    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+    return ops::linear_forward(xf, weight->value, bias ? &bias->value : nullptr);
+  }
+  if (mode == ParallelMode::Row) {
+    Tensor y;
+    {
+      ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+      // The bias joins the sum once, from TP rank 0.
+      y = ops::linear_forward(x, weight->value, bias && tp->rank() == 0 ? &bias->value : nullptr);
+    }
+    if (tp->sp()) return reduce_scatter_rows(y, *tp);
+    all_reduce_tp(y, *tp);
+    return y;
+  }
   ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-  int64_t rows = x.numel() / in;
-  Tensor y = Tensor::empty({rows, out});
-  cpu::linear_forward(x.data<float>(), weight->value.data<float>(), bias ? bias->value.data<float>() : nullptr,
-                      y.data<float>(), rows, out, in);
-  return y;
+  return ops::linear_forward(x, weight->value, bias ? &bias->value : nullptr);
 }
 
 Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx) const {
-  ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-  int64_t rows = x.numel() / in;
-  Tensor dx = Tensor::empty({rows, in});
-  cpu::linear_backward(dy.data<float>(), x.data<float>(), weight->value.data<float>(), dx.data<float>(),
-                       weight->grad.data<float>(), bias ? bias->grad.data<float>() : nullptr, rows, out, in);
+  Tensor dx;
+  if (mode == ParallelMode::Column) {
+    // Re-gather the sequence-sharded input rather than keeping the gathered copy (as Megatron).
+    Tensor xf = tp->sp() ? all_gather_rows(x, *tp) : x;
+    {
+      ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+      dx = ops::linear_backward(dy, xf, weight->value, weight->grad, bias ? &bias->grad : nullptr);
+    }
+    if (tp->sp()) dx = reduce_scatter_rows(dx, *tp);
+    else all_reduce_tp(dx, *tp);
+  } else if (mode == ParallelMode::Row) {
+    // The full output gradient (gathered from sequence shards under SP) gives every rank the
+    // complete bias gradient, so the replicated bias stays identical without a TP reduction.
+    Tensor dyf = tp->sp() ? all_gather_rows(dy, *tp) : dy;
+    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+    dx = ops::linear_backward(dyf, x, weight->value, weight->grad, bias ? &bias->grad : nullptr);
+  } else {
+    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+    dx = ops::linear_backward(dy, x, weight->value, weight->grad, bias ? &bias->grad : nullptr);
+  }
+  if (report_weight_grad) ctx.grad_ready(weight);
+  ctx.grad_ready(bias);
   return dx;
 }
 
-void Norm::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& cfg) {
+void Norm::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& cfg, const TensorParallel* tp) {
   rms = cfg.rmsnorm();
   eps = cfg.norm_epsilon;
   weight = &ps.add(prefix + ".weight", {cfg.hidden_size}, Init::Ones, false);
   bias = rms ? nullptr : &ps.add(prefix + ".bias", {cfg.hidden_size}, Init::Zeros, false);
+  const bool sp = tp && tp->sp();
+  weight->sequence_parallel = sp;
+  if (bias) bias->sequence_parallel = sp;
 }
 
 Tensor Norm::forward(const Tensor& x, Saved& s, PassContext& ctx) const {
+  ctx.before_use(weight);
+  ctx.before_use(bias);
   ScopedOpTimer t(ctx.times, &OpTimes::norm);
-  int64_t dim = weight->numel(), rows = x.numel() / dim;
-  Tensor y = Tensor::empty({rows, dim});
   s.x = x;
-  s.rstd = Tensor::empty({rows});
-  if (rms) {
-    cpu::rmsnorm_forward(x.data<float>(), weight->value.data<float>(), y.data<float>(), s.rstd.data<float>(), rows,
-                         dim, eps);
-  } else {
-    s.mean = Tensor::empty({rows});
-    cpu::layernorm_forward(x.data<float>(), weight->value.data<float>(), bias->value.data<float>(), y.data<float>(),
-                           s.mean.data<float>(), s.rstd.data<float>(), rows, dim, eps);
-  }
-  return y;
+  return rms ? ops::rmsnorm_forward(x, weight->value, eps, s.rstd)
+             : ops::layernorm_forward(x, weight->value, bias->value, eps, s.mean, s.rstd);
 }
 
 Tensor Norm::backward(const Tensor& dy, Saved& s, PassContext& ctx) const {
   ScopedOpTimer t(ctx.times, &OpTimes::norm);
-  int64_t dim = weight->numel(), rows = dy.numel() / dim;
-  Tensor dx = Tensor::empty({rows, dim});
-  if (rms) {
-    cpu::rmsnorm_backward(dy.data<float>(), s.x.data<float>(), weight->value.data<float>(), s.rstd.data<float>(),
-                          dx.data<float>(), weight->grad.data<float>(), rows, dim);
-  } else {
-    cpu::layernorm_backward(dy.data<float>(), s.x.data<float>(), weight->value.data<float>(), s.mean.data<float>(),
-                            s.rstd.data<float>(), dx.data<float>(), weight->grad.data<float>(),
-                            bias->grad.data<float>(), rows, dim);
-  }
+  Tensor dx = rms ? ops::rmsnorm_backward(dy, s.x, weight->value, s.rstd, weight->grad)
+                  : ops::layernorm_backward(dy, s.x, weight->value, s.mean, s.rstd, weight->grad, bias->grad);
   s = Saved{};
+  ctx.grad_ready(weight);
+  ctx.grad_ready(bias);
   return dx;
 }
 
@@ -74,25 +98,17 @@ Tensor Dropout::forward(const Tensor& x, Saved& s, PassContext& ctx) const {
   s.active = ctx.training && p > 0.f;
   if (!s.active) return x;
   ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-  s.seed = ctx.rng->seed;
-  s.offset = ctx.dropout_offset(1);
-  Tensor y = Tensor::empty(x.shape());
-  cpu::dropout_forward(x.data<float>(), y.data<float>(), x.numel(), p, s.seed, s.offset);
-  return y;
+  RngState* rng = ctx.region_rng(tp_region);
+  s.seed = rng->seed;
+  s.offset = rng->next_offset(1);
+  return ops::dropout_forward(x, p, s.seed, s.offset);
 }
 
 Tensor Dropout::backward(const Tensor& dy, const Saved& s) const {
   if (!s.active) return dy;
-  Tensor dx = Tensor::empty(dy.shape());
-  cpu::dropout_backward(dy.data<float>(), dx.data<float>(), dy.numel(), p, s.seed, s.offset);
-  return dx;
+  return ops::dropout_backward(dy, p, s.seed, s.offset);
 }
 
-void round_to_bf16_inplace(Tensor& t) {
-  float* d = t.data<float>();
-  int64_t n = t.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) d[i] = round_bf16(d[i]);
-}
+void round_to_bf16_inplace(Tensor& t) { ops::round_bf16_inplace(t); }
 
 }  // namespace mt::model

@@ -7,16 +7,30 @@
 #include "model/config.h"
 #include "model/context.h"
 #include "model/params.h"
+#include "model/tensor_parallel.h"
 
 namespace mt::model {
 
+// None: a plain linear layer. Column: the output features are split over TP ranks (weight
+// rows; `blocks` > 1 splits each of that many stacked blocks, as fc1's [gate; up]); the input is
+// the full activation (all-gathered from sequence shards under SP). Row: the input features are
+// split (weight columns); the partial outputs are summed over TP (reduce-scattered to sequence
+// shards under SP) and the bias, replicated, is added once.
+enum class ParallelMode { None, Column, Row };
+
 struct Linear {
-  Param* weight = nullptr;  // [out, in]
+  Param* weight = nullptr;  // [out, in] (this rank's shard under TP)
   Param* bias = nullptr;    // [out] or null
-  int64_t in = 0, out = 0;
-  void build(ParamStore& ps, const std::string& prefix, int64_t in, int64_t out, bool bias, Init init);
+  int64_t in = 0, out = 0;  // full sizes
+  ParallelMode mode = ParallelMode::None;
+  const TensorParallel* tp = nullptr;
+  void build(ParamStore& ps, const std::string& prefix, int64_t in, int64_t out, bool bias, Init init,
+             ParallelMode mode = ParallelMode::None, const TensorParallel* tp = nullptr, int blocks = 1);
   Tensor forward(const Tensor& x, PassContext& ctx) const;                 // x saved by caller
   Tensor backward(const Tensor& dy, const Tensor& x, PassContext& ctx) const;  // returns dx
+  // Whether grad_ready hooks fire for the weight (off for the output layer when it shares the
+  // word embedding, whose gradient is complete only after the embedding's backward).
+  bool report_weight_grad = true;
 };
 
 struct Norm {
@@ -27,7 +41,10 @@ struct Norm {
   struct Saved {
     Tensor x, mean, rstd;
   };
-  void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& cfg);
+  // Under sequence parallelism the norm sees a sequence shard: its parameters are marked so
+  // their partial gradients are summed over TP.
+  void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& cfg,
+             const TensorParallel* tp = nullptr);
   Tensor forward(const Tensor& x, Saved& s, PassContext& ctx) const;
   Tensor backward(const Tensor& dy, Saved& s, PassContext& ctx) const;
 };
@@ -35,6 +52,7 @@ struct Norm {
 // Dropout whose mask is a pure function of (seed, offset): nothing is stored but the offset.
 struct Dropout {
   float p = 0.f;
+  bool tp_region = false;  // draws from the model-parallel stream (PassContext::tp_rng)
   struct Saved {
     uint64_t seed = 0, offset = 0;
     bool active = false;

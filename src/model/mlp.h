@@ -10,7 +10,7 @@ struct MLP {
   struct Saved {
     Tensor x, h, a;  // input, fc1 output, activation output
   };
-  void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c);
+  void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const TensorParallel* tp = nullptr);
   Tensor forward(const Tensor& x, Saved& s, PassContext& ctx) const;
   Tensor backward(const Tensor& dy, Saved& s, PassContext& ctx) const;
 };

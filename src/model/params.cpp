@@ -1,16 +1,26 @@
 #include "model/params.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
 
 namespace mt::model {
 
-Param& ParamStore::add(const std::string& name, const Shape& shape, Init init, bool weight_decay) {
+Param& ParamStore::add(const std::string& name, const Shape& full_shape, Init init, bool weight_decay, TPSplit tp) {
   MT_CHECK(!allocated_, "parameter {} added after allocation", name);
   Param p;
   p.name = name;
-  p.shape = shape;
+  p.full_shape = full_shape;
+  p.shape = full_shape;
+  p.tp = tp;
+  if (tp.sharded()) {
+    MT_CHECK(tp.dim < static_cast<int>(full_shape.size()), "{}: split dim {}", name, tp.dim);
+    int64_t& d = p.shape[static_cast<size_t>(tp.dim)];
+    MT_CHECK(d % (tp.blocks * tp.size) == 0, "{}: dim {} of {} does not split into {} x {}", name, tp.dim, d,
+             tp.blocks, tp.size);
+    d /= tp.size;
+  }
   p.init = init;
   p.weight_decay = weight_decay;
   p.offset = total_;
@@ -19,8 +29,19 @@ Param& ParamStore::add(const std::string& name, const Shape& shape, Init init, b
   return params_.back();
 }
 
-void ParamStore::allocate(bool bf16_model_copy) {
+void ParamStore::allocate(bool bf16_model_copy, const LayoutFn& layout) {
   bf16_ = bf16_model_copy;
+  if (layout) {
+    BufferLayout l = layout(params_);
+    MT_CHECK(l.offsets.size() == params_.size(), "layout gives {} offsets for {} params", l.offsets.size(),
+             params_.size());
+    size_t i = 0;
+    for (auto& p : params_) {
+      p.offset = l.offsets[i++];
+      MT_CHECK(p.offset >= 0 && p.offset + p.numel() <= l.total, "{} placed outside the buffer", p.name);
+    }
+    total_ = l.total;
+  }
   main_ = Tensor::zeros({total_});
   grad_ = Tensor::zeros({total_});
   model_ = bf16_ ? Tensor::zeros({total_}) : main_;
@@ -37,12 +58,18 @@ void ParamStore::initialize(uint64_t seed, float std, int64_t num_layers) {
   uint64_t index = 0;
   for (auto& p : params_) {
     RngState rng{seed, (index++) << 40};
+    const bool random = p.init == Init::Normal || p.init == Init::ScaledNormal;
+    const float sd = p.init == Init::Normal ? std : std / std::sqrt(2.0f * static_cast<float>(num_layers));
+    if (random && p.tp.sharded()) {
+      std::vector<float> full(static_cast<size_t>(shape_numel(p.full_shape)));
+      rng.normal(full.data(), static_cast<int64_t>(full.size()), 0.f, sd);
+      extract_shard(p, full.data(), p.main.data<float>());
+      continue;
+    }
     float* d = p.main.data<float>();
     switch (p.init) {
-      case Init::Normal: rng.normal(d, p.numel(), 0.f, std); break;
-      case Init::ScaledNormal:
-        rng.normal(d, p.numel(), 0.f, std / std::sqrt(2.0f * static_cast<float>(num_layers)));
-        break;
+      case Init::Normal:
+      case Init::ScaledNormal: rng.normal(d, p.numel(), 0.f, sd); break;
       case Init::Zeros: p.main.zero_(); break;
       case Init::Ones: p.main.fill_(1.f); break;
     }
@@ -58,7 +85,47 @@ void ParamStore::sync_model_from_main() {
   for (int64_t i = 0; i < total_; ++i) d[i] = round_bf16(s[i]);
 }
 
+void ParamStore::sync_model_from_main(int64_t begin, int64_t end) {
+  if (!bf16_) return;
+  const float* s = main_.data<float>();
+  float* d = model_.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = begin; i < end; ++i) d[i] = round_bf16(s[i]);
+}
+
 void ParamStore::zero_grad() { grad_.zero_(); }
+
+namespace {
+// Walks the shard's elements as runs: outer = product of dims before `dim`, and per outer
+// index, for every block, one contiguous run of (part length x inner) elements.
+template <typename F>
+void for_each_shard_run(const Param& p, F&& f) {
+  if (!p.tp.sharded()) {
+    f(int64_t{0}, int64_t{0}, p.numel());
+    return;
+  }
+  const size_t dim = static_cast<size_t>(p.tp.dim);
+  int64_t outer = 1, inner = 1;
+  for (size_t i = 0; i < dim; ++i) outer *= p.full_shape[i];
+  for (size_t i = dim + 1; i < p.full_shape.size(); ++i) inner *= p.full_shape[i];
+  const int64_t full_d = p.full_shape[dim], block = full_d / p.tp.blocks, part = block / p.tp.size;
+  int64_t shard_pos = 0;
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t b = 0; b < p.tp.blocks; ++b) {
+      const int64_t full_pos = (o * full_d + b * block + p.tp.rank * part) * inner;
+      f(full_pos, shard_pos, part * inner);
+      shard_pos += part * inner;
+    }
+}
+}  // namespace
+
+void extract_shard(const Param& p, const float* full, float* shard) {
+  for_each_shard_run(p, [&](int64_t fp, int64_t sp, int64_t n) { std::copy_n(full + fp, n, shard + sp); });
+}
+
+void insert_shard(const Param& p, const float* shard, float* full) {
+  for_each_shard_run(p, [&](int64_t fp, int64_t sp, int64_t n) { std::copy_n(shard + sp, n, full + fp); });
+}
 
 Param* ParamStore::find(const std::string& name) {
   for (auto& p : params_)

@@ -5,6 +5,7 @@
 // bf16-rounded copy that forward/backward compute with; otherwise it aliases the main buffer.
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,16 @@ namespace mt::model {
 
 enum class Init { Normal, ScaledNormal, Zeros, Ones };
 
+// How a parameter is split across tensor-parallel ranks. The full tensor's dimension `dim` is
+// `blocks` equal blocks, each cut into `size` equal parts; this rank holds part `rank` of every
+// block, concatenated (fc1 under SwiGLU: blocks 2 gives [gate_r; up_r]). dim -1: replicated.
+struct TPSplit {
+  int dim = -1;
+  int blocks = 1;
+  int rank = 0, size = 1;
+  bool sharded() const { return dim >= 0 && size > 1; }
+};
+
 struct Param {
   std::string name;  // Megatron-style name, e.g. decoder.layers.0.self_attention.linear_qkv.weight
   Shape shape;
@@ -25,21 +36,45 @@ struct Param {
   Tensor main;         // fp32 master value
   Tensor grad;         // fp32 main grad (accumulated over micro-batches)
   Tensor value;        // what kernels read: == main (fp32) or its bf16-rounded copy
+  // Tensor parallelism: `shape` is this rank's shard of `full_shape` (equal when not split).
+  Shape full_shape;
+  TPSplit tp;
+  // Replicated across TP ranks, but under sequence parallelism each rank sees only its sequence
+  // shard, so its gradient is partial and must be summed over TP (Megatron's
+  // `sequence_parallel` attribute: norm weights, and the position embedding here).
+  bool sequence_parallel = false;
   int64_t numel() const { return shape_numel(shape); }
 };
+
+// Where each parameter (in registration order) starts in the flat buffers, and their size.
+// The data-parallel layer uses it to pad gradient buckets for the distributed optimizer.
+struct BufferLayout {
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+};
+using LayoutFn = std::function<BufferLayout(const std::deque<Param>&)>;
+
+// Copies this rank's shard out of a full tensor (`full` laid out as p.full_shape), and back.
+void extract_shard(const Param& p, const float* full, float* shard);
+void insert_shard(const Param& p, const float* shard, float* full);
 
 class ParamStore {
  public:
   // Registers a parameter; allowed only before allocate(). Returned reference stays valid.
-  Param& add(const std::string& name, const Shape& shape, Init init, bool weight_decay);
-  void allocate(bool bf16_model_copy);
+  // `full_shape` is the unsplit shape; `tp` says which shard this rank holds.
+  Param& add(const std::string& name, const Shape& full_shape, Init init, bool weight_decay, TPSplit tp = {});
+  // Default layout: registration order, no gaps. `layout` may place parameters elsewhere
+  // (gaps read as zero and never change).
+  void allocate(bool bf16_model_copy, const LayoutFn& layout = {});
   // Megatron's init: N(0, std) for weights, N(0, std / sqrt(2 * num_layers)) for the output
   // projections of attention and MLP, zeros for biases, ones for norm weights. Each parameter
   // draws from its own Philox stream (seed, index), so init does not depend on creation order
-  // of other parameters.
+  // of other parameters. A tensor-parallel shard is cut from the full tensor drawn the same way,
+  // so every layout starts from the single-rank weights.
   void initialize(uint64_t seed, float std, int64_t num_layers);
   // Refreshes the compute copy after the optimizer changed the main params.
   void sync_model_from_main();
+  void sync_model_from_main(int64_t begin, int64_t end);  // a flat range only
   void zero_grad();
 
   int64_t numel() const { return total_; }

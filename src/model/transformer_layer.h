@@ -18,7 +18,8 @@ struct TransformerLayer {
     MLP::Saved mlp;
     Dropout::Saved d1, d2;
   };
-  void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const RopeTables* rope);
+  void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const RopeTables* rope,
+             const TensorParallel* tp = nullptr);
   Tensor forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
   Tensor backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
 };

@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "model/gpt_model.h"
 #include "training/flag_parser.h"
 
 namespace mt {
@@ -130,20 +132,28 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.value("--device", &a.device, "where to train", {"auto", "cpu", "cuda"});
   p.value("--num-threads", &a.num_threads, "CPU threads (default: all cores)");
 
-  // Parallelism: accepted at size 1 until the distributed layer lands.
+  // Parallelism.
   p.value("--tensor-model-parallel-size", &a.tensor_model_parallel_size, "tensor-parallel size");
   p.value("--pipeline-model-parallel-size", &a.pipeline_model_parallel_size, "pipeline-parallel size");
   p.value("--context-parallel-size", &a.context_parallel_size, "context-parallel size");
   p.value("--expert-model-parallel-size", &a.expert_model_parallel_size, "expert-parallel size");
   p.store_true("--sequence-parallel", &a.sequence_parallel, "sequence parallelism (with TP)");
   p.store_true("--use-distributed-optimizer", &a.use_distributed_optimizer, "ZeRO-1 distributed optimizer");
+  p.store_true("--overlap-grad-reduce", &a.overlap_grad_reduce, "reduce gradient buckets while backward runs");
+  p.store_true("--overlap-param-gather", &a.overlap_param_gather,
+               "all-gather updated parameters while the next forward runs (distributed optimizer)");
+  p.value("--ddp-bucket-size", &a.ddp_bucket_size, "elements per gradient bucket (default: Megatron's)");
+  p.value("--distributed-timeout-minutes", &a.distributed_timeout_minutes,
+          "how long a rank waits for the others before failing (default 10)");
+  p.value("--distributed-backend", &a.distributed_backend, "collectives backend", {"nccl", "gloo"});
+  p.custom("--use-cpu-initialization", false, [](const std::string&) {},
+           "accepted: weights are always initialised from the full tensor on the host");
   p.custom("--calculate-per-token-loss", false, [](const std::string&) {},
            "accepted: the loss is always the token-weighted mean");
 
   // Megatron-LM flags that are known but not implemented yet: rejected by name.
   const char* later_dist = "it arrives with the distributed-training work";
-  for (const char* f : {"--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size",
-                        "--distributed-timeout-minutes", "--num-layers-per-virtual-pipeline-stage",
+  for (const char* f : {"--num-layers-per-virtual-pipeline-stage",
                         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"})
     p.unsupported(f, later_dist);
   for (const char* f : {"--num-experts", "--moe-router-topk", "--moe-grouped-gemm", "--moe-aux-loss-coeff"})
@@ -185,18 +195,40 @@ std::string pretrain_help() {
   return r.parser.help();
 }
 
-void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
-  auto given = [&](const char* n) { return std::find(a.given.begin(), a.given.end(), n) != a.given.end(); };
+void validate_parallel_args(Arguments& a) {
   for (auto [name, v] : {std::pair{"--tensor-model-parallel-size", a.tensor_model_parallel_size},
                          {"--pipeline-model-parallel-size", a.pipeline_model_parallel_size},
                          {"--context-parallel-size", a.context_parallel_size},
-                         {"--expert-model-parallel-size", a.expert_model_parallel_size}}) {
+                         {"--expert-model-parallel-size", a.expert_model_parallel_size}})
     if (v < 1) fail("{} must be at least 1 (got {})", name, v);
-    if (v > 1) fail("{} {} is not supported yet (single-rank training only for now); use 1", name, v);
+  if (a.pipeline_model_parallel_size > 1)
+    fail("--pipeline-model-parallel-size {} is not supported yet; use 1", a.pipeline_model_parallel_size);
+  if (a.context_parallel_size > 1)
+    fail("--context-parallel-size {} is not supported yet; use 1", a.context_parallel_size);
+  if (a.expert_model_parallel_size > 1)
+    fail("--expert-model-parallel-size {} needs mixture-of-experts layers (--num-experts), not implemented yet",
+         a.expert_model_parallel_size);
+  const int64_t mp = a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size;
+  if (a.world_size % mp != 0)
+    fail("world size {} is not divisible by --tensor-model-parallel-size ({}) x --pipeline-model-parallel-size ({}) x "
+         "--context-parallel-size ({}); start a multiple of {} processes",
+         a.world_size, a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size, mp);
+  a.data_parallel_size = a.world_size / mp;
+  if (a.sequence_parallel && a.tensor_model_parallel_size == 1) {
+    // Megatron turns it off too: there is no sequence to split without TP.
+    log_warn("--sequence-parallel has no effect with --tensor-model-parallel-size 1; disabling it");
+    a.sequence_parallel = false;
   }
-  if (a.sequence_parallel) fail("--sequence-parallel needs --tensor-model-parallel-size > 1, which is not supported yet");
-  if (a.use_distributed_optimizer)
-    fail("--use-distributed-optimizer needs data parallelism, which is not supported yet");
+  if (a.overlap_param_gather && !a.use_distributed_optimizer)
+    fail("--overlap-param-gather needs --use-distributed-optimizer (only it gathers parameters)");
+  if (a.ddp_bucket_size < 0) fail("--ddp-bucket-size must be positive (got {})", a.ddp_bucket_size);
+  if (a.distributed_timeout_minutes <= 0)
+    fail("--distributed-timeout-minutes must be positive (got {})", a.distributed_timeout_minutes);
+}
+
+void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
+  auto given = [&](const char* n) { return std::find(a.given.begin(), a.given.end(), n) != a.given.end(); };
+  validate_parallel_args(a);
 
   if (given("--num-query-groups") && !a.group_query_attention)
     fail("--num-query-groups needs --group-query-attention (Megatron ignores it otherwise)");
@@ -252,6 +284,8 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   a.data.seq_length = a.model.seq_length;
   a.data.seed = a.seed;
   a.model.finalize();
+  if (a.tensor_model_parallel_size > 1)
+    model::check_tensor_parallel(a.model, a.tensor_model_parallel_size, a.sequence_parallel);
 }
 
 }  // namespace mt

@@ -56,11 +56,17 @@ struct Arguments {
   std::string device = "auto";    // --device cpu|cuda|auto
   int64_t num_threads = 0;        // --num-threads (0: OMP/OpenBLAS default)
 
-  // Parallel sizes (only 1 is supported until the distributed layer lands).
+  // Parallelism. world_size comes from the launcher's environment (set before validate_args);
+  // data_parallel_size is derived from it.
   int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1, context_parallel_size = 1;
   int64_t expert_model_parallel_size = 1;
   bool sequence_parallel = false, use_distributed_optimizer = false;
+  int64_t world_size = 1;
   int64_t data_parallel_size = 1;
+  bool overlap_grad_reduce = false, overlap_param_gather = false;
+  int64_t ddp_bucket_size = 0;               // elements; 0: Megatron's default
+  int64_t distributed_timeout_minutes = 10;  // bounds every rendezvous and collective
+  std::string distributed_backend = "nccl";  // CPU tensors always use Gloo
 
   std::vector<std::string> given;  // flag names given by the user (for conflict checks)
 };
@@ -69,6 +75,8 @@ struct Arguments {
 Arguments parse_pretrain_args(const std::vector<std::string>& argv);
 // Validates cross-flag rules and fills derived values (Megatron's validate_args).
 void validate_args(Arguments& a, int64_t tokenizer_vocab_size);
+// The parallel-size rules (part of validate_args): sizes, world-size divisibility, derived DP.
+void validate_parallel_args(Arguments& a);
 std::string pretrain_help();
 
 // Generic flag parsing used by other subcommands (generate, ...): a table of flags with setters.

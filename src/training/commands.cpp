@@ -10,7 +10,8 @@ int run_command(const std::string& cmd, const std::vector<std::string>& args) {
   if (cmd == "pretrain") return pretrain_main(args);
   if (cmd == "generate") return generate_main(args);
   if (cmd == "preprocess") return data::preprocess_main(args);
-  static const std::vector<std::string> known = {"pretrain", "generate", "preprocess"};
+  if (cmd == "launch") return launch_main(args);
+  static const std::vector<std::string> known = {"pretrain", "generate", "preprocess", "launch"};
   std::string s = closest_match(cmd, known);
   fail("unknown command '{}'{}; run 'megatron --help' for the list", cmd,
        s.empty() ? "" : " (did you mean '" + s + "'?)");

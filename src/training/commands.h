@@ -7,4 +7,6 @@ namespace mt {
 int run_command(const std::string& cmd, const std::vector<std::string>& args);
 int pretrain_main(const std::vector<std::string>& args);
 int generate_main(const std::vector<std::string>& args);
+// `megatron launch --nproc-per-node N ... -- pretrain ...`: starts and supervises local ranks.
+int launch_main(const std::vector<std::string>& args);
 }  // namespace mt

@@ -1,9 +1,16 @@
 // `megatron pretrain`: parse and validate Megatron's flags, build tokenizer, data, model and
 // optimizer, then train.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 
+#include "comm/env.h"
+#include "comm/world.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "parallel/grid.h"
+#include "parallel/process_groups.h"
 #include "kernels/cpu/threads.h"
 #include "training/commands.h"
 #include "training/trainer.h"
@@ -19,6 +26,10 @@ std::unique_ptr<data::Tokenizer> tokenizer_for(Arguments& a) {
   return data::build_tokenizer(a.tokenizer);
 }
 
+namespace {
+int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEnv& env, int threads);
+}
+
 int pretrain_main(const std::vector<std::string>& argv) {
   Arguments a;
   try {
@@ -32,9 +43,40 @@ int pretrain_main(const std::vector<std::string>& argv) {
     throw;
   }
   if (a.device == "cuda") fail("--device cuda: this build has no CUDA backend yet; use --device cpu");
+  const comm::DistEnv env = comm::detect_dist_env();
+  set_log_rank(env.rank);  // only rank 0 prints the log (warnings and errors from every rank)
+  a.world_size = env.world_size;
+  // Ranks sharing a machine share its cores unless told otherwise.
+  if (a.num_threads == 0 && env.local_world_size > 1 && !std::getenv("OMP_NUM_THREADS"))
+    a.num_threads = std::max<int64_t>(1, std::thread::hardware_concurrency() / env.local_world_size);
   int threads = cpu::set_num_threads(static_cast<int>(a.num_threads));
   auto tok = tokenizer_for(a);
   validate_args(a, tok->vocab_size());
+  if (env.world_size == 1) return train(a, std::move(tok), env, threads);
+  // Several ranks: a failure on one must end this process promptly (peers may be waiting on it,
+  // and unwinding through live communicators could wait too): report and leave at once.
+  try {
+    return train(a, std::move(tok), env, threads);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "megatron pretrain: error: [rank %d] %s\n", env.rank, e.what());
+    std::fflush(stderr);
+    std::_Exit(2);
+  }
+}
+
+namespace {
+int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEnv& env, int threads) {
+  comm::World world(env, std::chrono::minutes(a.distributed_timeout_minutes));
+  parallel::RankGrid grid(env.world_size, static_cast<int>(a.tensor_model_parallel_size),
+                          static_cast<int>(a.pipeline_model_parallel_size), static_cast<int>(a.context_parallel_size),
+                          static_cast<int>(a.expert_model_parallel_size));
+  parallel::ProcessGroups groups =
+      env.world_size > 1 ? parallel::build_process_groups(world, grid) : parallel::local_process_groups();
+  if (env.world_size > 1)
+    log_info("distributed: {} ranks ({}), tensor-parallel {} x data-parallel {}{}{}", env.world_size, env.source,
+             grid.tp(), grid.dp(), a.sequence_parallel ? ", sequence parallel" : "",
+             a.use_distributed_optimizer ? ", distributed optimizer" : "");
   a.data.eod = tok->eod();
   a.data.mock_vocab_size = tok->vocab_size();
   log_info("megatron.cpp pretrain | device: cpu ({} threads) | tokenizer: {} (vocab {}, eod {})", threads, tok->name(),
@@ -44,13 +86,19 @@ int pretrain_main(const std::vector<std::string>& argv) {
   const int64_t iters = a.train_iters > 0 ? a.train_iters : a.train_samples / gbs;
   const int64_t eval_runs = a.eval_iters > 0 ? iters / a.eval_interval + 2 : 0;
   int64_t num_samples[3] = {iters * gbs, eval_runs * a.eval_iters * gbs, a.eval_iters * gbs};
+  // Rank 0 builds (and caches) the dataset indexes first; the others then read its caches.
+  if (world.rank() != 0) world.world()->barrier();
   auto splits = data::build_gpt_datasets(a.data, num_samples);
+  if (world.rank() == 0 && env.world_size > 1) world.world()->barrier();
   if (!splits.train) fail("the train split is empty: check --split and --data-path");
   if (a.eval_iters > 0 && !splits.valid) log_warn("the validation split is empty: no evaluation (check --split)");
 
-  Trainer trainer(a, std::move(tok));
+  Trainer trainer(a, std::move(tok), groups);
   trainer.set_data(std::move(splits.train), std::move(splits.valid));
-  return trainer.run();
+  int rc = trainer.run();
+  world.shutdown();
+  return rc;
 }
+}  // namespace
 
 }  // namespace mt

@@ -82,16 +82,46 @@ void model_args_from_json(const nlohmann::json& j, Arguments& a) {
   }
 }
 
-Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer)
-    : args_(std::move(args)), tokenizer_(std::move(tokenizer)) {
+Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, parallel::ProcessGroups groups)
+    : args_(std::move(args)), tokenizer_(std::move(tokenizer)), pg_(std::move(groups)) {
   const int64_t gbs = args_.global_batch_size;
   total_iters_ = args_.train_iters > 0 ? args_.train_iters : args_.train_samples / gbs;
   if (total_iters_ <= 0) fail("--train-samples ({}) is smaller than one global batch ({})", args_.train_samples, gbs);
+  MT_CHECK(pg_.tp->size() == args_.tensor_model_parallel_size && pg_.dp->size() == args_.data_parallel_size,
+           "process groups (tp {}, dp {}) do not match the arguments (tp {}, dp {})", pg_.tp->size(), pg_.dp->size(),
+           args_.tensor_model_parallel_size, args_.data_parallel_size);
+  if (pg_.tp->size() > 1 && (!args_.save.empty() || !args_.load.empty()))
+    fail("--save/--load with --tensor-model-parallel-size > 1 need sharded checkpoints, which are not implemented "
+         "yet; train without --save/--load or with TP 1");
   dropout_rng_ = RngState{args_.seed, 0};
-  model_ = std::make_unique<model::GPTModel>(args_.model);
+  tp_rng_ = RngState{args_.seed + 2718 + static_cast<uint64_t>(pg_.tp_rank()), 0};
+  parallel::DDPOptions dd;
+  dd.overlap_grad_reduce = args_.overlap_grad_reduce;
+  dd.use_distributed_optimizer = args_.use_distributed_optimizer;
+  dd.overlap_param_gather = args_.overlap_param_gather;
+  dd.bucket_size = args_.ddp_bucket_size;
+  ddp_ = std::make_unique<parallel::DataParallel>(pg_.dp, dd);
+  model_ = std::make_unique<model::GPTModel>(
+      args_.model, model::ModelOptions{pg_.tp.get(), args_.sequence_parallel, ddp_->layout_fn()});
   auto& ps = model_->params();
+  ddp_->attach(ps);
   args_.optimizer.weight_decay = static_cast<float>(args_.start_weight_decay);
-  optimizer_ = optim::make_optimizer(args_.optimizer, ps.numel(), ps.spans());
+  optimizer_ = ddp_->make_optimizer(args_.optimizer);
+  if (ddp_->sharded()) {
+    if (!args_.save.empty() && !args_.no_save_optim)
+      fail("saving the distributed optimizer's sharded state is not implemented yet; add --no-save-optim (weights "
+           "are saved) or drop --use-distributed-optimizer");
+    if (!args_.load.empty() && !args_.no_load_optim && !args_.finetune)
+      fail("loading optimizer state into the distributed optimizer is not implemented yet; add --no-load-optim "
+           "(weights are loaded) or drop --use-distributed-optimizer");
+    int64_t owned = 0;
+    for (auto [lo, hi] : ddp_->owned_ranges()) owned += hi - lo;
+    const double per = args_.optimizer.type == "adam" ? 8.0 : 4.0;  // fp32 moments per element
+    log_info("distributed optimizer: this rank's optimizer state covers {} of {} elements (1/{}): {:.2f} MiB instead "
+             "of {:.2f} MiB",
+             owned, ps.numel(), pg_.dp->size(), static_cast<double>(owned) * per / 1048576.0,
+             static_cast<double>(ps.numel()) * per / 1048576.0);
+  }
 
   optim::LRScheduleConfig lc;
   lc.max_lr = args_.optimizer.lr;
@@ -151,31 +181,47 @@ model::Batch Trainer::make_batch(data::SampleSource& src, int64_t first, int64_t
 }
 
 IterationResult Trainer::train_step() {
-  const int64_t gbs = args_.global_batch_size, mbs = args_.micro_batch_size, nmb = gbs / mbs;
+  const int64_t gbs = args_.global_batch_size, mbs = args_.micro_batch_size, dp = pg_.dp->size();
+  const int64_t nmb = gbs / (mbs * dp);
+  // Megatron's pretraining sampler: the global batch is read in chunks of mbs x DP samples and
+  // DP rank r takes the r-th micro-batch of each chunk.
   std::vector<model::Batch> mbatches;
   double total_tokens = 0;
   for (int64_t m = 0; m < nmb; ++m) {
-    mbatches.push_back(make_batch(*train_, state_.consumed_train_samples + m * mbs, mbs));
+    mbatches.push_back(make_batch(*train_, state_.consumed_train_samples + (m * dp + pg_.dp_rank()) * mbs, mbs));
     for (float x : mbatches.back().loss_mask) total_tokens += x;
   }
+  total_tokens = pg_.dp->all_reduce_value(total_tokens);
   auto& ps = model_->params();
   ps.zero_grad();
+  ddp_->start_iteration();
   IterationResult r;
-  // The reported loss and the gradient are the token-weighted mean over the global batch.
+  // The reported loss and the gradient are the token-weighted mean over the global batch (all
+  // DP ranks): each rank scales by 1 / global tokens and the DP reduction sums.
   const float scale = total_tokens > 0 ? static_cast<float>(1.0 / total_tokens) : 0.f;
-  for (auto& mb : mbatches) {
+  for (size_t m = 0; m < mbatches.size(); ++m) {
     model::PassContext ctx;
     ctx.training = true;
     ctx.rng = &dropout_rng_;
+    ctx.tp_rng = pg_.tp->size() > 1 ? &tp_rng_ : nullptr;
     ctx.times = &op_times_;
+    ddp_->set_last_microbatch(m + 1 == mbatches.size());
+    ctx.hooks = ddp_->needs_hooks() ? ddp_.get() : nullptr;
     model::GPTModel::Saved saved;
-    auto sums = model_->forward(mb, saved, ctx);
+    auto sums = model_->forward(mbatches[m], saved, ctx);
     r.loss_sum += sums.loss_sum;
     r.tokens += sums.tokens;
     model_->backward(saved, scale, ctx);
   }
+  ddp_->finish_grad_sync();
+  parallel::all_reduce_sequence_parallel_grads(ps, *pg_.tp);
+  double sums[2] = {r.loss_sum, r.tokens};
+  pg_.dp->all_reduce(sums, 2);
+  r.loss_sum = sums[0];
+  r.tokens = sums[1];
   float* grads = ps.grad_buffer().data<float>();
-  r.grad_norm = std::sqrt(optim::grad_norm_squared(grads, ps.numel()));
+  r.grad_norm = parallel::global_grad_norm(ps, ddp_->owned_ranges(), pg_.tp_rank(), *pg_.mp,
+                                           ddp_->sharded() ? pg_.dp.get() : nullptr);
   const double loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0.0;
   if (!std::isfinite(loss) || !std::isfinite(r.grad_norm)) {
     // Never continue silently on NaN/Inf: skip the update and report it with the iteration.
@@ -189,7 +235,8 @@ IterationResult Trainer::train_step() {
     const int64_t steps = state_.consumed_train_samples;  // the scheduler counts samples
     optimizer_->step(ps.main_buffer().data<float>(), grads, static_cast<float>(schedule_->lr(steps)),
                      static_cast<float>(schedule_->weight_decay(steps)));
-    ps.sync_model_from_main();
+    if (ddp_->sharded()) ddp_->start_param_gather();  // refreshes the compute copy per bucket
+    else ps.sync_model_from_main();
     state_.optimizer_steps = optimizer_->step_count();
   }
   state_.iteration++;
@@ -199,20 +246,23 @@ IterationResult Trainer::train_step() {
 }
 
 double Trainer::evaluate(data::SampleSource& source, int64_t& consumed, int64_t iters) {
-  double loss = 0, tokens = 0;
+  ddp_->finish_param_gather();
+  const int64_t mbs = args_.micro_batch_size, dp = pg_.dp->size();
+  double sums[2] = {0, 0};
   for (int64_t it = 0; it < iters; ++it) {
-    for (int64_t m = 0; m < args_.global_batch_size / args_.micro_batch_size; ++m) {
-      model::Batch b = make_batch(source, consumed, args_.micro_batch_size);
-      consumed += args_.micro_batch_size;
+    for (int64_t m = 0; m < args_.global_batch_size / (mbs * dp); ++m) {
+      model::Batch b = make_batch(source, consumed + (m * dp + pg_.dp_rank()) * mbs, mbs);
       model::PassContext ctx;
       ctx.training = false;
       model::GPTModel::Saved saved;
-      auto sums = model_->forward(b, saved, ctx);
-      loss += sums.loss_sum;
-      tokens += sums.tokens;
+      auto s = model_->forward(b, saved, ctx);
+      sums[0] += s.loss_sum;
+      sums[1] += s.tokens;
     }
+    consumed += args_.global_batch_size;
   }
-  return tokens > 0 ? loss / tokens : 0.0;
+  pg_.dp->all_reduce(sums, 2);
+  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
 nlohmann::json Trainer::model_args_json() const { return model_args_to_json(args_); }
@@ -222,9 +272,16 @@ void Trainer::save() {
   state_.rng_seed = dropout_rng_.seed;
   state_.rng_offset = dropout_rng_.offset;
   state_.args = model_args_json();
+  ddp_->finish_param_gather();
+  // Without TP every rank holds the same weights: rank 0 writes, the others wait for it.
+  if (pg_.rank != 0) {
+    pg_.world->barrier();
+    return;
+  }
   double t0 = now_s();
   checkpoint::save_checkpoint(args_.save, state_, model_->params(), args_.no_save_optim ? nullptr : optimizer_.get());
   log_info("saved checkpoint at iteration {:7d} to {} in {:.2f} s", state_.iteration, args_.save, now_s() - t0);
+  pg_.world->barrier();
 }
 
 void Trainer::maybe_load() {
@@ -256,7 +313,7 @@ void Trainer::log_iteration(double elapsed_s, double loss, double grad_norm, int
   const int64_t n = std::max<int64_t>(interval_iters_, 1);
   const double ms = elapsed_s / static_cast<double>(n) * 1000.0;
   const double tflops = flops_per_iteration(args_.model, args_.global_batch_size, args_.model.seq_length) /
-                        (elapsed_s / static_cast<double>(n)) / 1e12;
+                        (elapsed_s / static_cast<double>(n)) / 1e12 / static_cast<double>(pg_.grid.world());
   const double tok_s = static_cast<double>(tokens) / elapsed_s;
   std::string line = fmt::format(
       " iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} | "
@@ -292,7 +349,7 @@ int Trainer::run() {
     int64_t consumed = 0;  // the start-of-training evaluation does not move the validation position
     print_validation("validation", evaluate(*valid_, consumed, args_.eval_iters));
   }
-  const bool bar = args_.log_progress_bar && isatty(STDOUT_FILENO);
+  const bool bar = args_.log_progress_bar && isatty(STDOUT_FILENO) && pg_.rank == 0;
   double t_interval = now_s();
   while (state_.iteration < total_iters_) {
     IterationResult r = train_step();

@@ -9,6 +9,8 @@
 #include "model/gpt_model.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "parallel/ddp.h"
+#include "parallel/process_groups.h"
 #include "training/arguments.h"
 
 namespace mt {
@@ -21,7 +23,10 @@ struct IterationResult {
 
 class Trainer {
  public:
-  Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer);
+  // `groups`: this rank's process groups (a single process by default). Each DP rank trains on
+  // its slice of every global batch; loss, grad norm and the log line are global.
+  Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer,
+          parallel::ProcessGroups groups = parallel::local_process_groups());
   // Runs training to the end; returns the process exit code.
   int run();
 
@@ -29,8 +34,11 @@ class Trainer {
   IterationResult train_step();
   double evaluate(data::SampleSource& source, int64_t& consumed, int64_t iters);
   model::GPTModel& model() { return *model_; }
+  parallel::DataParallel& data_parallel() { return *ddp_; }
+  const parallel::ProcessGroups& groups() const { return pg_; }
   const checkpoint::TrainingState& state() const { return state_; }
   void save();
+  void load_for_test() { maybe_load(); }
   void set_data(std::unique_ptr<data::SampleSource> train, std::unique_ptr<data::SampleSource> valid);
 
  private:
@@ -42,6 +50,9 @@ class Trainer {
 
   Arguments args_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
+  parallel::ProcessGroups pg_;
+  std::unique_ptr<parallel::DataParallel> ddp_;
+  RngState tp_rng_;  // Megatron's model-parallel RNG stream (seed + 2718 + TP rank)
   std::unique_ptr<model::GPTModel> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;

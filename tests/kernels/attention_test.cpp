@@ -89,6 +89,7 @@ TEST(Attention, ForwardMatchesNaive) {
   check_forward(make_params(1, 2, 1, 70, 8, false));    // MQA, non-causal
   check_forward(make_params(1, 3, 3, 64, 8, true));     // exactly one tile
   check_forward(make_params(2, 2, 2, 5, 4, true));      // smaller than a tile
+  check_forward(make_params(1, 2, 1, 67, 12, true));    // head dim not a multiple of the vector block
   check_forward(make_params(1, 4, 2, 130, 8, true, 0.25f));
   check_forward(make_params(1, 2, 2, 90, 8, false, 0.5f));
 }
@@ -117,7 +118,8 @@ void check_grad(const AttnParams& p, size_t samples = 0) {
 }
 
 TEST(Attention, GradCheckMha) { check_grad(make_params(2, 2, 2, 7, 4, true)); }
-TEST(Attention, GradCheckGqa) { check_grad(make_params(2, 4, 2, 6, 4, true)); }
+// D = 6 also covers head dims that are not a whole number of vector blocks.
+TEST(Attention, GradCheckGqa) { check_grad(make_params(2, 4, 2, 6, 6, true)); }
 TEST(Attention, GradCheckMqa) { check_grad(make_params(1, 4, 1, 6, 4, true)); }
 TEST(Attention, GradCheckNonCausal) { check_grad(make_params(2, 4, 2, 6, 4, false)); }
 TEST(Attention, GradCheckDropout) {
@@ -157,7 +159,7 @@ TEST(Attention, BitIdenticalAcrossThreadCounts) {
 
 // The fp32 path is the same template: its gradients agree with fp64 to fp32 accuracy.
 TEST(Attention, FloatBackwardMatchesDouble) {
-  const AttnParams p = make_params(2, 4, 2, 150, 16, true, 0.1f);
+  const AttnParams p = make_params(2, 4, 2, 150, 20, true, 0.1f);
   Inputs in(p, 21);
   std::vector<double> out(in.q.size()), lse(p.B * p.Hq * p.S), dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
   attention_forward(p, in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data());

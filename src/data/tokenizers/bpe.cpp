@@ -12,6 +12,13 @@ Bpe::Bpe(VocabMap vocab, const std::vector<std::pair<std::string, std::string>>&
          BpeOptions opts, std::string_view what)
     : vocab_(std::move(vocab)), opts_(std::move(opts)), what_(what) {
   merges_.reserve(merges.size() * 2);
+  for (const auto& [tok, id] : vocab_) {
+    size_t i = 0;
+    if (!tok.empty() && utf8::valid_prefix(tok) == tok.size()) {
+      const char32_t cp = utf8::next(tok, i);
+      if (i == tok.size()) char_id_.emplace(cp, id);
+    }
+  }
   const size_t prefix_len = opts_.continuing_subword_prefix.size();
   for (size_t r = 0; r < merges.size(); ++r) {
     const auto& [a, b] = merges[r];
@@ -28,22 +35,63 @@ Bpe::Bpe(VocabMap vocab, const std::vector<std::pair<std::string, std::string>>&
     merges_.insert_or_assign(key(ia, ib), Merge{static_cast<int32_t>(r), im});
   }
   for (int b = 0; b < 256; ++b) {
+    unit_id_[b] = find(std::string(1, static_cast<char>(b)));
     char name[8];
     std::snprintf(name, sizeof(name), "<0x%02X>", b);
     byte_token_[b] = find(name);
   }
 }
 
+void Bpe::enable_metaspace_cuts() {
+  static constexpr std::string_view kMeta = "\xE2\x96\x81";
+  if (opts_.byte_units || !opts_.continuing_subword_prefix.empty() ||
+      !opts_.end_of_word_suffix.empty() || find(kMeta) < 0) {
+    return;  // the argument for cutting needs plain character units
+  }
+  for (const auto& [tok, id] : vocab_) {
+    for (size_t i = 0; i < tok.size();) {
+      const char32_t c = utf8::next(tok, i);
+      if (c != 0x2581 && std::string_view(tok).substr(i).starts_with(kMeta)) {
+        glued_to_metaspace_[c] = true;
+      }
+    }
+  }
+  metaspace_cuts_ = true;
+}
+
 void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
+  if (!metaspace_cuts_ || word.size() <= 64) {
+    encode_part(word, out);
+    return;
+  }
+  size_t start = 0;
+  char32_t prev = 0;
+  for (size_t i = 0; i < word.size();) {
+    const size_t at = i;
+    const char32_t c = utf8::next(word, i);
+    // Only after a character that is its own token: byte-fallback and unk symbols have other
+    // spellings (e.g. "<0x3E>") that the vocabulary check above does not see.
+    if (c == 0x2581 && at > start && prev != 0x2581 && !glued_to_metaspace_.count(prev) &&
+        char_id_.count(prev)) {
+      encode_part(word.substr(start, at - start), out);
+      start = at;
+    }
+    prev = c;
+  }
+  encode_part(word.substr(start), out);
+}
+
+void Bpe::encode_part(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
+  if (cache_.lookup(word, out)) return;
   if (opts_.ignore_merges) {
     const int32_t id = find(word);
     if (id >= 0) {
       out.push_back(id);
+      cache_.insert(word, &id, 1);
       return;
     }
   }
-  if (cache_.lookup(word, out)) return;
   const size_t start = out.size();
   merge_word(word, out);
   cache_.insert(word, out.data() + start, out.size() - start);
@@ -111,7 +159,13 @@ void Bpe::merge_word(std::string_view word, std::vector<int32_t>& out) const {
     const bool last = i >= word.size();
     int32_t id;
     if (opts_.continuing_subword_prefix.empty() && opts_.end_of_word_suffix.empty()) {
-      id = find(ch);
+      if (opts_.byte_units) {
+        id = unit_id_[static_cast<unsigned char>(ch[0])];
+      } else {
+        size_t k = 0;
+        auto it = char_id_.find(utf8::next(ch, k));
+        id = it == char_id_.end() ? -1 : it->second;
+      }
     } else {
       unit.clear();
       if (!first) unit += opts_.continuing_subword_prefix;

@@ -43,6 +43,12 @@ class Bpe {
   // Appends the ids of one pre-token. Thread-safe.
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
 
+  // Enables cutting long pre-tokens before U+2581 (SentencePiece's space) where no vocabulary
+  // token spans the cut: BPE never merges across such a cut, so the parts can be encoded (and
+  // cached) separately with the same result. Tokenizers converted from SentencePiece have no
+  // pre-tokenizer, so without this every document would be one uncached word.
+  void enable_metaspace_cuts();
+
   const VocabMap& vocab() const { return vocab_; }
   int32_t find(std::string_view token) const {
     auto it = vocab_.find(token);
@@ -57,6 +63,7 @@ class Bpe {
   static uint64_t key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
+  void encode_part(std::string_view word, std::vector<int32_t>& out) const;
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
   void unknown(std::string_view ch, std::vector<int32_t>& out, bool& last_unk) const;
 
@@ -65,7 +72,12 @@ class Bpe {
   BpeOptions opts_;
   std::string what_;
   int32_t byte_token_[256];  // ids of <0xXX>, -1 where absent
+  int32_t unit_id_[256];     // byte units: id of each single byte, -1 where absent
+  // Code-point units: id of each single-character token (the common initial lookups).
+  std::unordered_map<char32_t, int32_t> char_id_;
   WordCache cache_;
+  bool metaspace_cuts_ = false;
+  std::unordered_map<char32_t, bool> glued_to_metaspace_;  // chars some token has before U+2581
 };
 
 }  // namespace mt::data

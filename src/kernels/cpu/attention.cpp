@@ -12,12 +12,14 @@
 //    many more tasks (MQA, batch 1).
 //
 // Tiles live in zero-padded scratch buffers of fixed size, so the inner products are small
-// register-blocked loops the compiler vectorises, with no bounds tests; masked and padded
+// register-blocked loops on explicit SSE2 vectors with no bounds tests; masked and padded
 // probabilities are exact zeros and add nothing.
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -36,6 +38,10 @@ template <typename T>
 constexpr int64_t kC = 32 / sizeof(T);  // columns per register block (two 16-byte vectors)
 
 constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Below this many score multiply-adds a call runs on one thread: waking a team costs more than
+// the work (and finite-difference tests make thousands of such calls).
+bool worth_threads(const AttnParams& p) { return p.B * p.Hq * p.S * p.S * p.D >= (int64_t{1} << 18); }
 
 void check_params(const AttnParams& p) {
   MT_CHECK(p.B >= 0 && p.S >= 0 && p.D > 0 && p.Hkv > 0 && p.Hq % p.Hkv == 0,
@@ -81,24 +87,119 @@ void load_transposed(const T* src, T* dst, int64_t nk, int64_t D) {
   }
 }
 
+// Explicit 16-byte vectors (SSE2, the x86-64 baseline, so no build flags are needed): each
+// lane does exactly the scalar arithmetic, in the same order, so results equal a scalar loop.
+template <typename T>
+struct Bits;
+template <>
+struct Bits<float> {
+  using U = uint32_t;
+};
+template <>
+struct Bits<double> {
+  using U = uint64_t;
+};
+
+template <typename T>
+struct Vec {
+  typedef T V __attribute__((vector_size(16)));
+  typedef typename Bits<T>::U UV __attribute__((vector_size(16)));
+  static constexpr int64_t N = 16 / sizeof(T);
+  static V load(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store(T* p, V v) { std::memcpy(p, &v, sizeof v); }
+};
+
+// exp for the softmax, on a vector: 2^k * poly(r) with x = k ln2 + r, |r| <= ln2/2, and a
+// Taylor polynomial (error ~1 ulp in float and double). Our own code rather than libm's
+// because libm's loop does not vectorise (exp is the largest non-gemm cost here) and its
+// result may change with the CPU variant libm picks. Results below ~exp(-87) (float) or
+// exp(-708) (double) flush to 0, which is what softmax wants; -inf gives 0, NaN stays NaN.
+template <typename T>
+struct ExpConst;
+template <>
+struct ExpConst<float> {
+  static constexpr float lo = -87.3f, hi = 88.0f, round = 0x1.8p23f;
+  static constexpr float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;  // ln2_hi * k is exact
+  static constexpr int mant = 23, bias = 127, degree = 7;
+};
+template <>
+struct ExpConst<double> {
+  static constexpr double lo = -708.0, hi = 709.0, round = 0x1.8p52;
+  static constexpr double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+  static constexpr int mant = 52, bias = 1023, degree = 13;
+};
+
+template <typename T>
+typename Vec<T>::V exp_vec(typename Vec<T>::V x) {
+  using E = ExpConst<T>;
+  using V = typename Vec<T>::V;
+  using UV = typename Vec<T>::UV;
+  using U = typename Bits<T>::U;
+  const V lo = V{} + E::lo, hi = V{} + E::hi;
+  V xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  // Adding 1.5 * 2^mant rounds x / ln2 to an integer k, which then sits in the low mantissa bits.
+  const V y = xc * T(1.44269504088896340736) + E::round;
+  const V kf = y - E::round;
+  const UV k = (UV)y - std::bit_cast<U>(E::round);
+  const V r = (xc - kf * E::ln2_hi) - kf * E::ln2_lo;
+  constexpr auto inv_factorial = [](int n) {
+    T f = 1;
+    for (int i = 2; i <= n; ++i) f *= T(i);
+    return T(1) / f;
+  };
+  V poly = V{} + inv_factorial(E::degree);
+#pragma GCC unroll 16
+  for (int n = E::degree - 1; n >= 0; --n) poly = poly * r + inv_factorial(n);
+  const V two_k = (V)((k + U(E::bias)) << E::mant);
+  return (V)((UV)(poly * two_k) & ~(UV)(x < lo));  // a NaN compares false and stays NaN
+}
+
+// x[j] = exp(x[j] - shift) for j < n; the tail goes through the same vector code.
+template <typename T>
+void exp_shifted(T* x, int64_t n, T shift) {
+  using W = Vec<T>;
+  int64_t j = 0;
+  for (; j + W::N <= n; j += W::N) W::store(x + j, exp_vec<T>(W::load(x + j) - shift));
+  if (j < n) {
+    T tail[W::N] = {};
+    std::copy(x + j, x + n, tail);
+    W::store(tail, exp_vec<T>(W::load(tail) - shift));
+    std::copy(tail, tail + (n - j), x + j);
+  }
+}
+
+template <typename T>
+T exp_scalar(T x) {
+  T v = x;
+  exp_shifted(&v, 1, T(0));
+  return v;
+}
+
 // s[i * kBk + j] = sum_d a[i * D + d] * bt[d * kBk + j], over d in increasing order, for the
 // rows and columns covering nq x nk (rounded up to whole blocks; padding inputs are zero).
 template <typename T>
 void tile_dot(const T* a, const T* bt, T* s, int64_t nq, int64_t nk, int64_t D) {
-  constexpr int64_t C = kC<T>;
+  using W = Vec<T>;
+  constexpr int64_t C = kC<T>, NV = C / W::N;
   const int64_t rows = round_up(nq, kR), cols = round_up(nk, C);
   for (int64_t i = 0; i < rows; i += kR)
     for (int64_t j = 0; j < cols; j += C) {
-      T acc[kR][C] = {};
+      typename W::V acc[kR][NV] = {};
       for (int64_t d = 0; d < D; ++d) {
-        const T* b = bt + d * kBk + j;
+        typename W::V b[NV];
+        for (int64_t c = 0; c < NV; ++c) b[c] = W::load(bt + d * kBk + j + c * W::N);
         for (int64_t r = 0; r < kR; ++r) {
           const T x = a[(i + r) * D + d];
-          for (int64_t c = 0; c < C; ++c) acc[r][c] += x * b[c];
+          for (int64_t c = 0; c < NV; ++c) acc[r][c] += x * b[c];
         }
       }
       for (int64_t r = 0; r < kR; ++r)
-        for (int64_t c = 0; c < C; ++c) s[(i + r) * kBk + j + c] = acc[r][c];
+        for (int64_t c = 0; c < NV; ++c) W::store(s + (i + r) * kBk + j + c * W::N, acc[r][c]);
     }
 }
 
@@ -106,22 +207,24 @@ void tile_dot(const T* a, const T* bt, T* s, int64_t nq, int64_t nk, int64_t D) 
 // (rounded up to a block). `out` rows are [kBq, D] scratch.
 template <typename T>
 void tile_acc_rows(const T* w, const T* m, T* out, int64_t nq, int64_t nk, int64_t D) {
-  constexpr int64_t C = kC<T>;
+  using W = Vec<T>;
+  constexpr int64_t C = kC<T>, NV = C / W::N;
   const int64_t rows = round_up(nq, kR), dfull = D / C * C;
   for (int64_t i = 0; i < rows; i += kR) {
     for (int64_t d0 = 0; d0 < dfull; d0 += C) {
-      T acc[kR][C];
+      typename W::V acc[kR][NV];
       for (int64_t r = 0; r < kR; ++r)
-        for (int64_t c = 0; c < C; ++c) acc[r][c] = out[(i + r) * D + d0 + c];
+        for (int64_t c = 0; c < NV; ++c) acc[r][c] = W::load(out + (i + r) * D + d0 + c * W::N);
       for (int64_t j = 0; j < nk; ++j) {
-        const T* mj = m + j * D + d0;
+        typename W::V mv[NV];
+        for (int64_t c = 0; c < NV; ++c) mv[c] = W::load(m + j * D + d0 + c * W::N);
         for (int64_t r = 0; r < kR; ++r) {
           const T x = w[(i + r) * kBk + j];
-          for (int64_t c = 0; c < C; ++c) acc[r][c] += x * mj[c];
+          for (int64_t c = 0; c < NV; ++c) acc[r][c] += x * mv[c];
         }
       }
       for (int64_t r = 0; r < kR; ++r)
-        for (int64_t c = 0; c < C; ++c) out[(i + r) * D + d0 + c] = acc[r][c];
+        for (int64_t c = 0; c < NV; ++c) W::store(out + (i + r) * D + d0 + c * W::N, acc[r][c]);
     }
     for (int64_t r = i; r < i + kR; ++r)  // head dims past the last full block
       for (int64_t j = 0; j < nk; ++j)
@@ -133,22 +236,24 @@ void tile_acc_rows(const T* w, const T* m, T* out, int64_t nq, int64_t nk, int64
 // (rounded up to a block): the transposed use of a probability tile. `out` is [kBk, D] scratch.
 template <typename T>
 void tile_acc_cols(const T* w, const T* m, T* out, int64_t nq, int64_t nk, int64_t D) {
-  constexpr int64_t C = kC<T>;
+  using W = Vec<T>;
+  constexpr int64_t C = kC<T>, NV = C / W::N;
   const int64_t cols = round_up(nk, kR), dfull = D / C * C;
   for (int64_t j = 0; j < cols; j += kR) {
     for (int64_t d0 = 0; d0 < dfull; d0 += C) {
-      T acc[kR][C];
+      typename W::V acc[kR][NV];
       for (int64_t r = 0; r < kR; ++r)
-        for (int64_t c = 0; c < C; ++c) acc[r][c] = out[(j + r) * D + d0 + c];
+        for (int64_t c = 0; c < NV; ++c) acc[r][c] = W::load(out + (j + r) * D + d0 + c * W::N);
       for (int64_t i = 0; i < nq; ++i) {
-        const T* mi = m + i * D + d0;
+        typename W::V mv[NV];
+        for (int64_t c = 0; c < NV; ++c) mv[c] = W::load(m + i * D + d0 + c * W::N);
         for (int64_t r = 0; r < kR; ++r) {
           const T x = w[i * kBk + j + r];
-          for (int64_t c = 0; c < C; ++c) acc[r][c] += x * mi[c];
+          for (int64_t c = 0; c < NV; ++c) acc[r][c] += x * mv[c];
         }
       }
       for (int64_t r = 0; r < kR; ++r)
-        for (int64_t c = 0; c < C; ++c) out[(j + r) * D + d0 + c] = acc[r][c];
+        for (int64_t c = 0; c < NV; ++c) W::store(out + (j + r) * D + d0 + c * W::N, acc[r][c]);
     }
     for (int64_t r = j; r < j + kR; ++r)
       for (int64_t i = 0; i < nq; ++i)
@@ -186,7 +291,7 @@ void attention_forward_impl(const AttnParams& p, const T* q, const T* k, const T
   const bool dropout = p.dropout_p > 0.f;
   const T scale = static_cast<T>(p.scale);
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-#pragma omp parallel
+#pragma omp parallel if (worth_threads(p))
   {
     FwdScratch<T> w(D);
 #pragma omp for schedule(dynamic, 1)
@@ -219,12 +324,10 @@ void attention_forward_impl(const AttnParams& p, const T* q, const T* k, const T
           if (n == 0) continue;
           T mx = w.m[i];
           for (int64_t j = 0; j < n; ++j) mx = std::max(mx, si[j]);
-          const T alpha = std::exp(w.m[i] - mx);  // 0 on the first tile (m = -inf)
+          const T alpha = exp_scalar(w.m[i] - mx);  // 0 on the first tile (m = -inf)
+          exp_shifted(si, n, mx);
           T sum = 0;
-          for (int64_t j = 0; j < n; ++j) {
-            si[j] = std::exp(si[j] - mx);
-            sum += si[j];
-          }
+          for (int64_t j = 0; j < n; ++j) sum += si[j];
           w.m[i] = mx;
           w.l[i] = w.l[i] * alpha + sum;
           // The normaliser counts every probability; dropout only changes what reaches V.
@@ -314,7 +417,7 @@ void tile_backward(const AttnParams& p, int64_t bh, const TileGeom& g, const T* 
     T* si = w.s.data() + i * kBk;
     T* dpi = w.dp.data() + i * kBk;
     const T l = w.lse[i], di = w.di[i];
-    for (int64_t j = 0; j < n; ++j) si[j] = std::exp(si[j] - l);
+    exp_shifted(si, n, l);
     if (dropout) {
       const T* zi = w.z.data() + i * kBk;
       // dp becomes dS; s becomes the dropped probabilities that multiplied V in forward.
@@ -361,7 +464,7 @@ void attention_backward_impl(const AttnParams& p, const T* q, const T* k, const 
   const bool fused = kv_heads >= 2 * static_cast<int64_t>(omp_get_max_threads());
 
   if (fused) {
-#pragma omp parallel
+#pragma omp parallel if (worth_threads(p))
     {
       BwdScratch<T> w(D, nt * kBk);
 #pragma omp for schedule(dynamic, 1)
@@ -390,7 +493,7 @@ void attention_backward_impl(const AttnParams& p, const T* q, const T* k, const 
     return;
   }
 
-#pragma omp parallel
+#pragma omp parallel if (worth_threads(p))
   {
     BwdScratch<T> w(D, kBk);
     // dk, dv: one task per key tile of a kv head, visiting query heads and tiles in the same

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/error.h"
 #include "kernels/cpu/ops.h"
 
 namespace mt::cpu {
@@ -14,6 +15,7 @@ namespace {
 template <typename T>
 void cross_entropy_forward_impl(const T* logits, const int32_t* targets, T* losses, T* lse, int64_t N, int64_t V,
                                 int64_t valid_v) {
+  MT_CHECK(valid_v > 0 && valid_v <= V, "cross entropy: valid vocab {} outside (0, {}]", valid_v, V);
 #pragma omp parallel for schedule(static) if (N * valid_v > 65536)
   for (int64_t r = 0; r < N; ++r) {
     const T* row = logits + r * V;

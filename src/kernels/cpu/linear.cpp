@@ -1,5 +1,12 @@
 // Linear layer on OpenBLAS. y = x @ w^T with Megatron's [out, in] weight layout, so every
-// product is a single gemm with a transpose flag and no copies.
+// product is a gemm with a transpose flag and no copies.
+//
+// Thread-count invariance: OpenBLAS splits a long reduction dimension into blocks of about its
+// GEMM_Q (a few hundred), and its single- and multi-threaded drivers round that split
+// differently when GEMM_Q < k < 2 GEMM_Q, so results changed with the OpenBLAS thread count
+// (seen for sgemm with k = 520). We cut the reduction into fixed chunks of kKChunk, below any
+// GEMM_Q, and accumulate them in order: OpenBLAS never splits k itself, and only partitions
+// the output across threads, which does not change any element's arithmetic.
 #include <cblas.h>
 
 #include <algorithm>
@@ -29,6 +36,21 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
               alpha, a, bi(lda), b, bi(ldb), beta, c, bi(ldc));
 }
 
+constexpr int64_t kKChunk = 128;
+
+// C[m,n] = op(A) @ op(B) + beta * C with the k-reduction done chunk by chunk (see above).
+// op(A) is [m,k] (A stored [k,m] when ta); op(B) is [k,n] (B stored [n,k] when tb).
+template <typename T>
+void gemm_fixed_k(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+                  int64_t ldb, T beta, T* c, int64_t ldc) {
+  for (int64_t k0 = 0; k0 < k; k0 += kKChunk) {
+    const int64_t kk = std::min(kKChunk, k - k0);
+    const T* ak = ta ? a + k0 * lda : a + k0;
+    const T* bk = tb ? b + k0 : b + k0 * ldb;
+    gemm(ta, tb, m, n, kk, T(1), ak, lda, bk, ldb, k0 == 0 ? beta : T(1), c, ldc);
+  }
+}
+
 template <typename T>
 void linear_forward_impl(const T* x, const T* w, const T* b, T* y, int64_t M, int64_t N, int64_t K) {
   if (M == 0 || N == 0) return;
@@ -41,7 +63,7 @@ void linear_forward_impl(const T* x, const T* w, const T* b, T* y, int64_t M, in
     if (!b) std::fill(y, y + M * N, T(0));
     return;
   }
-  gemm(false, true, M, N, K, T(1), x, K, w, K, b ? T(1) : T(0), y, N);
+  gemm_fixed_k(false, true, M, N, K, x, K, w, K, b ? T(1) : T(0), y, N);
 }
 
 // db[N] += column sums of dy[M,N]. Threads split the columns, and each column is summed over
@@ -69,10 +91,10 @@ void linear_backward_impl(const T* dy, const T* x, const T* w, T* dx, T* dw, T* 
     if (N == 0)
       std::fill(dx, dx + M * K, T(0));
     else
-      gemm(false, false, M, K, N, T(1), dy, N, w, K, T(0), dx, K);
+      gemm_fixed_k(false, false, M, K, N, dy, N, w, K, T(0), dx, K);
   }
   if (M == 0 || N == 0) return;
-  if (dw && K > 0) gemm(true, false, N, K, M, T(1), dy, N, x, K, T(1), dw, K);
+  if (dw && K > 0) gemm_fixed_k(true, false, N, K, M, dy, N, x, K, T(1), dw, K);
   if (db) column_sum_add(dy, db, M, N);
 }
 

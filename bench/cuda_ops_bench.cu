@@ -1,0 +1,242 @@
+// Microbenchmarks of the CUDA ops at llama-1.5b shapes (DESIGN.md): cuBLASLt GEMMs, flash
+// attention forward/backward, and the memory-bound kernels. Timed with CUDA events after
+// warm-up; each figure is the median of several timed batches. Inputs are random (never zeros)
+// and memory-bound kernels rotate over several input sets so that the 50 MB L2 does not serve
+// repeated reads. Prints one JSON line per measurement and a table at the end.
+//
+//   cuda_ops_bench [--quick] [--only=gemm|attn|mem]
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/ops_cuda.h"
+
+using namespace mt::cuda;
+
+namespace {
+
+bool g_quick = false;
+
+template <typename T>
+DeviceBuffer<T> random_buffer(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> h(n);
+  for (auto& x : h) x = d(gen);
+  DeviceBuffer<T> b(n);
+  b.upload(h);
+  return b;
+}
+
+// Median over `reps` batches of `iters` calls, in ms per call.
+double time_ms(const std::function<void(int)>& f, int iters, int reps = 5) {
+  cudaEvent_t a, b;
+  MT_CUDA_CHECK(cudaEventCreate(&a));
+  MT_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 2; ++i) f(i);  // warm-up: handles, plans, module load
+  MT_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    MT_CUDA_CHECK(cudaEventRecord(a));
+    for (int i = 0; i < iters; ++i) f(i);
+    MT_CUDA_CHECK(cudaEventRecord(b));
+    MT_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / iters);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct Row {
+  std::string op, shape;
+  double ms, rate;
+  const char* unit;
+};
+std::vector<Row> g_rows;
+
+void report(const std::string& op, const std::string& shape, double ms, double rate, const char* unit) {
+  std::printf("{\"op\":\"%s\",\"shape\":\"%s\",\"ms\":%.4f,\"%s\":%.1f}\n", op.c_str(), shape.c_str(), ms, unit, rate);
+  std::fflush(stdout);
+  g_rows.push_back({op, shape, ms, rate, unit});
+}
+
+void bench_gemm() {
+  Gemm gemm;
+  struct S {
+    int64_t M, K, N;
+  };
+  for (const S s : {S{8192, 2048, 6144}, S{8192, 2048, 16384}, S{8192, 8192, 2048}}) {
+    auto x = random_buffer<bf16>(s.M * s.K, 1), w = random_buffer<bf16>(s.N * s.K, 2);
+    auto dy = random_buffer<bf16>(s.M * s.N, 3);
+    DeviceBuffer<bf16> y(s.M * s.N), dx(s.M * s.K);
+    DeviceBuffer<float> dw(s.N * s.K);
+    dw.fill_bytes(0);
+    const double flop = 2.0 * s.M * s.N * s.K;
+    const std::string shape = std::to_string(s.M) + "x" + std::to_string(s.K) + "->" + std::to_string(s.N);
+    const int it = g_quick ? 5 : 20;
+    double ms = time_ms(
+        [&](int) { linear_forward(gemm, x, w, static_cast<const bf16*>(nullptr), y, s.M, s.N, s.K, nullptr); }, it);
+    report("gemm_fwd_bf16", shape, ms, flop / ms * 1e-9, "TFLOP/s");
+    ms = time_ms([&](int) { linear_backward(gemm, dy, x, w, dx, nullptr, nullptr, s.M, s.N, s.K, nullptr); }, it);
+    report("gemm_dgrad_bf16", shape, ms, flop / ms * 1e-9, "TFLOP/s");
+    ms = time_ms([&](int) { linear_backward(gemm, dy, x, w, nullptr, dw, nullptr, s.M, s.N, s.K, nullptr); }, it);
+    report("gemm_wgrad_bf16_f32acc", shape, ms, flop / ms * 1e-9, "TFLOP/s");
+  }
+}
+
+void bench_attention(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t D) {
+  AttnParams p{B, H, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
+  p.causal = true;
+  const size_t nq = B * H * S * D, nk = B * Hkv * S * D;
+  auto q = random_buffer<bf16>(nq, 11, -2, 2), k = random_buffer<bf16>(nk, 12, -2, 2), v = random_buffer<bf16>(nk, 13);
+  auto dout = random_buffer<bf16>(nq, 14);
+  DeviceBuffer<bf16> out(nq), dq(nq), dk(nk), dv(nk);
+  DeviceBuffer<float> lse(B * H * S);
+  // Causal: half of the S x S score matrix. Forward 2 GEMMs, backward 5 (the usual count; our
+  // deterministic backward computes 7).
+  const double fwd_flop = 4.0 * B * H * S * S * D / 2.0, bwd_flop = 2.5 * fwd_flop;
+  char shape[128];
+  std::snprintf(shape, sizeof shape, "B%lld H%lld Hkv%lld S%lld D%lld causal", static_cast<long long>(B),
+                static_cast<long long>(H), static_cast<long long>(Hkv), static_cast<long long>(S),
+                static_cast<long long>(D));
+  const int it = g_quick ? 3 : 10;
+  const double f = time_ms([&](int) { attention_forward(p, q, k, v, out, lse, nullptr); }, it);
+  const double b = time_ms([&](int) { attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr); }, it);
+  report("attn_fwd", shape, f, fwd_flop / f * 1e-9, "TFLOP/s");
+  report("attn_bwd", shape, b, bwd_flop / b * 1e-9, "TFLOP/s");
+  report("attn_fwd_bwd", shape, f + b, (fwd_flop + bwd_flop) / (f + b) * 1e-9, "TFLOP/s");
+}
+
+void bench_memory_bound() {
+  constexpr int kSets = 3;  // rotating input sets: 3 x >= 32 MB does not fit the L2
+  const int64_t rows = 8192, dim = 2048;
+  const int it = g_quick ? 6 : 30;
+  {
+    std::vector<DeviceBuffer<bf16>> x, y, dy, dx;
+    for (int i = 0; i < kSets; ++i) {
+      x.push_back(random_buffer<bf16>(rows * dim, 20 + i));
+      dy.push_back(random_buffer<bf16>(rows * dim, 30 + i));
+      y.emplace_back(rows * dim);
+      dx.emplace_back(rows * dim);
+    }
+    auto w = random_buffer<bf16>(dim, 40, 0.5f, 1.5f);
+    DeviceBuffer<float> rstd(rows), dw(dim);
+    dw.fill_bytes(0);
+    const double bytes = rows * dim * 2.0;
+    const std::string shape = std::to_string(rows) + "x" + std::to_string(dim) + " bf16";
+    double ms =
+        time_ms([&](int i) { rmsnorm_forward(x[i % kSets], w, y[i % kSets], rstd, rows, dim, 1e-5f, nullptr); }, it);
+    report("rmsnorm_fwd", shape, ms, 2 * bytes / ms * 1e-6, "GB/s");
+    ms = time_ms(
+        [&](int i) { rmsnorm_backward(dy[i % kSets], x[i % kSets], w, rstd, dx[i % kSets], dw, rows, dim, nullptr); },
+        it);
+    report("rmsnorm_bwd", shape, ms, 3 * bytes / ms * 1e-6, "GB/s");
+    ms = time_ms(
+        [&](int i) {
+          add_rmsnorm_forward(x[i % kSets], dy[i % kSets], dx[i % kSets], w, y[i % kSets], rstd, rows, dim, 1e-5f,
+                              nullptr);
+        },
+        it);
+    report("add_rmsnorm_fwd", shape, ms, 4 * bytes / ms * 1e-6, "GB/s");
+    DeviceBuffer<bf16> b(dim);
+    b.fill_bytes(0);
+    DeviceBuffer<float> mean(rows), db(dim);
+    db.fill_bytes(0);
+    ms = time_ms(
+        [&](int i) { layernorm_forward(x[i % kSets], w, b, y[i % kSets], mean, rstd, rows, dim, 1e-5f, nullptr); }, it);
+    report("layernorm_fwd", shape, ms, 2 * bytes / ms * 1e-6, "GB/s");
+    ms = time_ms(
+        [&](int i) {
+          layernorm_backward(dy[i % kSets], x[i % kSets], w, mean, rstd, dx[i % kSets], dw, db, rows, dim, nullptr);
+        },
+        it);
+    report("layernorm_bwd", shape, ms, 3 * bytes / ms * 1e-6, "GB/s");
+  }
+  {
+    const int64_t F = 8192;
+    auto x = random_buffer<bf16>(rows * 2 * F, 50), dy = random_buffer<bf16>(rows * F, 51);
+    DeviceBuffer<bf16> y(rows * F), dx(rows * 2 * F);
+    const std::string shape = std::to_string(rows) + "x2x" + std::to_string(F) + " bf16";
+    double ms = time_ms([&](int) { swiglu_forward(x, y, rows, F, nullptr); }, it);
+    report("swiglu_fwd", shape, ms, rows * F * 2.0 * 3 / ms * 1e-6, "GB/s");
+    ms = time_ms([&](int) { swiglu_backward(dy, x, dx, rows, F, nullptr); }, it);
+    report("swiglu_bwd", shape, ms, rows * F * 2.0 * 5 / ms * 1e-6, "GB/s");
+  }
+  {
+    const int64_t N = 8192, V = 128256;
+    auto logits = random_buffer<bf16>(N * V, 60, -8, 8);
+    std::vector<int32_t> t(N);
+    for (int64_t i = 0; i < N; ++i) t[i] = static_cast<int32_t>((i * 7919) % V);
+    DeviceBuffer<int32_t> tg(t);
+    DeviceBuffer<float> loss(N), lse(N), dl(N);
+    std::vector<float> ones(N, 1.f / N);
+    dl.upload(ones);
+    DeviceBuffer<bf16> dlog(N * V);
+    const double bytes = N * V * 2.0;
+    const std::string shape = std::to_string(N) + "x" + std::to_string(V) + " bf16";
+    const int cit = g_quick ? 3 : 10;
+    double ms = time_ms([&](int) { cross_entropy_forward(logits, tg, loss, lse, N, V, V, nullptr); }, cit);
+    report("cross_entropy_fwd", shape, ms, bytes / ms * 1e-6, "GB/s");
+    ms = time_ms([&](int) { cross_entropy_backward(logits, tg, lse, dl, dlog, N, V, V, nullptr); }, cit);
+    report("cross_entropy_bwd", shape, ms, 2 * bytes / ms * 1e-6, "GB/s");
+  }
+  {
+    // AdamW over 1.5e9/8 fp32 params (kept moderate for memory): reads p, g, m, v; writes p, m, v, bf16 p.
+    const int64_t n = int64_t{1} << 27;
+    auto p = random_buffer<float>(n, 70), g = random_buffer<float>(n, 71, -0.01f, 0.01f);
+    DeviceBuffer<float> m(n), v(n);
+    m.fill_bytes(0), v.fill_bytes(0);
+    DeviceBuffer<bf16> out(n);
+    AdamWHyper h;
+    const std::vector<AdamWTensor> ts{{p, g, m, v, out, n, true}};
+    const double ms = time_ms(
+        [&](int i) {
+          h.step = i + 1;
+          adamw_step(ts, h, nullptr);
+        },
+        g_quick ? 3 : 10);
+    report("adamw_step", std::to_string(n) + " params", ms, n * (4.0 * 7 + 2) / ms * 1e-6, "GB/s");
+    const std::vector<GradSpan> spans{{g, n}};
+    DeviceBuffer<double> nsq(1);
+    const double ms2 = time_ms([&](int) { grad_norm_squared(spans, nsq, nullptr); }, g_quick ? 3 : 10);
+    report("grad_norm", std::to_string(n) + " params", ms2, n * 4.0 / ms2 * 1e-6, "GB/s");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string only;  // --only=gemm|attn|mem runs one group
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) g_quick = true;
+    if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
+  }
+  auto want = [&](const char* group) { return only.empty() || only == group; };
+  cudaDeviceProp prop{};
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, %.0f MB L2\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6);
+  try {
+    if (want("gemm")) bench_gemm();
+    if (want("attn")) {
+      bench_attention(4, 32, 8, 2048, 64);
+      bench_attention(2, 16, 16, 2048, 128);
+    }
+    if (want("mem")) bench_memory_bound();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench failed: %s\n", e.what());
+    return 1;
+  }
+  std::printf("\n%-24s %-36s %10s %10s\n", "op", "shape", "ms", "rate");
+  for (const Row& r : g_rows)
+    std::printf("%-24s %-36s %10.4f %10.1f %s\n", r.op.c_str(), r.shape.c_str(), r.ms, r.rate, r.unit);
+  return 0;
+}

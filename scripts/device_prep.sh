@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Run HERE (a machine with the Debian development packages) before a call to the lent GPU
+# machine. Copies into third_party_carry/ (git-ignored) what that machine's image lacks, for
+# cmake/CarryFallbacks.cmake to pick up when find_package() fails there:
+#   fmt headers (used header-only), nlohmann-json headers, GoogleTest sources, zlib headers and
+#   library, Gloo headers and library, PCRE2 headers, library and pkg-config file.
+# With MT_PREP_BUILD=<build dir> it also copies that build's test_kernels and cuda_ops_bench plus
+# the shared libraries they need that the GPU machine may lack (libfmt), so a call can run them
+# without building there (bin/ and lib/; run with LD_LIBRARY_PATH=third_party_carry/lib).
+# Pass `carry: ["third_party_carry"]` in the device call.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+C=third_party_carry
+rm -rf "$C"
+mkdir -p "$C"/{fmt,nlohmann,zlib,gloo}/include "$C"/zlib/lib "$C"/gloo/lib "$C"/bin "$C"/lib
+
+copy() {  # copy SRC DST, failing loudly when SRC is missing here
+  [ -e "$1" ] || { echo "device_prep: $1 not found on this machine (apt-get install the -dev package)" >&2; exit 1; }
+  cp -rL "$1" "$2"
+}
+copy /usr/include/fmt "$C/fmt/include/"
+copy /usr/include/nlohmann "$C/nlohmann/include/"
+copy /usr/src/googletest "$C/googletest"
+copy /usr/include/zlib.h "$C/zlib/include/"
+copy /usr/include/zconf.h "$C/zlib/include/"
+copy /usr/lib/x86_64-linux-gnu/libz.so "$C/zlib/lib/libz.so"
+copy /usr/include/gloo "$C/gloo/include/"
+copy /usr/lib/libgloo.so "$C/gloo/lib/libgloo.so"
+# PCRE2 (the GPU image has the runtime library but no headers or .pc): headers, the library
+# to link against (same soname as the image's), and a relocatable pkg-config file.
+mkdir -p "$C"/pcre2/include "$C"/pcre2/lib "$C"/pkgconfig
+copy /usr/include/pcre2.h "$C/pcre2/include/"
+copy /usr/lib/x86_64-linux-gnu/libpcre2-8.so "$C/pcre2/lib/libpcre2-8.so"
+ver=$(pkg-config --modversion libpcre2-8 2>/dev/null || echo 10.42)
+cat > "$C/pkgconfig/libpcre2-8.pc" <<PC
+prefix=\${pcfiledir}/../pcre2
+Name: libpcre2-8
+Description: PCRE2 8-bit library (carried by scripts/device_prep.sh)
+Version: $ver
+Libs: -L\${prefix}/lib -lpcre2-8
+Cflags: -I\${prefix}/include
+PC
+
+if [ -n "${MT_PREP_BUILD:-}" ]; then
+  for b in test_kernels cuda_ops_bench; do
+    [ -x "$MT_PREP_BUILD/bin/$b" ] && cp "$MT_PREP_BUILD/bin/$b" "$C/bin/"
+  done
+  for l in libfmt.so.9 libgfortran.so.5 libquadmath.so.0; do
+    [ -e "/usr/lib/x86_64-linux-gnu/$l" ] && cp -L "/usr/lib/x86_64-linux-gnu/$l" "$C/lib/"
+  done
+  # OpenBLAS as this build linked it, only on request: it is ~36 MB of the 64 MB a call carries,
+  # and the GPU image has its own libopenblas.so.0.
+  if [ -n "${MT_PREP_OPENBLAS:-}" ]; then
+    ob=$(ldd "$MT_PREP_BUILD/bin/test_kernels" 2>/dev/null | awk '/libopenblas/ {print $3}')
+    [ -n "$ob" ] && cp -L "$ob" "$C/lib/"
+  fi
+fi
+du -sh "$C"

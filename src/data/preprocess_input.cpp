@@ -1,0 +1,113 @@
+#include "data/preprocess_input.h"
+
+#include <glob.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace mt::data {
+
+namespace {
+constexpr size_t kReadBuffer = 1 << 20;
+}
+
+std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns) {
+  std::vector<std::string> files;
+  for (const auto& p : patterns) {
+    if (p.find_first_of("*?[") == std::string::npos) {
+      if (!std::filesystem::is_regular_file(p)) fail("--input {}: no such file", p);
+      files.push_back(p);
+      continue;
+    }
+    glob_t g{};
+    const int rc = ::glob(p.c_str(), 0, nullptr, &g);
+    std::vector<std::string> matched;
+    if (rc == 0) {
+      for (size_t i = 0; i < g.gl_pathc; ++i) {
+        if (std::filesystem::is_regular_file(g.gl_pathv[i])) matched.emplace_back(g.gl_pathv[i]);
+      }
+    }
+    ::globfree(&g);
+    if (matched.empty()) fail("--input {}: the pattern matches no files", p);
+    // Sorted, so the document order never depends on the directory listing.
+    std::sort(matched.begin(), matched.end());
+    files.insert(files.end(), matched.begin(), matched.end());
+  }
+  return files;
+}
+
+LineReader::LineReader(const std::string& path) : path_(path), buf_(kReadBuffer) {
+  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  if (gz) {
+    gzFile f = ::gzopen(path.c_str(), "rb");
+    if (!f) fail("cannot open --input {}: {}", path, std::strerror(errno));
+    ::gzbuffer(f, 256 * 1024);
+    gz_ = f;
+  } else {
+    file_ = std::fopen(path.c_str(), "rb");
+    if (!file_) fail("cannot open --input {}: {}", path, std::strerror(errno));
+  }
+}
+
+LineReader::~LineReader() {
+  if (gz_) ::gzclose(static_cast<gzFile>(gz_));
+  if (file_) std::fclose(file_);
+}
+
+bool LineReader::refill() {
+  if (eof_) return false;
+  // Keep the unread tail at the front; grow when one line is longer than the buffer.
+  if (pos_ > 0) {
+    std::memmove(buf_.data(), buf_.data() + pos_, end_ - pos_);
+    end_ -= pos_;
+    pos_ = 0;
+  }
+  if (end_ == buf_.size()) buf_.resize(buf_.size() * 2);
+  const size_t want = buf_.size() - end_;
+  size_t got;
+  if (gz_) {
+    const int n = ::gzread(static_cast<gzFile>(gz_), buf_.data() + end_, static_cast<unsigned>(want));
+    int err = Z_OK;
+    const char* msg = ::gzerror(static_cast<gzFile>(gz_), &err);
+    if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
+      fail("{}: corrupt or truncated gzip data ({}) after line {}", path_, msg, line_no_);
+    }
+    got = static_cast<size_t>(n);
+  } else {
+    got = std::fread(buf_.data() + end_, 1, want, file_);
+    if (got < want && std::ferror(file_)) fail("reading {} failed: {}", path_, std::strerror(errno));
+  }
+  if (got == 0) eof_ = true;
+  end_ += got;
+  return got > 0;
+}
+
+bool LineReader::next(std::string& line) {
+  for (;;) {
+    const char* start = buf_.data() + pos_;
+    const void* nl = std::memchr(start, '\n', end_ - pos_);
+    if (nl) {
+      size_t len = static_cast<const char*>(nl) - start;
+      line.assign(start, len > 0 && start[len - 1] == '\r' ? len - 1 : len);
+      pos_ += len + 1;
+      ++line_no_;
+      return true;
+    }
+    if (!refill()) {
+      if (pos_ == end_) return false;
+      // The last line has no newline.
+      size_t len = end_ - pos_;
+      line.assign(buf_.data() + pos_, len > 0 && buf_[pos_ + len - 1] == '\r' ? len - 1 : len);
+      pos_ = end_;
+      ++line_no_;
+      return true;
+    }
+  }
+}
+
+}  // namespace mt::data

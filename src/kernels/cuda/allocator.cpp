@@ -1,0 +1,88 @@
+// CUDA error reporting and the stream-ordered device allocator.
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+
+#include "core/error.h"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace mt::cuda {
+
+void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();  // clear a sticky launch error so the next check reports its own
+  fail("CUDA error {} ({}) in {} at {}:{}", cudaGetErrorName(e), cudaGetErrorString(e), what, file, line);
+}
+
+CudaAllocator::CudaAllocator(int device, cudaStream_t stream, uint64_t release_threshold)
+    : device_(device), stream_(stream) {
+  MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device));
+  // Keep freed memory in the pool: without a threshold the pool returns it to the driver at
+  // every synchronisation and the next step pays cudaMalloc costs again.
+  uint64_t thr = release_threshold;
+  MT_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &thr));
+}
+
+void* CudaAllocator::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    fail(
+        "out of GPU memory allocating {:.1f} MiB on device {} ({:.1f} MiB in use by tensors, {:.1f} of {:.1f} MiB "
+        "free): reduce --micro-batch-size or --seq-length, or enable activation recomputation",
+        static_cast<double>(bytes) / (1 << 20), device_, static_cast<double>(in_use_) / (1 << 20),
+        static_cast<double>(free_b) / (1 << 20), static_cast<double>(total_b) / (1 << 20));
+  }
+  in_use_ += bytes;
+  if (in_use_ > peak_) peak_ = in_use_;
+  return p;
+}
+
+void CudaAllocator::deallocate(void* ptr, size_t bytes) {
+  if (!ptr) return;
+  // Destructors must not throw: a failing free here means the context is already broken, and
+  // the next checked call reports it.
+  if (cudaFreeAsync(ptr, stream_) != cudaSuccess) cudaGetLastError();
+  in_use_ -= bytes <= in_use_ ? bytes : in_use_;
+}
+
+void CudaAllocator::trim(size_t keep_bytes) {
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  MT_CUDA_CHECK(cudaMemPoolTrimTo(pool_, keep_bytes));
+}
+
+namespace {
+
+CudaAllocator* g_alloc = nullptr;
+
+// core's device copy hook: ordered after the allocator stream's work and synchronous for the host.
+void copy_hook(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+  (void)dst_dev, (void)src_dev;  // unified addressing: cudaMemcpyDefault infers the direction
+  const cudaStream_t s = g_alloc ? g_alloc->stream() : nullptr;
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  MT_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+// core's device zero hook: stream-ordered on the allocator stream, like the allocation itself.
+void zero_hook(void* dst, size_t bytes) {
+  MT_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, g_alloc ? g_alloc->stream() : nullptr));
+}
+
+}  // namespace
+
+CudaAllocator* install_cuda_allocator(int device, cudaStream_t stream) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    MT_CUDA_CHECK(cudaSetDevice(device));
+    g_alloc = new CudaAllocator(device, stream);  // lives for the process, as the registry
+    register_cuda_allocator(g_alloc);
+    register_device_copy(copy_hook);
+    register_device_zero(zero_hook);
+  });
+  return g_alloc;
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,64 @@
+#pragma once
+// Shared pieces of the tensor-core flash-attention kernels (attention_fwd.cu, attention_bwd.cu).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/error.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/philox.cuh"
+
+namespace mt::cuda::attn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct TcArgs {
+  const bf16 *q, *k, *v, *out, *dout;
+  bf16 *o, *dq, *dk, *dv;
+  float* lse_out;
+  const float *lse, *delta;
+  int S, Hq, Hkv, group;
+  float scale, scale_log2;
+  bool causal;
+  float dropout_p, keep_scale;
+  uint64_t seed, offset;
+};
+
+// Dropout factor (0 or 1/(1-p)) of probability (query i, key j) of head bh: the CPU's key.
+__device__ __forceinline__ float drop_factor(const TcArgs& a, int64_t bh, int i, int j) {
+  const uint64_t idx = (static_cast<uint64_t>(bh) * a.S + i) * a.S + j;
+  return philox_uniform(a.seed, a.offset, idx) >= a.dropout_p ? a.keep_scale : 0.f;
+}
+
+inline TcArgs make_args(const AttnParams& p) {
+  TcArgs a{};
+  a.S = static_cast<int>(p.S);
+  a.Hq = static_cast<int>(p.Hq);
+  a.Hkv = static_cast<int>(p.Hkv);
+  a.group = static_cast<int>(p.Hq / p.Hkv);
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * kLog2e;
+  a.causal = p.causal;
+  a.dropout_p = p.dropout_p;
+  a.keep_scale = p.dropout_p < 1.f ? 1.f / (1.f - p.dropout_p) : 0.f;
+  a.seed = p.seed;
+  a.offset = p.offset;
+  return a;
+}
+
+inline void check_params(const AttnParams& p) {
+  MT_CHECK(p.B >= 0 && p.S >= 0 && p.D > 0 && p.Hkv > 0 && p.Hq > 0 && p.Hq % p.Hkv == 0,
+           "bad attention shape B={} Hq={} Hkv={} S={} D={}", p.B, p.Hq, p.Hkv, p.S, p.D);
+  MT_CHECK(p.S < (int64_t{1} << 31) && p.S / 16 < 65535 && p.B * p.Hq < (int64_t{1} << 31),
+           "attention shape too large for the GPU grid (B={} Hq={} S={})", p.B, p.Hq, p.S);
+}
+
+// Opts a kernel into more than 48 KB of dynamic shared memory (once per kernel).
+template <typename K>
+void set_smem(K kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+}  // namespace mt::cuda::attn

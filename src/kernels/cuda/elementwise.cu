@@ -1,0 +1,363 @@
+// Elementwise ops: SwiGLU, GELU, dropout, RoPE, add/scale, casts, and the device Philox stream.
+// Memory-bound: each thread moves 16-byte vectors where the pointers and sizes allow, with a
+// scalar path for tails and odd shapes. Math in fp32; results do not depend on the launch shape.
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/philox.cuh"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ int64_t gtid() { return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; }
+__device__ __forceinline__ int64_t gstride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// Runs f(i0, count) over groups of G consecutive elements (the last group may be short).
+template <int G, typename F>
+__device__ __forceinline__ void for_groups(int64_t n, F f) {
+  for (int64_t g = gtid(); g * G < n; g += gstride()) {
+    const int64_t i0 = g * G;
+    f(i0, n - i0 < G ? static_cast<int>(n - i0) : G);
+  }
+}
+
+// Loads/stores `cnt` (<= N) elements: one vector when full and aligned, else scalars.
+template <typename T>
+__device__ __forceinline__ void load_group(const T* p, int cnt, bool vec, float* out) {
+  if (vec && cnt == Vec<T>::N) {
+    Vec<T>::load(p, out);
+  } else {
+#pragma unroll
+    for (int e = 0; e < Vec<T>::N; ++e)
+      if (e < cnt) out[e] = to_f(p[e]);
+  }
+}
+template <typename T>
+__device__ __forceinline__ void store_group(T* p, int cnt, bool vec, const float* in) {
+  if (vec && cnt == Vec<T>::N) {
+    Vec<T>::store(p, in);
+  } else {
+#pragma unroll
+    for (int e = 0; e < Vec<T>::N; ++e)
+      if (e < cnt) p[e] = from_f<T>(in[e]);
+  }
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
+
+// ---- SwiGLU: grid y walks rows, grid x the 16-byte groups of a row (F % N == 0 for the
+// vector path), so there is no per-element division.
+template <typename T>
+__global__ void swiglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t F, bool vec) {
+  constexpr int N = Vec<T>::N;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t j = gtid() * N; j < F; j += gstride() * N) {
+      const int cnt = F - j < N ? static_cast<int>(F - j) : N;
+      float gt[N], up[N], out[N];
+      load_group(x + r * 2 * F + j, cnt, vec, gt);
+      load_group(x + r * 2 * F + F + j, cnt, vec, up);
+#pragma unroll
+      for (int e = 0; e < N; ++e) out[e] = gt[e] * sigmoidf_(gt[e]) * up[e];
+      store_group(y + r * F + j, cnt, vec, out);
+    }
+}
+template <typename T>
+__global__ void swiglu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, int64_t rows,
+                                  int64_t F, bool vec) {
+  constexpr int N = Vec<T>::N;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t j = gtid() * N; j < F; j += gstride() * N) {
+      const int cnt = F - j < N ? static_cast<int>(F - j) : N;
+      float gt[N], up[N], d[N], dg[N], du[N];
+      load_group(x + r * 2 * F + j, cnt, vec, gt);
+      load_group(x + r * 2 * F + F + j, cnt, vec, up);
+      load_group(dy + r * F + j, cnt, vec, d);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const float sg = sigmoidf_(gt[e]);
+        du[e] = d[e] * gt[e] * sg;
+        dg[e] = d[e] * up[e] * sg * (1.f + gt[e] * (1.f - sg));
+      }
+      store_group(dx + r * 2 * F + j, cnt, vec, dg);
+      store_group(dx + r * 2 * F + F + j, cnt, vec, du);
+    }
+}
+
+// ---- GELU
+constexpr float kInvSqrt2 = 0.70710678118654752440f, kInvSqrt2Pi = 0.39894228040143267794f;
+constexpr float kSqrt2OverPi = 0.79788456080286535588f, kCubic = 0.044715f;
+
+template <typename T>
+__global__ void gelu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, bool tanh_approx, bool vec) {
+  constexpr int N = Vec<T>::N;
+  for_groups<N>(n, [&](int64_t i0, int cnt) {
+    float v[N], o[N];
+    load_group(x + i0, cnt, vec, v);
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const float a = v[e];
+      o[e] = tanh_approx ? 0.5f * a * (1.f + tanhf(kSqrt2OverPi * (a + kCubic * a * a * a)))
+                         : 0.5f * a * (1.f + erff(a * kInvSqrt2));
+    }
+    store_group(y + i0, cnt, vec, o);
+  });
+}
+template <typename T>
+__global__ void gelu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, int64_t n,
+                                bool tanh_approx, bool vec) {
+  constexpr int N = Vec<T>::N;
+  for_groups<N>(n, [&](int64_t i0, int cnt) {
+    float v[N], d[N], o[N];
+    load_group(x + i0, cnt, vec, v);
+    load_group(dy + i0, cnt, vec, d);
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const float a = v[e];
+      if (tanh_approx) {
+        const float t = tanhf(kSqrt2OverPi * (a + kCubic * a * a * a));
+        const float dinner = kSqrt2OverPi * (1.f + 3.f * kCubic * a * a);
+        o[e] = d[e] * (0.5f * (1.f + t) + 0.5f * a * (1.f - t * t) * dinner);
+      } else {
+        const float cdf = 0.5f * (1.f + erff(a * kInvSqrt2));
+        const float pdf = kInvSqrt2Pi * expf(-0.5f * a * a);
+        o[e] = d[e] * (cdf + a * pdf);
+      }
+    }
+    store_group(dx + i0, cnt, vec, o);
+  });
+}
+
+// ---- Dropout: groups of 4 elements share one Philox block (element i uses lane i % 4 of
+// block i / 4), exactly as the CPU.
+template <typename T>
+__global__ void dropout_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, float p, float scale,
+                               uint64_t seed, uint64_t offset) {
+  for_groups<4>(n, [&](int64_t i0, int cnt) {
+    const Philox4 b = philox_block(seed, offset, static_cast<uint64_t>(i0 / 4));
+    const float u[4] = {philox_to_unit(b.x), philox_to_unit(b.y), philox_to_unit(b.z), philox_to_unit(b.w)};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (e < cnt) y[i0 + e] = from_f<T>(u[e] >= p ? to_f(x[i0 + e]) * scale : 0.f);
+  });
+}
+
+__global__ void philox_uniform_kernel(float* out, int64_t n, uint64_t seed, uint64_t offset, uint64_t first) {
+  for (int64_t i = gtid(); i < n; i += gstride())
+    out[i] = philox_uniform(seed, offset, first + static_cast<uint64_t>(i));
+}
+
+// ---- RoPE (rotate-half) on [B*H*S rows, D]; one thread per (row, pair).
+template <typename T>
+__global__ void rope_kernel(T* __restrict__ x, const float* __restrict__ cs, const float* __restrict__ sn, int64_t rows,
+                            int64_t S, int64_t D, int64_t half, float sign) {
+  for (int64_t t = gtid(); t < rows * half; t += gstride()) {
+    const int64_t row = t / half, i = t % half, s = row % S;
+    T* r = x + row * D;
+    const float x1 = to_f(r[i]), x2 = to_f(r[i + half]);
+    const float c = cs[s * half + i], si = sign * sn[s * half + i];
+    r[i] = from_f<T>(x1 * c - x2 * si);
+    r[i + half] = from_f<T>(x2 * c + x1 * si);
+  }
+}
+__global__ void rope_tables_kernel(int64_t seq, int64_t rot_dim, double base, float* cs, float* sn) {
+  const int64_t half = rot_dim / 2;
+  for (int64_t t = gtid(); t < seq * half; t += gstride()) {
+    const int64_t s = t / half, i = t % half;
+    const double inv_freq = pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
+    const double a = static_cast<double>(s) * inv_freq;
+    cs[t] = static_cast<float>(cos(a));
+    sn[t] = static_cast<float>(sin(a));
+  }
+}
+
+// ---- add / scale / cast
+template <typename TY, typename TX>
+__global__ void add_kernel(TY* __restrict__ y, const TX* __restrict__ x, int64_t n, bool vec) {
+  constexpr int N = Vec<TY>::N < Vec<TX>::N ? Vec<TY>::N : Vec<TX>::N;
+  for_groups<N>(n, [&](int64_t i0, int cnt) {
+    float a[8], b[8];
+    if (vec && cnt == N && Vec<TY>::N == N && Vec<TX>::N == N) {
+      Vec<TY>::load(y + i0, a);
+      Vec<TX>::load(x + i0, b);
+#pragma unroll
+      for (int e = 0; e < N; ++e) a[e] += b[e];
+      Vec<TY>::store(y + i0, a);
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e)
+        if (e < cnt) y[i0 + e] = from_f<TY>(to_f(y[i0 + e]) + to_f(x[i0 + e]));
+    }
+  });
+}
+template <typename T>
+__global__ void scale_kernel(T* __restrict__ y, float a, int64_t n, bool vec) {
+  constexpr int N = Vec<T>::N;
+  for_groups<N>(n, [&](int64_t i0, int cnt) {
+    float v[N];
+    load_group(y + i0, cnt, vec, v);
+#pragma unroll
+    for (int e = 0; e < N; ++e) v[e] *= a;
+    store_group(y + i0, cnt, vec, v);
+  });
+}
+template <typename TI, typename TO>
+__global__ void cast_kernel(const TI* __restrict__ x, TO* __restrict__ y, int64_t n) {
+  for_groups<4>(n, [&](int64_t i0, int cnt) {
+    for (int e = 0; e < cnt; ++e) y[i0 + e] = from_f<TO>(to_f(x[i0 + e]));
+  });
+}
+
+template <typename T>
+bool vec_ok(std::initializer_list<const void*> ptrs, int64_t stride_elems) {
+  if (stride_elems % Vec<T>::N) return false;
+  for (const void* p : ptrs)
+    if (!aligned16(p)) return false;
+  return true;
+}
+
+template <typename T>
+dim3 row_grid(int64_t rows, int64_t F) {
+  return dim3(grid_for(ceil_div(F, Vec<T>::N), kThreads, 1024), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+}
+template <typename T>
+void swiglu_fwd(const T* x, T* y, int64_t rows, int64_t F, cudaStream_t s) {
+  if (rows * F == 0) return;
+  const bool vec = vec_ok<T>({x, y}, F);
+  swiglu_fwd_kernel<<<row_grid<T>(rows, F), kThreads, 0, s>>>(x, y, rows, F, vec);
+  MT_CUDA_LAUNCH_CHECK();
+}
+template <typename T>
+void swiglu_bwd(const T* dy, const T* x, T* dx, int64_t rows, int64_t F, cudaStream_t s) {
+  if (rows * F == 0) return;
+  const bool vec = vec_ok<T>({dy, x, dx}, F);
+  swiglu_bwd_kernel<<<row_grid<T>(rows, F), kThreads, 0, s>>>(dy, x, dx, rows, F, vec);
+  MT_CUDA_LAUNCH_CHECK();
+}
+template <typename T>
+void gelu_fwd(const T* x, T* y, int64_t n, bool t, cudaStream_t s) {
+  if (!n) return;
+  gelu_fwd_kernel<<<grid_for(ceil_div(n, Vec<T>::N), kThreads), kThreads, 0, s>>>(x, y, n, t, vec_ok<T>({x, y}, 0));
+  MT_CUDA_LAUNCH_CHECK();
+}
+template <typename T>
+void gelu_bwd(const T* dy, const T* x, T* dx, int64_t n, bool t, cudaStream_t s) {
+  if (!n) return;
+  gelu_bwd_kernel<<<grid_for(ceil_div(n, Vec<T>::N), kThreads), kThreads, 0, s>>>(dy, x, dx, n, t,
+                                                                                  vec_ok<T>({dy, x, dx}, 0));
+  MT_CUDA_LAUNCH_CHECK();
+}
+template <typename T>
+void dropout(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s) {
+  if (!n) return;
+  if (p <= 0.f) {
+    if (x != y) MT_CUDA_CHECK(cudaMemcpyAsync(y, x, static_cast<size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice, s));
+    return;
+  }
+  if (p >= 1.f) {
+    MT_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(n) * sizeof(T), s));
+    return;
+  }
+  const float scale = 1.f / (1.f - p);
+  dropout_kernel<<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, s>>>(x, y, n, p, scale, seed, offset);
+  MT_CUDA_LAUNCH_CHECK();
+}
+template <typename T>
+void rope(T* x, const float* cs, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t rot_dim,
+          float sign, cudaStream_t s) {
+  MT_CHECK(rot_dim % 2 == 0 && rot_dim <= D && rot_dim >= 0, "rotary dim {} must be even and <= head dim {}", rot_dim,
+           D);
+  const int64_t rows = B * H * S, half = rot_dim / 2;
+  if (rows * half == 0) return;
+  rope_kernel<<<grid_for(rows * half, kThreads), kThreads, 0, s>>>(x, cs, sn, rows, S, D, half, sign);
+  MT_CUDA_LAUNCH_CHECK();
+}
+template <typename TY, typename TX>
+void add(TY* y, const TX* x, int64_t n, cudaStream_t s) {
+  if (!n) return;
+  constexpr int N = Vec<TY>::N < Vec<TX>::N ? Vec<TY>::N : Vec<TX>::N;
+  add_kernel<<<grid_for(ceil_div(n, N), kThreads), kThreads, 0, s>>>(y, x, n, aligned16(y) && aligned16(x));
+  MT_CUDA_LAUNCH_CHECK();
+}
+template <typename T>
+void scale(T* y, float a, int64_t n, cudaStream_t s) {
+  if (!n) return;
+  scale_kernel<<<grid_for(ceil_div(n, Vec<T>::N), kThreads), kThreads, 0, s>>>(y, a, n, aligned16(y));
+  MT_CUDA_LAUNCH_CHECK();
+}
+template <typename TI, typename TO>
+void cast_impl(const TI* x, TO* y, int64_t n, cudaStream_t s) {
+  if (!n) return;
+  cast_kernel<<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, s>>>(x, y, n);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void swiglu_forward(const bf16* x, bf16* y, int64_t rows, int64_t F, cudaStream_t s) { swiglu_fwd(x, y, rows, F, s); }
+void swiglu_forward(const float* x, float* y, int64_t rows, int64_t F, cudaStream_t s) { swiglu_fwd(x, y, rows, F, s); }
+void swiglu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t rows, int64_t F, cudaStream_t s) {
+  swiglu_bwd(dy, x, dx, rows, F, s);
+}
+void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, int64_t F, cudaStream_t s) {
+  swiglu_bwd(dy, x, dx, rows, F, s);
+}
+void gelu_forward(const bf16* x, bf16* y, int64_t n, bool t, cudaStream_t s) { gelu_fwd(x, y, n, t, s); }
+void gelu_forward(const float* x, float* y, int64_t n, bool t, cudaStream_t s) { gelu_fwd(x, y, n, t, s); }
+void gelu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t n, bool t, cudaStream_t s) {
+  gelu_bwd(dy, x, dx, n, t, s);
+}
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool t, cudaStream_t s) {
+  gelu_bwd(dy, x, dx, n, t, s);
+}
+void dropout_forward(const bf16* x, bf16* y, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
+  dropout(x, y, n, p, seed, off, s);
+}
+void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
+  dropout(x, y, n, p, seed, off, s);
+}
+void dropout_backward(const bf16* dy, bf16* dx, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
+  dropout(dy, dx, n, p, seed, off, s);
+}
+void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
+  dropout(dy, dx, n, p, seed, off, s);
+}
+void philox_uniform(float* out, int64_t n, uint64_t seed, uint64_t offset, uint64_t first, cudaStream_t s) {
+  if (!n) return;
+  philox_uniform_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, n, seed, offset, first);
+  MT_CUDA_LAUNCH_CHECK();
+}
+void rope_tables(int64_t seq, int64_t rot_dim, double base, float* cs, float* sn, cudaStream_t s) {
+  MT_CHECK(rot_dim % 2 == 0 && rot_dim >= 0, "rotary dim must be even (got {})", rot_dim);
+  if (seq * rot_dim == 0) return;
+  rope_tables_kernel<<<grid_for(seq * rot_dim / 2, kThreads), kThreads, 0, s>>>(seq, rot_dim, base, cs, sn);
+  MT_CUDA_LAUNCH_CHECK();
+}
+void rope_forward(bf16* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
+                  cudaStream_t s) {
+  rope(x, c, sn, B, H, S, D, r, 1.f, s);
+}
+void rope_forward(float* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
+                  cudaStream_t s) {
+  rope(x, c, sn, B, H, S, D, r, 1.f, s);
+}
+void rope_backward(bf16* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
+                   cudaStream_t s) {
+  rope(x, c, sn, B, H, S, D, r, -1.f, s);
+}
+void rope_backward(float* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
+                   cudaStream_t s) {
+  rope(x, c, sn, B, H, S, D, r, -1.f, s);
+}
+void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
+void add_inplace(float* y, const float* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
+void add_inplace(float* y, const bf16* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
+void scale_inplace(bf16* y, float a, int64_t n, cudaStream_t s) { scale(y, a, n, s); }
+void scale_inplace(float* y, float a, int64_t n, cudaStream_t s) { scale(y, a, n, s); }
+void cast(const float* x, bf16* y, int64_t n, cudaStream_t s) { cast_impl(x, y, n, s); }
+void cast(const bf16* x, float* y, int64_t n, cudaStream_t s) { cast_impl(x, y, n, s); }
+
+}  // namespace mt::cuda

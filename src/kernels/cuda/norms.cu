@@ -1,0 +1,314 @@
+// RMSNorm and LayerNorm, optionally fused with the residual add that precedes them.
+// Forward: one block per row; the row is read once (16-byte vectors), kept in shared memory as
+// fp32, reduced, and written normalised. Backward: one block per fixed chunk of kChunkRows rows:
+// warps first compute each row's reduction terms, then threads own columns and walk the rows in
+// order, writing dx and summing dw/db partials for the chunk; a second kernel adds the chunk
+// partials in chunk order. Fixed shapes everywhere: deterministic, no atomics.
+#include "core/error.h"
+#include "kernels/cuda/common.cuh"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kChunkRows = 16;
+constexpr int kBwdThreads = 256;
+constexpr int kUnroll = 4;  // forward: vectors in flight per thread
+
+template <typename T>
+__device__ __forceinline__ void load_n(const T* p, int cnt, bool vec, float* out) {
+  if (vec && cnt == Vec<T>::N) {
+    Vec<T>::load(p, out);
+  } else {
+#pragma unroll
+    for (int e = 0; e < Vec<T>::N; ++e)
+      if (e < cnt) out[e] = to_f(p[e]);
+  }
+}
+template <typename T>
+__device__ __forceinline__ void store_n(T* p, int cnt, bool vec, const float* in) {
+  if (vec && cnt == Vec<T>::N) {
+    Vec<T>::store(p, in);
+  } else {
+#pragma unroll
+    for (int e = 0; e < Vec<T>::N; ++e)
+      if (e < cnt) p[e] = from_f<T>(in[e]);
+  }
+}
+
+template <typename T, bool LN, bool ADD>
+__global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ sum_out,
+                                const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+                                float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t dim, float eps,
+                                bool vec) {
+  constexpr int N = Vec<T>::N;
+  extern __shared__ float row[];
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * N;
+  float acc = 0.f;
+  // kUnroll vectors per thread per round, all loads issued before any is used.
+  for (int64_t base = threadIdx.x * N; base < dim; base += kUnroll * step) {
+    float v[kUnroll][N];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j0 = base + u * step;
+      if (j0 < dim) load_n(x + r * dim + j0, dim - j0 < N ? static_cast<int>(dim - j0) : N, vec, v[u]);
+    }
+    if constexpr (ADD) {
+      float q[kUnroll][N];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j0 = base + u * step;
+        if (j0 < dim) load_n(res + r * dim + j0, dim - j0 < N ? static_cast<int>(dim - j0) : N, vec, q[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j0 = base + u * step;
+        if (j0 >= dim) continue;
+          // The stored sum is what later layers see; normalise exactly that (rounded) value.
+#pragma unroll
+        for (int e = 0; e < N; ++e) v[u][e] = to_f(from_f<T>(v[u][e] + q[u][e]));
+        store_n(sum_out + r * dim + j0, dim - j0 < N ? static_cast<int>(dim - j0) : N, vec, v[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j0 = base + u * step;
+      if (j0 >= dim) continue;
+      const int cnt = dim - j0 < N ? static_cast<int>(dim - j0) : N;
+#pragma unroll
+      for (int e = 0; e < N; ++e)
+        if (e < cnt) {
+          row[j0 + e] = v[u][e];
+          acc += LN ? v[u][e] : v[u][e] * v[u][e];
+        }
+    }
+  }
+  const float total = block_sum(acc, red);
+  float mu = 0.f, rs;
+  if constexpr (LN) {
+    mu = total / static_cast<float>(dim);
+    // Centred second pass over this thread's own elements (no cancellation for large means).
+    float ss = 0.f;
+    for (int64_t j0 = threadIdx.x * N; j0 < dim; j0 += step)
+      for (int e = 0; e < N && j0 + e < dim; ++e) {
+        const float d = row[j0 + e] - mu;
+        ss += d * d;
+      }
+    const float var = block_sum(ss, red) / static_cast<float>(dim);
+    rs = 1.f / sqrtf(var + eps);
+  } else {
+    rs = 1.f / sqrtf(total / static_cast<float>(dim) + eps);
+  }
+  if (threadIdx.x == 0) {
+    rstd_out[r] = rs;
+    if constexpr (LN) mean_out[r] = mu;
+  }
+  for (int64_t j0 = threadIdx.x * N; j0 < dim; j0 += step) {
+    const int cnt = dim - j0 < N ? static_cast<int>(dim - j0) : N;
+    float wv[N], bv[N], o[N];
+    load_n(w + j0, cnt, vec, wv);
+    if constexpr (LN) load_n(b + j0, cnt, vec, bv);
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      if (e < cnt) {
+        o[e] = (row[j0 + e] - mu) * rs * wv[e];
+        if constexpr (LN) o[e] += bv[e];
+      }
+    store_n(y + r * dim + j0, cnt, vec, o);
+  }
+}
+
+// Phase 1 (warp per row): c[0] = mean(g * xh) for RMS; c[0] = mean(g), c[1] = mean(g * xh) for LN.
+// Phase 2 (threads over columns): dx = rs * (g - [c0 LN] - xh * c), dw += dy * xh, db += dy.
+template <typename T, bool LN>
+__global__ void __launch_bounds__(kBwdThreads)
+    norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                    const float* __restrict__ mean, const float* __restrict__ rstd, const T* __restrict__ dx_add,
+                    T* __restrict__ dx, float* __restrict__ part_w, float* __restrict__ part_b, int64_t rows,
+                    int64_t dim, bool vec) {
+  constexpr int N = Vec<T>::N;
+  __shared__ float cst[kChunkRows][2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int64_t r0 = blockIdx.x * static_cast<int64_t>(kChunkRows);
+  const int nr = rows - r0 < kChunkRows ? static_cast<int>(rows - r0) : kChunkRows;
+  const float inv_dim = 1.f / static_cast<float>(dim);
+  if (dx) {
+    for (int i = warp; i < nr; i += nwarps) {
+      const int64_t r = r0 + i;
+      const float m = LN ? mean[r] : 0.f, rs = rstd[r];
+      float s1 = 0.f, s2 = 0.f;
+#pragma unroll 4
+      for (int64_t j0 = lane * N; j0 < dim; j0 += 32 * N) {
+        const int cnt = dim - j0 < N ? static_cast<int>(dim - j0) : N;
+        float d[N], xv[N], wv[N];
+        load_n(dy + r * dim + j0, cnt, vec, d);
+        load_n(x + r * dim + j0, cnt, vec, xv);
+        load_n(w + j0, cnt, vec, wv);
+#pragma unroll
+        for (int e = 0; e < N; ++e)
+          if (e < cnt) {
+            const float g = d[e] * wv[e];
+            s1 += g;
+            s2 += g * ((xv[e] - m) * rs);
+          }
+      }
+      s1 = warp_sum(s1);
+      s2 = warp_sum(s2);
+      if (lane == 0) {
+        cst[i][0] = LN ? s1 * inv_dim : s2 * inv_dim;
+        cst[i][1] = s2 * inv_dim;
+      }
+    }
+  }
+  __syncthreads();
+  for (int64_t j0 = threadIdx.x * N; j0 < dim; j0 += static_cast<int64_t>(blockDim.x) * N) {
+    const int cnt = dim - j0 < N ? static_cast<int>(dim - j0) : N;
+    float wv[N], aw[N] = {}, ab[N] = {};
+    load_n(w + j0, cnt, vec, wv);
+#pragma unroll 4
+    for (int i = 0; i < nr; ++i) {
+      const int64_t r = r0 + i;
+      const float m = LN ? mean[r] : 0.f, rs = rstd[r];
+      float d[N], xv[N], o[N];
+      load_n(dy + r * dim + j0, cnt, vec, d);
+      load_n(x + r * dim + j0, cnt, vec, xv);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const float xh = (xv[e] - m) * rs;
+        aw[e] += d[e] * xh;
+        ab[e] += d[e];
+        if (LN)
+          o[e] = rs * (d[e] * wv[e] - cst[i][0] - xh * cst[i][1]);
+        else
+          o[e] = rs * (d[e] * wv[e] - xh * cst[i][0]);
+      }
+      if (dx) {
+        if (dx_add) {
+          float a[N];
+          load_n(dx_add + r * dim + j0, cnt, vec, a);
+#pragma unroll
+          for (int e = 0; e < N; ++e) o[e] += a[e];
+        }
+        store_n(dx + r * dim + j0, cnt, vec, o);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      if (e >= cnt) continue;
+      if (part_w) part_w[blockIdx.x * dim + j0 + e] = aw[e];
+      if (part_b) part_b[blockIdx.x * dim + j0 + e] = ab[e];
+    }
+  }
+}
+
+__global__ void chunk_finish_kernel(const float* __restrict__ part, float* __restrict__ out, int64_t chunks,
+                                    int64_t dim) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= dim) return;
+  float acc = 0.f;
+  for (int64_t c = 0; c < chunks; ++c) acc += part[c * dim + j];
+  out[j] += acc;
+}
+
+template <typename T>
+bool vec_rows(int64_t dim, std::initializer_list<const void*> ptrs) {
+  if (dim % Vec<T>::N) return false;
+  for (const void* p : ptrs)
+    if (p && !aligned16(p)) return false;
+  return true;
+}
+
+template <typename T, bool LN, bool ADD>
+void norm_fwd(const T* x, const T* res, T* sum, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t rows,
+              int64_t dim, float eps, cudaStream_t s) {
+  if (rows == 0 || dim == 0) return;
+  const size_t smem = static_cast<size_t>(dim) * sizeof(float);
+  MT_CHECK(smem <= 227 * 1024, "norm dim {} too large for the GPU kernel", dim);
+  auto kern = norm_fwd_kernel<T, LN, ADD>;
+  if (smem > 48 * 1024)
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  // About kUnroll vectors per thread: few threads per row, several loads in flight each.
+  const int64_t nvec = ceil_div(dim, Vec<T>::N);
+  const int threads =
+      static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, ceil_div(ceil_div(nvec, kUnroll), 32) * 32)));
+  const bool vec = vec_rows<T>(dim, {x, res, sum, w, b, y});
+  kern<<<static_cast<unsigned>(rows), threads, smem, s>>>(x, res, sum, w, b, y, mean, rstd, dim, eps, vec);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+template <typename T, bool LN>
+void norm_bwd(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, float* dw, float* db,
+              int64_t rows, int64_t dim, const T* dx_add, cudaStream_t s) {
+  if (rows == 0 || dim == 0) return;
+  const int64_t chunks = ceil_div(rows, kChunkRows);
+  Scratch pw(dw ? static_cast<size_t>(chunks * dim) * 4 : 0, s);
+  Scratch pb(db ? static_cast<size_t>(chunks * dim) * 4 : 0, s);
+  const bool vec = vec_rows<T>(dim, {dy, x, w, dx, dx_add});
+  norm_bwd_kernel<T, LN><<<static_cast<unsigned>(chunks), kBwdThreads, 0, s>>>(
+      dy, x, w, mean, rstd, dx_add, dx, pw.as<float>(), pb.as<float>(), rows, dim, vec);
+  MT_CUDA_LAUNCH_CHECK();
+  if (dw) {
+    chunk_finish_kernel<<<static_cast<unsigned>(ceil_div(dim, 256)), 256, 0, s>>>(pw.as<float>(), dw, chunks, dim);
+    MT_CUDA_LAUNCH_CHECK();
+  }
+  if (db) {
+    chunk_finish_kernel<<<static_cast<unsigned>(ceil_div(dim, 256)), 256, 0, s>>>(pb.as<float>(), db, chunks, dim);
+    MT_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+void rmsnorm_forward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t rows, int64_t dim, float eps,
+                     cudaStream_t s) {
+  norm_fwd<bf16, false, false>(x, nullptr, nullptr, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
+}
+void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps,
+                     cudaStream_t s) {
+  norm_fwd<float, false, false>(x, nullptr, nullptr, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
+}
+void add_rmsnorm_forward(const bf16* x, const bf16* res, bf16* sum, const bf16* w, bf16* y, float* rstd, int64_t rows,
+                         int64_t dim, float eps, cudaStream_t s) {
+  norm_fwd<bf16, false, true>(x, res, sum, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
+}
+void add_rmsnorm_forward(const float* x, const float* res, float* sum, const float* w, float* y, float* rstd,
+                         int64_t rows, int64_t dim, float eps, cudaStream_t s) {
+  norm_fwd<float, false, true>(x, res, sum, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
+}
+void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, bf16* dx, float* dw,
+                      int64_t rows, int64_t dim, cudaStream_t s, const bf16* dx_add) {
+  norm_bwd<bf16, false>(dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, dim, dx_add, s);
+}
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                      int64_t rows, int64_t dim, cudaStream_t s, const float* dx_add) {
+  norm_bwd<float, false>(dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, dim, dx_add, s);
+}
+void layernorm_forward(const bf16* x, const bf16* w, const bf16* b, bf16* y, float* mean, float* rstd, int64_t rows,
+                       int64_t dim, float eps, cudaStream_t s) {
+  norm_fwd<bf16, true, false>(x, nullptr, nullptr, w, b, y, mean, rstd, rows, dim, eps, s);
+}
+void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
+                       int64_t dim, float eps, cudaStream_t s) {
+  norm_fwd<float, true, false>(x, nullptr, nullptr, w, b, y, mean, rstd, rows, dim, eps, s);
+}
+void add_layernorm_forward(const bf16* x, const bf16* res, bf16* sum, const bf16* w, const bf16* b, bf16* y,
+                           float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
+  norm_fwd<bf16, true, true>(x, res, sum, w, b, y, mean, rstd, rows, dim, eps, s);
+}
+void add_layernorm_forward(const float* x, const float* res, float* sum, const float* w, const float* b, float* y,
+                           float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
+  norm_fwd<float, true, true>(x, res, sum, w, b, y, mean, rstd, rows, dim, eps, s);
+}
+void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* mean, const float* rstd, bf16* dx,
+                        float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s, const bf16* dx_add) {
+  norm_bwd<bf16, true>(dy, x, w, mean, rstd, dx, dw, db, rows, dim, dx_add, s);
+}
+void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                        float* dx, float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s,
+                        const float* dx_add) {
+  norm_bwd<float, true>(dy, x, w, mean, rstd, dx, dw, db, rows, dim, dx_add, s);
+}
+
+}  // namespace mt::cuda

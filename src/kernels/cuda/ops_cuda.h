@@ -1,0 +1,241 @@
+#pragma once
+// CUDA versions of the CPU reference ops (kernels/cpu/ops.h), for device pointers.
+// Conventions (in addition to ops.h's):
+//  * Storage is bf16 (the training path) or fp32 (where cheap; the tests use it to compare with
+//    the CPU tightly). Arithmetic is fp32 everywhere; row statistics (rstd, mean, lse) are fp32.
+//  * Every call is asynchronous on the given stream; nothing synchronises the host unless the
+//    function says so. Temporary scratch comes from the device's default stream-ordered pool
+//    (cudaMallocAsync on the same stream), which CudaAllocator also draws from.
+//  * Backward functions WRITE input gradients and ACCUMULATE (+=) parameter gradients into fp32
+//    main-grad buffers, whatever the storage type of the activations.
+//  * Deterministic: no floating-point atomics; every reduction has a fixed shape and order, so
+//    the same inputs give bit-identical outputs run to run (on the same GPU model).
+//  * Errors (CUDA or cuBLAS failures, unsupported shapes) throw mt::Error.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/allocator.h"
+#include "kernels/cpu/ops.h"
+
+namespace mt::cuda {
+
+using bf16 = __nv_bfloat16;
+using AttnParams = mt::cpu::AttnParams;
+
+// Throws mt::Error naming the failed call when e != cudaSuccess.
+void check_cuda(cudaError_t e, const char* what, const char* file, int line);
+#define MT_CUDA_CHECK(expr) ::mt::cuda::check_cuda((expr), #expr, __FILE__, __LINE__)
+
+// ---- Device memory. Stream-ordered allocations from the device's default memory pool, with a
+// release threshold so freed blocks stay cached in the pool instead of going back to the driver
+// at every synchronisation. All allocations and frees are ordered on `stream` (the compute
+// stream); memory freed there is reused by later work on that stream without a sync.
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(int device = 0, cudaStream_t stream = nullptr, uint64_t release_threshold = UINT64_MAX);
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) override;
+  Device device() const override { return Device::CUDA; }
+
+  void set_stream(cudaStream_t s) { stream_ = s; }
+  cudaStream_t stream() const { return stream_; }
+  int device_index() const { return device_; }
+  size_t bytes_in_use() const { return in_use_; }
+  size_t peak_bytes() const { return peak_; }
+  void reset_peak() { peak_ = in_use_; }
+  // Returns cached, unused pool memory to the driver, keeping at most `keep_bytes`.
+  void trim(size_t keep_bytes = 0);
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  cudaMemPool_t pool_ = nullptr;
+  size_t in_use_ = 0, peak_ = 0;
+};
+
+// Creates (once) a CudaAllocator for `device` on `stream`, registers it with core so Device::CUDA
+// tensors use it (register_cuda_allocator), and registers core's device copy hook (synchronous
+// for the host) and zero hook (stream-ordered on `stream`). Later calls return the same one.
+CudaAllocator* install_cuda_allocator(int device = 0, cudaStream_t stream = nullptr);
+
+// ---- GEMM through cuBLASLt. A Gemm owns the cuBLASLt handle, one workspace, and a cache of
+// matmul descriptors and heuristic choices per (shape, types, alignment, epilogue). Use one Gemm
+// per stream at a time (the workspace is shared by its calls).
+class Gemm {
+ public:
+  explicit Gemm(size_t workspace_bytes = size_t{32} << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+  struct Impl;
+  Impl* impl() { return impl_.get(); }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// y[M,N] = x[M,K] @ w[N,K]^T (+ b[N]) (bias through the cuBLASLt epilogue). bf16 inputs with
+// fp32 accumulation; output bf16 (bias bf16) or fp32 (bias fp32); or all fp32 (no TF32).
+void linear_forward(Gemm& g, const bf16* x, const bf16* w, const bf16* b, bf16* y, int64_t M, int64_t N, int64_t K,
+                    cudaStream_t s);
+void linear_forward(Gemm& g, const bf16* x, const bf16* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
+                    cudaStream_t s);
+void linear_forward(Gemm& g, const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
+                    cudaStream_t s);
+// dx[M,K] = dy @ w (written, if dx); dw[N,K] += dy^T @ x in fp32 (GEMM with beta = 1, if dw);
+// db[N] += column sums of dy (if db, deterministic).
+void linear_backward(Gemm& g, const bf16* dy, const bf16* x, const bf16* w, bf16* dx, float* dw, float* db, int64_t M,
+                     int64_t N, int64_t K, cudaStream_t s);
+void linear_backward(Gemm& g, const float* dy, const float* x, const float* w, float* dx, float* dw, float* db,
+                     int64_t M, int64_t N, int64_t K, cudaStream_t s);
+
+// ---- Embedding. out[n, dim] = table[ids[n], :]; dtable[ids[n], :] += dout[n, :] (fp32).
+// The backward sorts positions by id (stable radix sort) and each distinct id's rows are summed
+// by one block in increasing n: deterministic, no atomics.
+void embedding_forward(const int32_t* ids, const bf16* table, bf16* out, int64_t n, int64_t dim, cudaStream_t s);
+void embedding_forward(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim, cudaStream_t s);
+void embedding_backward(const int32_t* ids, const bf16* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s);
+void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s);
+
+// ---- RMSNorm / LayerNorm, one block per row (forward) and per fixed chunk of rows (backward,
+// whose dw/db partial sums per chunk are added in chunk order). rstd/mean are fp32 [rows].
+// The add_* forms fuse a residual add: sum = x + residual (rounded to the storage type and
+// written, it is the next residual stream), y = norm(sum). In backward, `dx_add` (optional) is
+// a gradient added to dx (the residual branch's gradient), so dx = norm_backward(dy) + dx_add.
+void rmsnorm_forward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t rows, int64_t dim, float eps,
+                     cudaStream_t s);
+void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps,
+                     cudaStream_t s);
+void add_rmsnorm_forward(const bf16* x, const bf16* residual, bf16* sum, const bf16* w, bf16* y, float* rstd,
+                         int64_t rows, int64_t dim, float eps, cudaStream_t s);
+void add_rmsnorm_forward(const float* x, const float* residual, float* sum, const float* w, float* y, float* rstd,
+                         int64_t rows, int64_t dim, float eps, cudaStream_t s);
+void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, bf16* dx, float* dw,
+                      int64_t rows, int64_t dim, cudaStream_t s, const bf16* dx_add = nullptr);
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                      int64_t rows, int64_t dim, cudaStream_t s, const float* dx_add = nullptr);
+
+void layernorm_forward(const bf16* x, const bf16* w, const bf16* b, bf16* y, float* mean, float* rstd, int64_t rows,
+                       int64_t dim, float eps, cudaStream_t s);
+void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
+                       int64_t dim, float eps, cudaStream_t s);
+void add_layernorm_forward(const bf16* x, const bf16* residual, bf16* sum, const bf16* w, const bf16* b, bf16* y,
+                           float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s);
+void add_layernorm_forward(const float* x, const float* residual, float* sum, const float* w, const float* b, float* y,
+                           float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s);
+void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* mean, const float* rstd, bf16* dx,
+                        float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s, const bf16* dx_add = nullptr);
+void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                        float* dx, float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s,
+                        const float* dx_add = nullptr);
+
+// ---- RoPE, rotate-half, on x[B, H, S, D] in place over the first rot_dim channels.
+// cos/sin: fp32 [S, rot_dim/2] device tables; rope_tables fills them on the device (angles in
+// double, as the CPU).
+void rope_tables(int64_t seq, int64_t rot_dim, double base, float* cos_out, float* sin_out, cudaStream_t s);
+void rope_forward(bf16* x, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
+                  int64_t rot_dim, cudaStream_t s);
+void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
+                  int64_t rot_dim, cudaStream_t s);
+void rope_backward(bf16* dx, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
+                   int64_t rot_dim, cudaStream_t s);
+void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
+                   int64_t rot_dim, cudaStream_t s);
+
+// ---- Flash attention (causal or not, GQA, dropout), q [B,Hq,S,D], k/v [B,Hkv,S,D], lse fp32
+// [B,Hq,S]. bf16 with D = 64 or 128 runs tensor-core kernels (mma.sync, tiles in shared memory);
+// other head dims and fp32 storage run a generic fp32 kernel. Backward writes dq, dk, dv; dq and
+// dk/dv come from separate kernels (each owning its outputs), so no atomics are used.
+void attention_forward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+                       cudaStream_t s);
+void attention_forward(const AttnParams& p, const float* q, const float* k, const float* v, float* out, float* lse,
+                       cudaStream_t s);
+void attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
+                        const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s);
+void attention_backward(const AttnParams& p, const float* q, const float* k, const float* v, const float* out,
+                        const float* lse, const float* dout, float* dq, float* dk, float* dv, cudaStream_t s);
+// Forces the generic kernels (tests compare both paths).
+void attention_forward_generic(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+                               cudaStream_t s);
+void attention_backward_generic(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
+                                const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s);
+// True when the tensor-core kernels serve this shape and storage.
+bool attention_uses_tensor_cores(const AttnParams& p);
+
+// ---- Activations and dropout (elementwise, fp32 math).
+void swiglu_forward(const bf16* x, bf16* y, int64_t rows, int64_t F, cudaStream_t s);
+void swiglu_forward(const float* x, float* y, int64_t rows, int64_t F, cudaStream_t s);
+void swiglu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t rows, int64_t F, cudaStream_t s);
+void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, int64_t F, cudaStream_t s);
+void gelu_forward(const bf16* x, bf16* y, int64_t n, bool tanh_approx, cudaStream_t s);
+void gelu_forward(const float* x, float* y, int64_t n, bool tanh_approx, cudaStream_t s);
+void gelu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t n, bool tanh_approx, cudaStream_t s);
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool tanh_approx, cudaStream_t s);
+// Keeps element i when Philox::uniform(seed, offset, i) >= p (the CPU's stream, bit for bit).
+void dropout_forward(const bf16* x, bf16* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
+void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
+void dropout_backward(const bf16* dy, bf16* dx, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
+void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
+// Philox::uniform(seed, offset, first + i) for i < n, from the device generator (tests).
+void philox_uniform(float* out, int64_t n, uint64_t seed, uint64_t offset, uint64_t first, cudaStream_t s);
+
+// ---- Softmax cross-entropy over logits[N, V] (first valid_v columns), never materialising
+// probabilities: forward is one online log-sum-exp pass per row (losses, lse fp32 [N]);
+// backward writes dlogits = dloss * (softmax - onehot), 0 in padded columns. dlogits may be the
+// logits buffer itself (in place).
+void cross_entropy_forward(const bf16* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
+                           int64_t valid_v, cudaStream_t s);
+void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
+                           int64_t valid_v, cudaStream_t s);
+void cross_entropy_backward(const bf16* logits, const int32_t* targets, const float* lse, const float* dloss,
+                            bf16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
+void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,
+                            float* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
+
+// ---- Elementwise helpers and casts.
+void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s);  // y += x
+void add_inplace(float* y, const float* x, int64_t n, cudaStream_t s);
+void add_inplace(float* y, const bf16* x, int64_t n, cudaStream_t s);  // fp32 accumulate of a bf16 grad
+void scale_inplace(bf16* y, float a, int64_t n, cudaStream_t s);
+void scale_inplace(float* y, float a, int64_t n, cudaStream_t s);
+void cast(const float* x, bf16* y, int64_t n, cudaStream_t s);  // round to nearest even
+void cast(const bf16* x, float* y, int64_t n, cudaStream_t s);
+
+// ---- Optimizer. AdamW as optim/adamw.cpp (torch's AdamW): decoupled decay, bias correction,
+// fp32 moments, the same fp32 operations in the same order without FMA contraction, so the
+// update equals the CPU's bit for bit. Multi-tensor: one launch covers up to 32 tensors of any
+// size; longer lists take several launches. param_bf16 (optional) receives the rounded update.
+struct AdamWTensor {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  bf16* param_bf16 = nullptr;
+  int64_t numel = 0;
+  bool weight_decay = true;
+};
+struct AdamWHyper {
+  double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  int64_t step = 1;  // 1-based step count after increment (as the CPU's step_)
+};
+void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h, cudaStream_t s);
+
+// Sum of squares of all elements of a list of fp32 buffers, in fp64, into *out_norm_sq (device
+// pointer): fixed chunks summed by fixed trees, chunk sums added in a fixed order.
+struct GradSpan {
+  float* data = nullptr;
+  int64_t numel = 0;
+};
+void grad_norm_squared(const std::vector<GradSpan>& spans, double* out_norm_sq, cudaStream_t s);
+// Same, returned to the host (synchronises the stream).
+double grad_norm_squared_host(const std::vector<GradSpan>& spans, cudaStream_t s);
+// Megatron's clip: c = max_norm / (sqrt(*norm_sq) + 1e-6), applied when c < 1 (a NaN norm leaves
+// the grads alone). Reads the norm on the device: no host sync.
+void clip_grads(const std::vector<GradSpan>& spans, const double* norm_sq, double max_norm, cudaStream_t s);
+
+}  // namespace mt::cuda

@@ -1,0 +1,216 @@
+// Multi-tensor optimizer kernels over fp32 main params and grads: AdamW (with an optional bf16
+// copy of the updated params), the global grad norm, and clipping. A launch carries a table of
+// up to kMaxTensors tensors in its parameters; block b finds its tensor by the table's prefix of
+// block counts, so one launch covers tensors of any size.
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/cuda/common.cuh"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kMaxTensors = 24;
+constexpr int kThreads = 256;
+constexpr int64_t kAdamChunk = 4096;   // elements per block
+constexpr int64_t kNormChunk = 16384;  // elements per block (per partial sum)
+
+struct AdamBatch {
+  float* p[kMaxTensors];
+  const float* g[kMaxTensors];
+  float* m[kMaxTensors];
+  float* v[kMaxTensors];
+  bf16* out[kMaxTensors];
+  int64_t n[kMaxTensors];
+  int64_t block_start[kMaxTensors + 1];
+  float df[kMaxTensors];
+  int count;
+};
+
+struct AdamScalars {
+  float step_size, bc2_sqrt, b1, omb1, b2, omb2, eps;
+};
+
+__device__ __forceinline__ int find_tensor(const int64_t* block_start, int count, int64_t b) {
+  int t = 0;
+  while (t + 1 < count && block_start[t + 1] <= b) ++t;
+  return t;
+}
+
+// The CPU's expression, operation for operation, with explicit round-to-nearest intrinsics so
+// the compiler cannot contract into FMAs: the result equals optim/adamw.cpp bit for bit.
+__global__ void adamw_kernel(const __grid_constant__ AdamBatch batch, AdamScalars c) {
+  const int64_t b = blockIdx.x;
+  const int t = find_tensor(batch.block_start, batch.count, b);
+  const int64_t begin = (b - batch.block_start[t]) * kAdamChunk;
+  const int64_t end = min(batch.n[t], begin + kAdamChunk);
+  float* __restrict__ p = batch.p[t];
+  const float* __restrict__ g = batch.g[t];
+  float* __restrict__ m = batch.m[t];
+  float* __restrict__ v = batch.v[t];
+  bf16* __restrict__ out = batch.out[t];
+  const float df = batch.df[t];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float gi = g[i];
+    const float pi = __fmul_rn(p[i], df);
+    const float mi = __fadd_rn(__fmul_rn(c.b1, m[i]), __fmul_rn(c.omb1, gi));
+    const float vi = __fadd_rn(__fmul_rn(c.b2, v[i]), __fmul_rn(__fmul_rn(c.omb2, gi), gi));
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
+    const float np = __fsub_rn(pi, __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
+    p[i] = np;
+    if (out) out[i] = __float2bfloat16_rn(np);
+  }
+}
+
+struct NormBatch {
+  const float* x[kMaxTensors];
+  int64_t n[kMaxTensors];
+  int64_t block_start[kMaxTensors + 1];
+  int count;
+};
+
+__global__ void sumsq_kernel(const __grid_constant__ NormBatch batch, double* __restrict__ partial,
+                             int64_t partial_base) {
+  __shared__ double sh[32];
+  const int64_t b = blockIdx.x;
+  const int t = find_tensor(batch.block_start, batch.count, b);
+  const int64_t begin = (b - batch.block_start[t]) * kNormChunk;
+  const int64_t end = min(batch.n[t], begin + kNormChunk);
+  const float* __restrict__ x = batch.x[t];
+  double acc = 0.0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const double v = x[i];
+    acc += v * v;
+  }
+  acc = block_sum(acc, sh);
+  if (threadIdx.x == 0) partial[partial_base + b] = acc;
+}
+
+__global__ void sum_partials_kernel(const double* __restrict__ partial, int64_t n, double* __restrict__ out) {
+  __shared__ double sh[32];
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+  acc = block_sum(acc, sh);
+  if (threadIdx.x == 0) *out = acc;
+}
+
+__global__ void clip_kernel(const __grid_constant__ NormBatch batch, const double* __restrict__ norm_sq,
+                            double max_norm) {
+  const double coeff = max_norm / (sqrt(*norm_sq) + 1.0e-6);
+  if (!(coeff < 1.0)) return;  // as Megatron: also leaves grads alone when the norm is NaN
+  const float c = static_cast<float>(coeff);
+  const int64_t b = blockIdx.x;
+  const int t = find_tensor(batch.block_start, batch.count, b);
+  const int64_t begin = (b - batch.block_start[t]) * kNormChunk;
+  const int64_t end = min(batch.n[t], begin + kNormChunk);
+  float* x = const_cast<float*>(batch.x[t]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] *= c;
+}
+
+// Splits `spans` into batches of at most kMaxTensors non-empty tensors and calls f(batch, blocks).
+template <typename F>
+void for_norm_batches(const std::vector<GradSpan>& spans, F f) {
+  NormBatch nb{};
+  int64_t blocks = 0;
+  auto flush = [&] {
+    if (nb.count == 0) return;
+    nb.block_start[nb.count] = blocks;
+    f(nb, blocks);
+    nb = NormBatch{};
+    blocks = 0;
+  };
+  for (const GradSpan& sp : spans) {
+    if (sp.numel <= 0) continue;
+    nb.x[nb.count] = sp.data;
+    nb.n[nb.count] = sp.numel;
+    nb.block_start[nb.count] = blocks;
+    blocks += ceil_div(sp.numel, kNormChunk);
+    if (++nb.count == kMaxTensors) flush();
+  }
+  flush();
+}
+
+}  // namespace
+
+void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h, cudaStream_t s) {
+  // Per-step scalars in double, rounded once to fp32, exactly as optim/adamw.cpp.
+  const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
+  const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
+  AdamScalars c{};
+  c.step_size = static_cast<float>(h.lr / bc1);
+  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  c.b1 = static_cast<float>(h.beta1);
+  c.omb1 = static_cast<float>(1.0 - h.beta1);
+  c.b2 = static_cast<float>(h.beta2);
+  c.omb2 = static_cast<float>(1.0 - h.beta2);
+  c.eps = static_cast<float>(h.eps);
+  const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+
+  AdamBatch batch{};
+  int64_t blocks = 0;
+  auto flush = [&] {
+    if (batch.count == 0) return;
+    batch.block_start[batch.count] = blocks;
+    adamw_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(batch, c);
+    MT_CUDA_LAUNCH_CHECK();
+    batch = AdamBatch{};
+    blocks = 0;
+  };
+  for (const AdamWTensor& t : tensors) {
+    if (t.numel <= 0) continue;
+    MT_CHECK(t.param && t.grad && t.exp_avg && t.exp_avg_sq, "adamw_step: null pointer in a tensor of {} elements",
+             t.numel);
+    const int i = batch.count;
+    batch.p[i] = t.param;
+    batch.g[i] = t.grad;
+    batch.m[i] = t.exp_avg;
+    batch.v[i] = t.exp_avg_sq;
+    batch.out[i] = t.param_bf16;
+    batch.n[i] = t.numel;
+    batch.df[i] = t.weight_decay ? decay : 1.0f;
+    batch.block_start[i] = blocks;
+    blocks += ceil_div(t.numel, kAdamChunk);
+    if (++batch.count == kMaxTensors) flush();
+  }
+  flush();
+}
+
+void grad_norm_squared(const std::vector<GradSpan>& spans, double* out, cudaStream_t s) {
+  int64_t total_blocks = 0;
+  for (const GradSpan& sp : spans)
+    if (sp.numel > 0) total_blocks += ceil_div(sp.numel, kNormChunk);
+  if (total_blocks == 0) {
+    MT_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), s));
+    return;
+  }
+  Scratch partial(static_cast<size_t>(total_blocks) * sizeof(double), s);
+  int64_t base = 0;
+  for_norm_batches(spans, [&](const NormBatch& nb, int64_t blocks) {
+    sumsq_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(nb, partial.as<double>(), base);
+    MT_CUDA_LAUNCH_CHECK();
+    base += blocks;
+  });
+  sum_partials_kernel<<<1, 1024, 0, s>>>(partial.as<double>(), total_blocks, out);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+double grad_norm_squared_host(const std::vector<GradSpan>& spans, cudaStream_t s) {
+  Scratch d(sizeof(double), s);
+  grad_norm_squared(spans, d.as<double>(), s);
+  double h = 0;
+  MT_CUDA_CHECK(cudaMemcpyAsync(&h, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost, s));
+  MT_CUDA_CHECK(cudaStreamSynchronize(s));
+  return h;
+}
+
+void clip_grads(const std::vector<GradSpan>& spans, const double* norm_sq, double max_norm, cudaStream_t s) {
+  for_norm_batches(spans, [&](const NormBatch& nb, int64_t blocks) {
+    clip_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(nb, norm_sq, max_norm);
+    MT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,63 @@
+#pragma once
+// Tensor-level ops used by the model. Each call dispatches on the device of its inputs: CPU
+// tensors go to the fp32 reference kernels in kernels/cpu; CUDA tensors (bf16 activations,
+// fp32 main grads) go to kernels/cuda once the CUDA backend is wired in. Outputs are allocated
+// here with the input's device and dtype. Activations are [rows, features] with rows = S*B in
+// Megatron's [s, b] order; per-head tensors are [B, H, S, D].
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/cpu/ops.h"
+
+namespace mt::ops {
+
+// y = x w^T (+ b). w: [out, in].
+Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* b);
+// Returns dx (undefined when !need_dx); accumulates dw (+ db) into fp32 main-grad views.
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx = true);
+
+Tensor embedding_forward(const Tensor& ids, const Tensor& table);  // ids: I32 [n]
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
+// x[s*B + b, :] += pe[s, :] and its backward (dpe[s] += sum_b dx[s*B+b]).
+void add_position_embedding(Tensor& x, const Tensor& pe, int64_t S, int64_t B);
+void position_embedding_backward(const Tensor& dx, Tensor& dpe, int64_t S, int64_t B);
+
+Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd);
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dw);
+Tensor layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& mean, Tensor& rstd);
+Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                          Tensor& dw, Tensor& db);
+
+// Packed Megatron QKV rows [S*B, G*(qpg+2)*D] <-> q [B, G*qpg, S, D], k/v [B, G, S, D].
+void qkv_split(const Tensor& packed, Tensor& q, Tensor& k, Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
+               int64_t D);
+Tensor qkv_merge(const Tensor& q, const Tensor& k, const Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
+                 int64_t D);
+// [B, H, S, D] <-> [S*B, H*D].
+Tensor heads_to_rows(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D);
+Tensor rows_to_heads(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D);
+
+void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, int64_t rot_dim);  // x: [B, H, S, D]
+void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, int64_t rot_dim);
+
+void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                       Tensor& lse);
+void attention_backward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+
+Tensor swiglu_forward(const Tensor& h);  // [rows, 2F] -> [rows, F]
+Tensor swiglu_backward(const Tensor& dy, const Tensor& h);
+Tensor gelu_forward(const Tensor& h, bool tanh_approx);
+Tensor gelu_backward(const Tensor& dy, const Tensor& h, bool tanh_approx);
+
+Tensor dropout_forward(const Tensor& x, float p, uint64_t seed, uint64_t offset);
+Tensor dropout_backward(const Tensor& dy, float p, uint64_t seed, uint64_t offset);
+
+// logits [N, V]; targets I32 [N]; writes losses [N] and lse [N] (fp32).
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss);
+
+void add_inplace(Tensor& y, const Tensor& x);
+void round_bf16_inplace(Tensor& x);  // CPU emulation of bf16 activation storage
+
+}  // namespace mt::ops

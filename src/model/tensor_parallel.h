@@ -1,0 +1,33 @@
+#pragma once
+// Tensor parallelism as Megatron does it: the TP group, and the mappings between regions of
+// activations [rows, h] whose rows are Megatron's [s, b] order flattened (seq-major), so a
+// sequence shard under --sequence-parallel is a contiguous block of rows.
+//   without SP: column-parallel input is replicated (backward: all-reduce dx); row-parallel
+//               output is summed over TP (forward: all-reduce).
+//   with SP:    column-parallel input is all-gathered along the sequence (backward:
+//               reduce-scatter); row-parallel output is reduce-scattered along the sequence.
+#include "comm/communicator.h"
+#include "core/tensor.h"
+#include "model/params.h"
+
+namespace mt::model {
+
+struct TensorParallel {
+  comm::Communicator* comm = nullptr;  // the TP group; null means no tensor parallelism
+  bool sequence_parallel = false;
+  int rank() const { return comm ? comm->rank() : 0; }
+  int size() const { return comm ? comm->size() : 1; }
+  bool on() const { return size() > 1; }
+  bool sp() const { return on() && sequence_parallel; }
+  // The split of a parameter sharded along `dim` (nothing when TP is off).
+  TPSplit split(int dim, int blocks = 1) const { return on() ? TPSplit{dim, blocks, rank(), size()} : TPSplit{}; }
+};
+
+// [rows/tp, h] shard -> [rows, h], rank i's rows at block i.
+Tensor all_gather_rows(const Tensor& shard, const TensorParallel& tp);
+// [rows, h] partial sums -> this rank's [rows/tp, h] block of the sum.
+Tensor reduce_scatter_rows(const Tensor& full, const TensorParallel& tp);
+// In place sum over the TP group.
+void all_reduce_tp(Tensor& x, const TensorParallel& tp);
+
+}  // namespace mt::model

@@ -1,0 +1,228 @@
+#include "parallel/ddp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace mt::parallel {
+
+int64_t effective_bucket_size(const DDPOptions& o, int dp_size) {
+  if (o.bucket_size > 0) return o.bucket_size;
+  if (!o.overlap_grad_reduce) return std::numeric_limits<int64_t>::max();
+  return std::max<int64_t>(40000000, 1000000 * static_cast<int64_t>(dp_size));
+}
+
+DataParallel::DataParallel(comm::CommPtr dp, const DDPOptions& opts) : dp_(std::move(dp)), opts_(opts) {}
+
+model::LayoutFn DataParallel::layout_fn() {
+  return [this](const std::deque<model::Param>& params) {
+    const int64_t limit = effective_bucket_size(opts_, dp_->size());
+    const int64_t pad = opts_.use_distributed_optimizer ? dp_->size() : 1;
+    // Buckets in backward (reverse registration) order.
+    bucket_params_.clear();
+    std::vector<size_t> cur;
+    int64_t cur_n = 0;
+    for (size_t i = params.size(); i-- > 0;) {
+      cur.push_back(i);
+      cur_n += params[i].numel();
+      if (cur_n >= limit) {
+        bucket_params_.push_back(std::move(cur));
+        cur.clear();
+        cur_n = 0;
+      }
+    }
+    if (!cur.empty()) bucket_params_.push_back(std::move(cur));
+    // Offsets: the first-registered parameters first, so the buffer keeps registration order;
+    // each bucket ends padded to a multiple of DP (gaps stay zero).
+    model::BufferLayout l;
+    l.offsets.assign(params.size(), 0);
+    buckets_.assign(bucket_params_.size(), Bucket{});
+    int64_t pos = 0;
+    for (size_t b = bucket_params_.size(); b-- > 0;) {
+      buckets_[b].begin = pos;
+      for (size_t k = bucket_params_[b].size(); k-- > 0;) {
+        size_t i = bucket_params_[b][k];
+        l.offsets[i] = pos;
+        pos += params[i].numel();
+      }
+      pos = (pos + pad - 1) / pad * pad;
+      buckets_[b].end = pos;
+    }
+    l.total = pos;
+    return l;
+  };
+}
+
+void DataParallel::attach(model::ParamStore& ps) {
+  ps_ = &ps;
+  MT_CHECK(!buckets_.empty() || ps.params().empty(), "DataParallel::attach without its layout");
+  size_t idx = 0;
+  std::vector<const model::Param*> by_index;
+  for (const auto& p : ps.params()) by_index.push_back(&p);
+  for (size_t b = 0; b < bucket_params_.size(); ++b)
+    for (size_t i : bucket_params_[b]) {
+      buckets_[b].params.push_back(by_index[i]);
+      bucket_of_[by_index[i]] = b;
+      ++idx;
+    }
+  MT_CHECK(idx == by_index.size(), "{} of {} parameters in buckets", idx, by_index.size());
+  grad_work_.assign(buckets_.size(), nullptr);
+  gather_work_.assign(buckets_.size(), nullptr);
+  ready_count_.assign(buckets_.size(), 0);
+}
+
+void DataParallel::start_iteration() {
+  std::fill(ready_count_.begin(), ready_count_.end(), 0);
+  std::fill(grad_work_.begin(), grad_work_.end(), nullptr);
+  last_microbatch_ = true;
+}
+
+void DataParallel::launch(size_t b) {
+  if (grad_work_[b] || dp_->size() == 1) return;
+  const Bucket& k = buckets_[b];
+  float* g = ps_->grad_buffer().data<float>();
+  const size_t n = static_cast<size_t>(k.end - k.begin);
+  if (sharded()) {
+    const size_t chunk = n / static_cast<size_t>(dp_->size());
+    grad_work_[b] = dp_->reduce_scatter_async(g + k.begin, g + k.begin + static_cast<int64_t>(chunk) * dp_->rank(),
+                                              chunk, comm::DataType::F32, comm::ReduceOp::Sum);
+  } else {
+    grad_work_[b] = dp_->all_reduce_async(g + k.begin, n, comm::DataType::F32, comm::ReduceOp::Sum);
+  }
+}
+
+void DataParallel::grad_ready(const model::Param& p) {
+  if (!opts_.overlap_grad_reduce || !last_microbatch_) return;
+  auto it = bucket_of_.find(&p);
+  if (it == bucket_of_.end()) return;
+  const size_t b = it->second;
+  if (++ready_count_[b] == static_cast<int>(buckets_[b].params.size())) launch(b);
+}
+
+void DataParallel::finish_grad_sync() {
+  for (size_t b = 0; b < buckets_.size(); ++b) launch(b);
+  for (auto& w : grad_work_)
+    if (w) w->wait();
+}
+
+std::vector<std::pair<int64_t, int64_t>> DataParallel::owned_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const Bucket& k : buckets_) {
+    if (!sharded()) {
+      out.emplace_back(k.begin, k.end);
+      continue;
+    }
+    const int64_t chunk = (k.end - k.begin) / dp_->size();
+    out.emplace_back(k.begin + chunk * dp_->rank(), k.begin + chunk * (dp_->rank() + 1));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+// Adam (or SGD) on a set of disjoint flat ranges, each with its own state: the distributed
+// optimizer's shard. Elementwise updates make this identical to stepping the full buffer.
+class ShardedOptimizer final : public optim::Optimizer {
+ public:
+  ShardedOptimizer(const optim::OptimizerConfig& cfg, const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                   const std::vector<optim::ParamSpan>& spans) {
+    for (auto [lo, hi] : ranges) {
+      std::vector<optim::ParamSpan> local;
+      for (const auto& s : spans) {
+        const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel);
+        if (a < b) local.push_back({a - lo, b - a, s.weight_decay});
+      }
+      parts_.push_back({lo, hi, optim::make_optimizer(cfg, hi - lo, std::move(local))});
+    }
+  }
+  void step(float* params, const float* grads, float lr, float wd) override {
+    for (auto& p : parts_) p.opt->step(params + p.lo, grads + p.lo, lr, wd);
+  }
+  // Sharded state is not a full-buffer array: checkpoints of it go through the trainer.
+  std::vector<std::pair<std::string, std::vector<float>*>> state() override { return {}; }
+  int64_t step_count() const override { return parts_.empty() ? 0 : parts_.front().opt->step_count(); }
+  void set_step_count(int64_t n) override {
+    for (auto& p : parts_) p.opt->set_step_count(n);
+  }
+
+ private:
+  struct Part {
+    int64_t lo, hi;
+    std::unique_ptr<optim::Optimizer> opt;
+  };
+  std::vector<Part> parts_;
+};
+}  // namespace
+
+std::unique_ptr<optim::Optimizer> DataParallel::make_optimizer(const optim::OptimizerConfig& cfg) const {
+  if (!sharded()) return optim::make_optimizer(cfg, ps_->numel(), ps_->spans());
+  return std::make_unique<ShardedOptimizer>(cfg, owned_ranges(), ps_->spans());
+}
+
+void DataParallel::start_param_gather() {
+  if (!sharded()) return;
+  float* m = ps_->main_buffer().data<float>();
+  // Forward order: the bucket holding the first layers is needed first.
+  for (size_t b = buckets_.size(); b-- > 0;) {
+    const Bucket& k = buckets_[b];
+    const int64_t chunk = (k.end - k.begin) / dp_->size();
+    gather_work_[b] = dp_->all_gather_async(m + k.begin + chunk * dp_->rank(), m + k.begin,
+                                            static_cast<size_t>(chunk), comm::DataType::F32);
+  }
+  if (!opts_.overlap_param_gather) finish_param_gather();
+}
+
+void DataParallel::wait_gather(size_t b) {
+  if (!gather_work_[b]) return;
+  gather_work_[b]->wait();
+  gather_work_[b] = nullptr;
+  ps_->sync_model_from_main(buckets_[b].begin, buckets_[b].end);
+}
+
+void DataParallel::finish_param_gather() {
+  for (size_t b = buckets_.size(); b-- > 0;) wait_gather(b);
+}
+
+bool DataParallel::gathers_pending() const {
+  return std::any_of(gather_work_.begin(), gather_work_.end(), [](const comm::WorkHandle& w) { return w != nullptr; });
+}
+
+void DataParallel::before_use(const model::Param& p) {
+  auto it = bucket_of_.find(&p);
+  if (it != bucket_of_.end()) wait_gather(it->second);
+}
+
+double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& owned, int tp_rank,
+                        comm::Communicator& mp, comm::Communicator* dp_if_sharded) {
+  const float* g = ps.grad_buffer().data<float>();
+  double sq = 0;
+  for (const auto& p : ps.params()) {
+    if (!p.tp.sharded() && tp_rank != 0) continue;  // a TP-replicated parameter counts once
+    for (auto [lo, hi] : owned) {
+      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
+      if (a < b) sq += optim::grad_norm_squared(g + a, b - a);
+    }
+  }
+  sq = mp.all_reduce_value(sq);
+  if (dp_if_sharded) sq = dp_if_sharded->all_reduce_value(sq);
+  return std::sqrt(sq);
+}
+
+void all_reduce_sequence_parallel_grads(model::ParamStore& ps, comm::Communicator& tp) {
+  if (tp.size() == 1) return;
+  std::vector<float> buf;
+  for (const auto& p : ps.params())
+    if (p.sequence_parallel) buf.insert(buf.end(), p.grad.data<float>(), p.grad.data<float>() + p.numel());
+  if (buf.empty()) return;
+  tp.all_reduce(buf.data(), buf.size());
+  size_t pos = 0;
+  for (auto& p : ps.params())
+    if (p.sequence_parallel) {
+      std::copy_n(buf.data() + pos, p.numel(), p.grad.data<float>());
+      pos += static_cast<size_t>(p.numel());
+    }
+}
+
+}  // namespace mt::parallel

@@ -1,0 +1,99 @@
+#pragma once
+// Data parallelism over the model's flat fp32 grad buffer, as Megatron's DistributedDataParallel
+// and DistributedOptimizer do it:
+//  * The parameters are grouped into buckets walking them in backward order (the last layers
+//    first), each bucket a contiguous range of the flat buffer; buckets are reduced over the DP
+//    group in that order. With --overlap-grad-reduce a bucket's reduction starts, on the last
+//    micro-batch, as soon as every parameter in it has its final gradient.
+//  * Gradients are summed, not averaged: the trainer scales the loss by 1 / (tokens in the
+//    global batch), so the sum is the global token-weighted mean gradient.
+//  * With --use-distributed-optimizer each bucket is padded to a multiple of DP and every DP
+//    rank owns one equal contiguous slice of it: gradients are reduce-scattered, the optimizer
+//    (and its state) covers only the owned slices, and updated parameters are all-gathered
+//    (--overlap-param-gather: the gather of a bucket is waited for when the next forward first
+//    reads one of its parameters).
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/context.h"
+#include "model/params.h"
+#include "optim/optimizer.h"
+
+namespace mt::parallel {
+
+struct DDPOptions {
+  bool overlap_grad_reduce = false;
+  bool use_distributed_optimizer = false;
+  bool overlap_param_gather = false;
+  int64_t bucket_size = 0;  // elements; 0: Megatron's default (see effective_bucket_size)
+};
+
+// Megatron: one bucket for everything unless reductions overlap with backward, then
+// max(40M, 1M x DP) elements (or --ddp-bucket-size).
+int64_t effective_bucket_size(const DDPOptions& o, int dp_size);
+
+struct Bucket {
+  int64_t begin = 0, end = 0;  // flat range, padded (end - begin divisible by DP with the distributed optimizer)
+  std::vector<const model::Param*> params;
+};
+
+class DataParallel final : public model::ParamHooks {
+ public:
+  DataParallel(comm::CommPtr dp, const DDPOptions& opts);
+
+  // The flat-buffer layout to build the model with (pass as ModelOptions::layout).
+  model::LayoutFn layout_fn();
+  // Call once the model's ParamStore is allocated with that layout.
+  void attach(model::ParamStore& ps);
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+  // Per iteration: reset, then mark the last micro-batch (only its backward launches buckets early).
+  void start_iteration();
+  void set_last_microbatch(bool last) { last_microbatch_ = last; }
+  // Reduces every bucket not yet launched (in order), and waits for all.
+  void finish_grad_sync();
+
+  // This rank's optimizer slices: one [begin, end) per bucket (the whole buckets without the
+  // distributed optimizer).
+  std::vector<std::pair<int64_t, int64_t>> owned_ranges() const;
+  // The optimizer over owned_ranges() (with the distributed optimizer; otherwise the full buffer).
+  std::unique_ptr<optim::Optimizer> make_optimizer(const optim::OptimizerConfig& cfg) const;
+  // After the optimizer step: all-gather updated parameters (distributed optimizer only).
+  void start_param_gather();
+  void finish_param_gather();
+
+  void before_use(const model::Param& p) override;
+  void grad_ready(const model::Param& p) override;
+  bool needs_hooks() const { return opts_.overlap_grad_reduce || gathers_pending(); }
+  bool sharded() const { return opts_.use_distributed_optimizer && dp_->size() > 1; }
+
+ private:
+  void launch(size_t b);
+  bool gathers_pending() const;
+  void wait_gather(size_t b);
+
+  comm::CommPtr dp_;
+  DDPOptions opts_;
+  model::ParamStore* ps_ = nullptr;
+  std::vector<Bucket> buckets_;
+  std::vector<std::vector<size_t>> bucket_params_;  // planned, by registration index
+  std::unordered_map<const model::Param*, size_t> bucket_of_;
+  std::vector<int> ready_count_;
+  std::vector<comm::WorkHandle> grad_work_, gather_work_;
+  bool last_microbatch_ = true;
+};
+
+// Sum of squares of the gradients this rank is responsible for, reduced to the global value:
+// tensor-parallel shards count on every TP rank, replicated parameters on TP rank 0 only; with
+// the distributed optimizer only the owned slices count, and the sum is reduced over DP too.
+double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& owned, int tp_rank,
+                        comm::Communicator& mp, comm::Communicator* dp_if_sharded);
+
+// Megatron's finalize step for sequence parallelism: the gradients of parameters marked
+// `sequence_parallel` are partial per TP rank; sum them over TP (one coalesced all-reduce).
+void all_reduce_sequence_parallel_grads(model::ParamStore& ps, comm::Communicator& tp);
+
+}  // namespace mt::parallel

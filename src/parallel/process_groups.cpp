@@ -1,0 +1,55 @@
+#include "parallel/process_groups.h"
+
+#include <algorithm>
+#include <map>
+
+#include "comm/local_communicator.h"
+
+namespace mt::parallel {
+
+ProcessGroups build_process_groups(comm::World& world, const RankGrid& grid) {
+  MT_CHECK(grid.world() == world.size(), "grid of {} ranks for a world of {}", grid.world(), world.size());
+  ProcessGroups g;
+  g.grid = grid;
+  g.rank = world.rank();
+  g.world = world.world();
+  // Every rank creates its groups in this same order, so members meet in the same rendezvous.
+  // Same member list, same communicator (dp and dp-cp when CP = 1, tp and tp-pp when PP = 1).
+  std::map<std::vector<int>, comm::CommPtr> made;
+  auto make = [&](const std::string& dims) -> comm::CommPtr {
+    std::vector<int> members = grid.group(g.rank, dims);
+    if (static_cast<int>(members.size()) == world.size()) return world.world();
+    auto it = made.find(members);
+    if (it != made.end()) return it->second;
+    return made[members] = world.new_group(dims, members);
+  };
+  g.tp = make("tp");
+  g.cp = make("cp");
+  g.dp = make("dp");
+  g.dp_cp = make("dp-cp");
+  g.pp = make("pp");
+  g.mp = make("tp-pp");
+  auto emb = grid.embedding_group(g.rank);
+  g.embedding = static_cast<int>(emb.size()) == world.size()
+                    ? world.world()
+                    : (std::find(emb.begin(), emb.end(), g.rank) != emb.end()
+                           ? world.new_group("embedding", emb)
+                           : comm::CommPtr(std::make_shared<comm::LocalCommunicator>("embedding", g.rank)));
+  return g;
+}
+
+ProcessGroups local_process_groups() {
+  ProcessGroups g;
+  auto one = [](const char* n) { return std::make_shared<comm::LocalCommunicator>(n, 0); };
+  g.world = one("world");
+  g.tp = one("tp");
+  g.cp = one("cp");
+  g.dp = one("dp");
+  g.dp_cp = one("dp-cp");
+  g.pp = one("pp");
+  g.mp = one("tp-pp");
+  g.embedding = one("embedding");
+  return g;
+}
+
+}  // namespace mt::parallel

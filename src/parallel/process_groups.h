@@ -1,0 +1,31 @@
+#pragma once
+// The process groups one rank takes part in, built from the rank grid (Megatron's
+// parallel_state, passed around instead of held globally).
+#include "comm/communicator.h"
+#include "comm/world.h"
+#include "parallel/grid.h"
+
+namespace mt::parallel {
+
+struct ProcessGroups {
+  RankGrid grid{1, 1, 1};
+  int rank = 0;                 // world rank
+  comm::CommPtr world;          // every rank
+  comm::CommPtr tp;             // tensor-parallel group
+  comm::CommPtr dp;             // data-parallel group (gradient reduction when CP = 1)
+  comm::CommPtr dp_cp;          // data x context parallel (gradient reduction with CP)
+  comm::CommPtr cp;             // context-parallel group
+  comm::CommPtr pp;             // pipeline group
+  comm::CommPtr mp;             // model-parallel group (TP x PP): grad-norm reduction
+  comm::CommPtr embedding;      // first and last pipeline stages (tied embeddings)
+  int tp_rank() const { return tp->rank(); }
+  int dp_rank() const { return dp->rank(); }
+};
+
+// Builds this rank's groups (collective with every rank). Groups that hold every rank reuse
+// the world communicator; groups of one cost nothing.
+ProcessGroups build_process_groups(comm::World& world, const RankGrid& grid);
+// A single process: every group is the process itself.
+ProcessGroups local_process_groups();
+
+}  // namespace mt::parallel

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Every user mistake: exactly one line on stderr naming the flag or file, exit code != 0, no stack dump.
+set -u
+MEGATRON=$1
+fails=0; passes=0
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+BASE=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2
+      --train-iters 2 --lr 1e-3 --mock-data --vocab-size 64 --eval-iters 0 --no-progress-bar)
+
+expect_error() {  # expect_error "needle" args...
+  local needle=$1; shift
+  "$MEGATRON" "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
+  local lines; lines=$(wc -l <"$TMP/err")
+  if [ $rc -eq 0 ] || [ "$lines" -ne 1 ] || ! grep -qF -- "$needle" "$TMP/err"; then
+    echo "FAIL: megatron $* -> rc=$rc, stderr ($lines lines):"; cat "$TMP/err"; fails=$((fails+1))
+  else
+    passes=$((passes+1))
+  fi
+}
+
+expect_error "unknown command 'pretrian' (did you mean 'pretrain'?)" pretrian
+expect_error "unknown flag --num-layer (did you mean --num-layers?)" pretrain "${BASE[@]}" --num-layer 3
+expect_error "--num-layers expects an integer, got 'two'" pretrain "${BASE[@]}" --num-layers two
+expect_error "--num-attention-heads (4) must be divisible by --num-query-groups (3)" pretrain "${BASE[@]}" --group-query-attention --num-query-groups 3
+expect_error "--num-query-groups needs --group-query-attention" pretrain "${BASE[@]}" --num-query-groups 2
+expect_error "--hidden-size (30) must be divisible by --num-attention-heads (4)" pretrain "${BASE[@]}" --hidden-size 30
+expect_error "--global-batch-size (5) is not divisible by --micro-batch-size (2)" pretrain "${BASE[@]}" --global-batch-size 5
+expect_error "--normalization got 'RMSnorm'" pretrain "${BASE[@]}" --normalization RMSnorm
+expect_error "did you mean 'RMSNorm'" pretrain "${BASE[@]}" --normalization RMSnorm
+expect_error "use only one of --train-iters and --train-samples" pretrain "${BASE[@]}" --train-samples 10
+expect_error "--fp8-format is a Megatron-LM flag that megatron.cpp does not support yet" pretrain "${BASE[@]}" --fp8-format hybrid
+expect_error "--num-experts is a Megatron-LM flag" pretrain "${BASE[@]}" --num-experts 8
+expect_error "--tensor-model-parallel-size" pretrain "${BASE[@]}" --tensor-model-parallel-size 0
+expect_error "--config: cannot read '$TMP/nope.yaml'" pretrain --config "$TMP/nope.yaml"
+printf 'num_layers: 2\nhidden-sizee: 32\n' >"$TMP/bad.yaml"
+expect_error "--config $TMP/bad.yaml: unknown flag --hidden-sizee" pretrain --config "$TMP/bad.yaml"
+expect_error "--load: directory '$TMP/missing' does not exist" pretrain "${BASE[@]}" --load "$TMP/missing"
+expect_error "--load DIR is required" generate --prompt hi
+expect_error "--lr must be positive" pretrain "${BASE[@]}" --lr 0
+expect_error "--seq-length (16) exceeds --max-position-embeddings (8)" pretrain "${BASE[@]}" --max-position-embeddings 8
+mkdir -p "$TMP/ck" && echo "abc" >"$TMP/ck/latest_checkpointed_iteration.txt"
+expect_error "should hold an iteration number" pretrain "${BASE[@]}" --load "$TMP/ck"
+
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]

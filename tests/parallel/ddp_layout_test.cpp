@@ -1,0 +1,98 @@
+// Gradient buckets: backward order, whole parameters, padding to a multiple of DP for the
+// distributed optimizer, and each DP rank's owned slice. No processes needed: the DP group is
+// a stand-in that only reports its size and rank.
+#include <gtest/gtest.h>
+
+#include "comm/local_communicator.h"
+#include "model/gpt_model.h"
+#include "parallel/ddp.h"
+
+namespace mt::parallel {
+namespace {
+
+class SizeOnly final : public comm::Communicator {
+ public:
+  SizeOnly(int rank, int size) : rank_(rank), size_(size), ranks_(static_cast<size_t>(size)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<int>& world_ranks() const override { return ranks_; }
+  const std::string& name() const override { return name_; }
+  comm::WorkHandle all_reduce_async(void*, size_t, comm::DataType, comm::ReduceOp) override { return none(); }
+  comm::WorkHandle reduce_scatter_async(const void*, void*, size_t, comm::DataType, comm::ReduceOp) override {
+    return none();
+  }
+  comm::WorkHandle all_gather_async(const void*, void*, size_t, comm::DataType) override { return none(); }
+  comm::WorkHandle broadcast_async(void*, size_t, comm::DataType, int) override { return none(); }
+  comm::WorkHandle all_to_all_async(const void*, void*, size_t, comm::DataType) override { return none(); }
+  comm::WorkHandle send_async(const void*, size_t, comm::DataType, int) override { return none(); }
+  comm::WorkHandle recv_async(void*, size_t, comm::DataType, int) override { return none(); }
+  comm::WorkHandle barrier_async() override { return none(); }
+
+ private:
+  static comm::WorkHandle none() { throw Error("no communication in this test"); }
+  int rank_, size_;
+  std::vector<int> ranks_;
+  std::string name_ = "dp";
+};
+
+model::TransformerConfig tiny() {
+  model::TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_attention_heads = 2;
+  c.seq_length = 8;
+  c.vocab_size = 35;  // odd sizes make the padding visible
+  c.orig_vocab_size = 35;
+  return c;
+}
+
+TEST(DataParallelBuckets, BackwardOrderPaddedOwnedSlices) {
+  DDPOptions o;
+  o.use_distributed_optimizer = true;
+  o.bucket_size = 700;
+  DataParallel dp(std::make_shared<SizeOnly>(1, 3), o);
+  model::GPTModel m(tiny(), model::ModelOptions{nullptr, false, dp.layout_fn()});
+  dp.attach(m.params());
+  const auto& b = dp.buckets();
+  ASSERT_GT(b.size(), 2u);
+  auto& ps = m.params().params();
+  EXPECT_EQ(b.front().params.front(), &ps.back());  // the first bucket reduced holds the last parameters
+  EXPECT_EQ(b.back().params.back(), &ps.front());
+  int64_t prev_end = m.params().numel();
+  size_t count = 0;
+  for (const auto& k : b) {
+    EXPECT_EQ((k.end - k.begin) % 3, 0);
+    EXPECT_EQ(k.end, prev_end);  // buckets tile the buffer from the end
+    prev_end = k.begin;
+    for (const auto* p : k.params) {
+      EXPECT_GE(p->offset, k.begin);
+      EXPECT_LE(p->offset + p->numel(), k.end);
+      ++count;
+    }
+  }
+  EXPECT_EQ(prev_end, 0);
+  EXPECT_EQ(count, ps.size());
+  for (size_t i = 1; i < ps.size(); ++i) EXPECT_LT(ps[i - 1].offset, ps[i].offset);  // registration order kept
+  auto owned = dp.owned_ranges();
+  ASSERT_EQ(owned.size(), b.size());
+  for (size_t i = 0; i < b.size(); ++i) {
+    const auto& k = b[b.size() - 1 - i];  // owned ranges come sorted by offset
+    const int64_t chunk = (k.end - k.begin) / 3;
+    EXPECT_EQ(owned[i], (std::pair<int64_t, int64_t>{k.begin + chunk, k.begin + 2 * chunk}));
+  }
+}
+
+TEST(DataParallelBuckets, OneUnpaddedBucketByDefault) {
+  DataParallel dp(std::make_shared<SizeOnly>(0, 4), DDPOptions{});
+  model::GPTModel m(tiny(), model::ModelOptions{nullptr, false, dp.layout_fn()});
+  dp.attach(m.params());
+  ASSERT_EQ(dp.buckets().size(), 1u);  // Megatron: no overlap, no bucketing
+  EXPECT_EQ(dp.buckets()[0].end, m.config().num_parameters());
+  DDPOptions ov;
+  ov.overlap_grad_reduce = true;
+  EXPECT_EQ(effective_bucket_size(ov, 64), 64000000);
+  EXPECT_EQ(effective_bucket_size(ov, 8), 40000000);
+}
+
+}  // namespace
+}  // namespace mt::parallel

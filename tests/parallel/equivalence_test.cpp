@@ -1,0 +1,223 @@
+// Every parallel layout trains the same model to the same losses as one rank: for 20 steps the
+// loss matches the single-rank run (fp32: 1e-5 relative), and after the first step every
+// gradient element a rank holds matches the single-rank gradient at that position (TP shards
+// are cut from the reference with the same split; with the distributed optimizer only the
+// owned slices are reduced, so only those are compared). Ranks are forked processes talking
+// over Gloo; the single-rank reference runs in a forked child as well, so this process never
+// starts OpenMP threads before forking.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "comm/multiprocess.h"
+#include "parallel/process_groups.h"
+#include "training/trainer.h"
+
+namespace mt {
+namespace {
+
+constexpr int kSteps = 20;
+constexpr int32_t kVocab = 64;  // a multiple of 16 x TP for TP <= 4: the padded vocabulary never changes
+
+class PatternSource : public data::SampleSource {
+ public:
+  PatternSource(int64_t n, int64_t S) : n_(n), S_(S) {}
+  int64_t size() const override { return n_; }
+  int64_t seq_length() const override { return S_; }
+  void get(int64_t index, int32_t* t) const override {
+    for (int64_t i = 0; i <= S_; ++i)
+      t[i] = static_cast<int32_t>((index * 7 + i * 3 + (i % 4 == 0 ? index * index : 0)) % (kVocab - 3));
+  }
+
+ private:
+  int64_t n_, S_;
+};
+
+struct Layout {
+  int world = 1, tp = 1;
+  bool sp = false, dist_opt = false, overlap_grad = false, overlap_param = false;
+  int64_t bucket = 0;
+  int64_t mbs = 4;  // the global batch is 8 whatever the layout; the micro-batch only regroups it
+};
+
+enum class Shape { Llama, Gpt };
+
+Arguments make_args(Shape shape, const Layout& l) {
+  Arguments a;
+  auto& m = a.model;
+  m.num_layers = 2;
+  m.hidden_size = 32;
+  m.num_attention_heads = 8;
+  m.seq_length = 16;
+  m.ffn_hidden_size = 64;
+  m.attention_dropout = 0.f;
+  m.hidden_dropout = 0.f;
+  if (shape == Shape::Llama) {
+    a.group_query_attention = true;
+    a.given = {"--num-query-groups"};
+    m.num_query_groups = 4;
+    m.normalization = "RMSNorm";
+    m.swiglu = true;
+    m.position_embedding_type = "rope";
+    m.add_bias_linear = false;
+    m.add_qkv_bias = false;
+    m.untie_embeddings_and_output_weights = true;
+  } else {
+    m.position_embedding_type = "learned_absolute";  // tied embeddings, LayerNorm, biases, GELU
+  }
+  a.make_vocab_size_divisible_by = 16;
+  a.data.mock = true;
+  a.micro_batch_size = l.mbs;  // few micro-batches: fewer collectives, so the suite stays quick
+  a.global_batch_size = 8;
+  a.train_iters = kSteps;
+  a.optimizer.lr = 3e-3f;
+  a.lr_warmup_iters = 2;
+  a.lr_decay_style = "cosine";
+  a.min_lr = 3e-4;
+  a.eval_iters = 0;
+  a.log_progress_bar = false;
+  a.world_size = l.world;
+  a.tensor_model_parallel_size = l.tp;
+  a.sequence_parallel = l.sp;
+  a.use_distributed_optimizer = l.dist_opt;
+  a.overlap_grad_reduce = l.overlap_grad;
+  a.overlap_param_gather = l.overlap_param;
+  a.ddp_bucket_size = l.bucket;
+  validate_args(a, kVocab);
+  return a;
+}
+
+std::string tmp_dir() {
+  static std::string d = [] {
+    std::string p = "/tmp/mt_equiv_" + std::to_string(::getpid());
+    std::string mk = "mkdir -p " + p;
+    if (std::system(mk.c_str()) != 0) throw Error("mkdir " + p);
+    return p;
+  }();
+  return d;
+}
+
+// Trains on this rank; rank 0 writes the losses, every rank compares its gradients after step 1
+// with the reference (when given) and fails on a mismatch.
+void train_rank(comm::World& w, Shape shape, const Layout& l, const std::string& out, const std::string& ref) {
+  Arguments a = make_args(shape, l);
+  parallel::RankGrid grid(w.size(), l.tp, 1);
+  auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
+  Trainer t(a, nullptr, pg);
+  t.set_data(std::make_unique<PatternSource>(100000, a.model.seq_length), nullptr);
+  std::vector<double> losses;
+  for (int i = 0; i < kSteps; ++i) {
+    auto r = t.train_step();
+    losses.push_back(r.loss_sum / r.tokens);
+    if (i != 0) continue;
+    auto& ps = t.model().params();
+    if (ref.empty()) {  // the reference: write full gradients by name
+      std::ofstream f(out + ".grads", std::ios::binary);
+      for (auto& p : ps.params()) f.write(reinterpret_cast<const char*>(p.grad.data<float>()), p.numel() * 4);
+      continue;
+    }
+    std::ifstream f(ref + ".grads", std::ios::binary);
+    auto owned = t.data_parallel().owned_ranges();
+    double max_err = 0, max_ref = 0;
+    std::string worst;
+    for (auto& p : ps.params()) {
+      std::vector<float> full(static_cast<size_t>(shape_numel(p.full_shape))), mine(static_cast<size_t>(p.numel()));
+      f.read(reinterpret_cast<char*>(full.data()), static_cast<std::streamsize>(full.size() * 4));
+      model::extract_shard(p, full.data(), mine.data());
+      const float* g = p.grad.data<float>();
+      for (int64_t e = 0; e < p.numel(); ++e) {
+        const int64_t flat = p.offset + e;
+        bool is_owned = false;
+        for (auto [lo, hi] : owned) is_owned |= flat >= lo && flat < hi;
+        if (!is_owned) continue;
+        const double d = std::fabs(static_cast<double>(g[e]) - mine[static_cast<size_t>(e)]);
+        max_ref = std::max(max_ref, std::fabs(static_cast<double>(mine[static_cast<size_t>(e)])));
+        if (d > max_err) {
+          max_err = d;
+          worst = p.name;
+        }
+      }
+    }
+    // Summation order differs across layouts: allow fp32 rounding relative to the largest gradient.
+    if (max_err > 2e-6 * max_ref + 1e-9)
+      throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", w.rank(), max_err,
+                              max_ref, worst));
+  }
+  if (w.rank() == 0) {
+    std::ofstream f(out + ".loss");
+    f.precision(17);
+    for (double x : losses) f << x << "\n";
+  }
+}
+
+std::vector<double> read_losses(const std::string& path) {
+  std::ifstream f(path + ".loss");
+  std::vector<double> v;
+  for (double x; f >> x;) v.push_back(x);
+  return v;
+}
+
+const std::string& reference(Shape shape) {
+  static std::string paths[2];
+  std::string& p = paths[static_cast<int>(shape)];
+  if (p.empty()) {
+    std::string out = tmp_dir() + (shape == Shape::Llama ? "/ref_llama" : "/ref_gpt");
+    auto res = testing::run_ranks(1, [&](comm::World& w) { train_rank(w, shape, Layout{}, out, ""); });
+    if (res.size() != 1 || res[0].exit_code != 0) throw Error("reference run failed: " + res[0].stderr_text);
+    p = out;
+  }
+  return p;
+}
+
+void expect_same_as_single_rank(Shape shape, const Layout& l) {
+  const std::string ref = reference(shape);
+  const std::string out = tmp_dir() + "/run";
+  std::remove((out + ".loss").c_str());
+  testing::RankOptions o;
+  o.env = {{"OMP_NUM_THREADS", "1"}};
+  auto res = testing::run_ranks(l.world, [&](comm::World& w) { train_rank(w, shape, l, out, ref); }, o);
+  ASSERT_EQ(res.size(), static_cast<size_t>(l.world));
+  for (size_t r = 0; r < res.size(); ++r) ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
+  auto want = read_losses(ref), got = read_losses(out);
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double rel = std::fabs(got[i] - want[i]) / std::fabs(want[i]);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, 1e-5) << "step " << i + 1 << ": " << got[i] << " vs single rank " << want[i];
+  }
+  EXPECT_LT(want.back(), want.front());  // it trains
+  std::printf("[ layout ] world %d tp %d%s%s%s%s: max relative loss difference over %d steps %.2e\n", l.world, l.tp,
+              l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "", l.overlap_grad ? " overlap-grad" : "",
+              l.overlap_param ? " overlap-param" : "", kSteps, worst);
+}
+
+TEST(Equivalence, DP2) { expect_same_as_single_rank(Shape::Llama, {.world = 2}); }
+TEST(Equivalence, DP2OverlapSmallBuckets) {
+  expect_same_as_single_rank(Shape::Gpt, {.world = 2, .overlap_grad = true, .bucket = 3000});
+}
+TEST(Equivalence, DP2DistributedOptimizer) {
+  expect_same_as_single_rank(Shape::Llama, {.world = 2, .dist_opt = true, .bucket = 5000});
+}
+TEST(Equivalence, DP4) { expect_same_as_single_rank(Shape::Gpt, {.world = 4, .bucket = 2000, .mbs = 2}); }
+TEST(Equivalence, DP4DistributedOptimizerOverlap) {
+  expect_same_as_single_rank(
+      Shape::Llama,
+      {.world = 4, .dist_opt = true, .overlap_grad = true, .overlap_param = true, .bucket = 4000, .mbs = 2});
+}
+TEST(Equivalence, TP2) { expect_same_as_single_rank(Shape::Llama, {.world = 2, .tp = 2}); }
+TEST(Equivalence, TP4) { expect_same_as_single_rank(Shape::Llama, {.world = 4, .tp = 4}); }
+TEST(Equivalence, TP2SequenceParallel) { expect_same_as_single_rank(Shape::Llama, {.world = 2, .tp = 2, .sp = true}); }
+TEST(Equivalence, TP2SequenceParallelGpt) {
+  expect_same_as_single_rank(Shape::Gpt, {.world = 2, .tp = 2, .sp = true});
+}
+TEST(Equivalence, TP2xDP2) { expect_same_as_single_rank(Shape::Gpt, {.world = 4, .tp = 2}); }
+TEST(Equivalence, TP2xDP2SequenceParallelDistributedOptimizerOverlap) {
+  expect_same_as_single_rank(Shape::Llama, {.world = 4, .tp = 2, .sp = true, .dist_opt = true, .overlap_grad = true,
+                                            .overlap_param = true, .bucket = 3000});
+}
+
+}  // namespace
+}  // namespace mt
