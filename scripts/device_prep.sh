@@ -7,7 +7,8 @@
 # With MT_PREP_BUILD=<build dir> it also copies that build's test_kernels and cuda_ops_bench plus
 # the shared libraries they need that the GPU machine may lack (libfmt), so a call can run them
 # without building there (bin/ and lib/; run with LD_LIBRARY_PATH=third_party_carry/lib).
-# Pass `carry: ["third_party_carry"]` in the device call.
+# Pass `carry: ["third_party_carry"]` in the device call; it runs third_party_carry/device_run.sh
+# (written below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 C=third_party_carry
@@ -55,4 +56,28 @@ if [ -n "${MT_PREP_BUILD:-}" ]; then
     [ -n "$ob" ] && cp -L "$ob" "$C/lib/"
   fi
 fi
+# The device-side script: configure with the fallbacks, build the GPU test and benchmark targets,
+# run the GPU tests and the benchmark; logs go to $OUT. Device call:
+#   run(command="bash third_party_carry/device_run.sh", carry=["third_party_carry"])
+cat > "$C/device_run.sh" <<'RUN'
+#!/usr/bin/env bash
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
+B=${MT_DEVICE_BUILD:-/tmp/mt_build}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+t0=$(date +%s)
+if ! cmake -S . -B "$B" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a -DMT_WERROR=OFF > "$OUT/configure.txt" 2>&1; then
+  echo "configure failed"; grep -A8 "CMake Error" "$OUT/configure.txt" | head -40; exit 1
+fi
+grep "not installed" "$OUT/configure.txt"
+if ! cmake --build "$B" -j"$(nproc)" --target test_kernels cuda_ops_bench > "$OUT/build.txt" 2>&1; then
+  echo "build failed"; grep -E "error|FAILED" "$OUT/build.txt" | head -30; exit 1
+fi
+echo "configured and built in $(( $(date +%s) - t0 ))s ($(grep -c 'warning:' "$OUT/build.txt") warnings)"
+(cd "$B" && timeout 300 ctest -L gpu --output-on-failure > "$OUT/ctest.txt" 2>&1); echo "ctest rc=$?"
+grep -E "tests passed|\*\*\*Failed|Total Test time" "$OUT/ctest.txt"
+timeout 240 "$B/bin/cuda_ops_bench" ${MT_BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; echo "bench rc=$?"
+grep -v '^{' "$OUT/bench.txt" | tail -32
+RUN
+chmod +x "$C/device_run.sh"
 du -sh "$C"

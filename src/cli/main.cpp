@@ -16,7 +16,8 @@ void usage() {
       "commands:\n"
       "  pretrain    train a GPT/Llama model (Megatron-LM's pretrain_gpt.py flags)\n"
       "  generate    sample text from a checkpoint\n"
-      "  preprocess  tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py flags)\n\n"
+      "  preprocess  tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py flags)\n"
+      "  launch      start N local ranks: megatron launch --nproc-per-node N -- pretrain ...\n\n"
       "run 'megatron <command> --help' for its flags\n");
 }
 

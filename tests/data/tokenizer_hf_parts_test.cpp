@@ -187,7 +187,14 @@ TEST(TokenizerHfParts, BpeOptions) {
   {
     json m = tiny_model();
     m["dropout"] = 0.1;
-    EXPECT_THROW(TinyTokenizer t(tiny(m)), mt::Error);
+    try {
+      TinyTokenizer t(tiny(m));
+      ADD_FAILURE() << "expected mt::Error";
+    } catch (const mt::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("dropout"), std::string::npos) << e.what();
+    }
+    m["dropout"] = 0.0;
+    TinyTokenizer no_dropout(tiny(m));
     json w = tiny_model();
     w["merges"] = {"a z"};
     EXPECT_THROW(TinyTokenizer t(tiny(w)), mt::Error);
@@ -256,6 +263,37 @@ TEST(TokenizerHfParts, PostProcessorAndConfig) {
     TinyTokenizer u(tiny(tiny_model()), {{"clean_up_tokenization_spaces", true}});
     EXPECT_EQ(u->decode({1, 3}), "a c");  // no decoder: tokens joined by spaces
   }
+}
+
+}  // namespace
+}  // namespace mt::data
+
+namespace mt::data {
+namespace {
+
+TEST(TokenizerHfParts, BadFilesGiveOneLineErrors) {
+  auto expect_error = [](json tok, const std::string& needle) {
+    try {
+      TinyTokenizer t(tok);
+      ADD_FAILURE() << "expected mt::Error mentioning " << needle;
+    } catch (const mt::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("--tokenizer-model"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+  };
+  json unigram = tiny(tiny_model());
+  unigram["model"]["type"] = "Unigram";
+  expect_error(unigram, "Unigram");
+  json precompiled = tiny(tiny_model());
+  precompiled["normalizer"] = {{"type", "Precompiled"}};
+  expect_error(precompiled, "Precompiled");
+  json bad_added = tiny(tiny_model(), json::array({{{"id", "x"}, {"content", "<x>"}}}));
+  expect_error(bad_added, "added_tokens[0]");
+  json bad_template = tiny(tiny_model());
+  bad_template["post_processor"] = json::parse(R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": 5}}]})");
+  expect_error(bad_template, "structure");
 }
 
 }  // namespace

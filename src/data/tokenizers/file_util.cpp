@@ -7,7 +7,7 @@
 
 namespace mt::data {
 
-std::string read_file(const std::string& path, std::string_view flag) {
+std::string read_tokenizer_file(const std::string& path, std::string_view flag) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("{} {}: cannot open the file; check the path", flag, path);
   std::ostringstream ss;
@@ -16,8 +16,8 @@ std::string read_file(const std::string& path, std::string_view flag) {
   return std::move(ss).str();
 }
 
-nlohmann::json read_json(const std::string& path, std::string_view flag) {
-  const std::string text = read_file(path, flag);
+nlohmann::json read_tokenizer_json(const std::string& path, std::string_view flag) {
+  const std::string text = read_tokenizer_file(path, flag);
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {

@@ -8,9 +8,9 @@
 namespace mt::data {
 
 // Whole file as bytes; fails naming `flag` when it cannot be read.
-std::string read_file(const std::string& path, std::string_view flag);
+std::string read_tokenizer_file(const std::string& path, std::string_view flag);
 
 // Parses a JSON file; fails naming `flag` and the file when it is missing or malformed.
-nlohmann::json read_json(const std::string& path, std::string_view flag);
+nlohmann::json read_tokenizer_json(const std::string& path, std::string_view flag);
 
 }  // namespace mt::data

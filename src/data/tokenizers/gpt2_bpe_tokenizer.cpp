@@ -8,7 +8,7 @@
 namespace mt::data {
 
 Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_file, const std::string& merge_file) {
-  const nlohmann::json enc = read_json(vocab_file, "--vocab-file");
+  const nlohmann::json enc = read_tokenizer_json(vocab_file, "--vocab-file");
   if (!enc.is_object() || enc.empty()) {
     fail("--vocab-file {}: expected GPT-2's encoder.json (an object token -> id)", vocab_file);
   }
@@ -29,7 +29,7 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_file, const std::str
   eod_ = it->get<int32_t>();
 
   // Like GPT-2's loader: drop the "#version" first line and the last line.
-  const std::string text = read_file(merge_file, "--merge-file");
+  const std::string text = read_tokenizer_file(merge_file, "--merge-file");
   std::vector<std::string_view> lines;
   for (size_t pos = 0;;) {
     const size_t nl = text.find('\n', pos);

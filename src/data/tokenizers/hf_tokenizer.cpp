@@ -51,6 +51,16 @@ std::string config_token(const nlohmann::json& cfg, const char* key) {
 HfTokenizer::~HfTokenizer() = default;
 
 HfTokenizer::HfTokenizer(const std::string& path) {
+  try {
+    load(path);
+  } catch (const nlohmann::json::exception& e) {
+    // A field of an unexpected JSON type somewhere the accessors above do not check.
+    fail("--tokenizer-model {}: unexpected tokenizer file structure ({}); use files saved by "
+         "HF tokenizers/transformers", path, e.what());
+  }
+}
+
+void HfTokenizer::load(const std::string& path) {
   if (path.empty()) {
     fail("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model: a tokenizer.json or a "
          "directory holding one");
@@ -69,7 +79,7 @@ HfTokenizer::HfTokenizer(const std::string& path) {
   } else {
     dir = fs::path(path).parent_path().string();
   }
-  const nlohmann::json j = read_json(file, "--tokenizer-model");
+  const nlohmann::json j = read_tokenizer_json(file, "--tokenizer-model");
   if (!j.is_object() || !j.contains("model")) {
     fail("--tokenizer-model {}: not a HuggingFace tokenizer.json (no \"model\")", file);
   }
@@ -192,9 +202,8 @@ void HfTokenizer::load_model(const nlohmann::json& m, const std::string& file) {
   o.fuse_unk = hf::get_bool(m, "fuse_unk", w, false);
   o.continuing_subword_prefix = hf::get_string(m, "continuing_subword_prefix", w);
   o.end_of_word_suffix = hf::get_string(m, "end_of_word_suffix", w);
-  if (!hf::get_string(m, "dropout", w).empty() ||
-      (m.contains("dropout") && m["dropout"].is_number() && m["dropout"].get<double>() > 0)) {
-    hf::bad(w, "BPE dropout is not supported (it makes encoding random)");
+  if (m.contains("dropout") && m["dropout"].is_number() && m["dropout"].get<double>() > 0) {
+    hf::bad(w, "BPE dropout is not supported (it makes encoding random); set it to null");
   }
   const std::string unk = hf::get_string(m, "unk_token", w);
   if (!unk.empty()) {
@@ -267,11 +276,13 @@ void HfTokenizer::load_config(const std::string& dir) {
   const fs::path map_path = fs::path(dir) / "special_tokens_map.json";
   bool have_cfg = false;
   if (fs::exists(cfg_path)) {
-    cfg = read_json(cfg_path.string(), "--tokenizer-model");
+    cfg = read_tokenizer_json(cfg_path.string(), "--tokenizer-model");
+    if (!cfg.is_object()) fail("--tokenizer-model {}: expected a JSON object", cfg_path.string());
     have_cfg = true;
   }
   if (fs::exists(map_path)) {  // transformers reads both; the config's entries win
-    const nlohmann::json m = read_json(map_path.string(), "--tokenizer-model");
+    const nlohmann::json m = read_tokenizer_json(map_path.string(), "--tokenizer-model");
+    if (!m.is_object()) fail("--tokenizer-model {}: expected a JSON object", map_path.string());
     for (const char* k : {"bos_token", "eos_token", "pad_token"}) {
       if (m.contains(k) && !cfg.contains(k)) cfg[k] = m[k];
     }
@@ -297,15 +308,21 @@ void HfTokenizer::load_config(const std::string& dir) {
       if (pad_ < 0) pad_ = token_id(t);
     }
   }
-  clean_up_spaces_ = cfg.value("clean_up_tokenization_spaces", false);
+  // Lenient reads: configs in the wild hold nulls where a value is absent.
+  auto flag = [&](const char* key, bool def) {
+    auto it = cfg.find(key);
+    return it != cfg.end() && it->is_boolean() ? it->get<bool>() : def;
+  };
+  clean_up_spaces_ = flag("clean_up_tokenization_spaces", false);
 
   // LlamaTokenizerFast and GemmaTokenizerFast rebuild the post-processor from add_bos_token /
   // add_eos_token when they load, whatever tokenizer.json says.
-  std::string cls = cfg.value("tokenizer_class", std::string());
+  auto cls_it = cfg.find("tokenizer_class");
+  std::string cls = cls_it != cfg.end() && cls_it->is_string() ? cls_it->get<std::string>() : "";
   if (cls.ends_with("Fast")) cls.resize(cls.size() - 4);
   if (cls == "LlamaTokenizer" || cls == "GemmaTokenizer" || cls == "CodeLlamaTokenizer") {
-    const bool add_bos = cfg.value("add_bos_token", true);
-    const bool add_eos = cfg.value("add_eos_token", false);
+    const bool add_bos = flag("add_bos_token", true);
+    const bool add_eos = flag("add_eos_token", false);
     if ((add_bos && bos_ < 0) || (add_eos && eos_ < 0)) {
       fail("--tokenizer-model {}: tokenizer_config.json asks for add_bos_token/add_eos_token but "
            "names no such token", dir);

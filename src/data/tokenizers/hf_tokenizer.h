@@ -39,6 +39,7 @@ class HfTokenizer final : public Tokenizer {
   std::string decode_raw(const std::vector<int32_t>& ids) const;
 
  private:
+  void load(const std::string& path);
   void load_model(const nlohmann::json& model, const std::string& file);
   void load_post_processor(const nlohmann::json& j, const std::string& file);
   void load_config(const std::string& dir);

@@ -162,6 +162,28 @@ __global__ void delta_kernel(const T* __restrict__ out, const T* __restrict__ do
   if (lane == 0) delta[r] = s;
 }
 
+// The common case (D = G * 16-byte vector, G a power of two <= 32): G lanes per row, one vector
+// each, a shuffle reduction over the G lanes (fixed order).
+template <typename T>
+__global__ void delta_vec_kernel(const T* __restrict__ out, const T* __restrict__ dout, float* __restrict__ delta,
+                                 int64_t rows, int log2g) {
+  constexpr int N = Vec<T>::N;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t r = t >> log2g;
+  const int sub = static_cast<int>(t & ((1 << log2g) - 1));
+  const int64_t D = static_cast<int64_t>(N) << log2g;
+  float s = 0.f;
+  if (r < rows) {
+    float a[N], b[N];
+    Vec<T>::load(out + r * D + sub * N, a);
+    Vec<T>::load(dout + r * D + sub * N, b);
+#pragma unroll
+    for (int e = 0; e < N; ++e) s += a[e] * b[e];
+  }
+  for (int o = (1 << log2g) >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (r < rows && sub == 0) delta[r] = s;
+}
+
 GenArgs make_gen(const AttnParams& p) {
   MT_CHECK(p.D <= 256, "attention head dim {} > 256 is not supported on the GPU", p.D);
   MT_CHECK(p.B >= 0 && p.S >= 0 && p.Hkv > 0 && p.Hq % p.Hkv == 0 && p.B * p.Hq < 65536,
@@ -228,7 +250,15 @@ void gen_backward(const AttnParams& p, const T* q, const T* k, const T* v, const
 template <typename T>
 void attention_delta(const T* out, const T* dout, float* delta, int64_t rows, int64_t D, cudaStream_t s) {
   if (rows == 0) return;
-  delta_kernel<<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, s>>>(out, dout, delta, rows, D);
+  constexpr int N = Vec<T>::N;
+  const int64_t g = D / N;
+  if (D % N == 0 && g <= 32 && (g & (g - 1)) == 0 && aligned16(out) && aligned16(dout)) {
+    int log2g = 0;
+    while ((int64_t{1} << log2g) < g) ++log2g;
+    delta_vec_kernel<<<static_cast<unsigned>(ceil_div(rows * g, 256)), 256, 0, s>>>(out, dout, delta, rows, log2g);
+  } else {
+    delta_kernel<<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, s>>>(out, dout, delta, rows, D);
+  }
   MT_CUDA_LAUNCH_CHECK();
 }
 template void attention_delta<float>(const float*, const float*, float*, int64_t, int64_t, cudaStream_t);

@@ -1,9 +1,14 @@
 // RMSNorm and LayerNorm, optionally fused with the residual add that precedes them.
-// Forward: one block per row; the row is read once (16-byte vectors), kept in shared memory as
-// fp32, reduced, and written normalised. Backward: one block per fixed chunk of kChunkRows rows:
-// warps first compute each row's reduction terms, then threads own columns and walk the rows in
-// order, writing dx and summing dw/db partials for the chunk; a second kernel adds the chunk
-// partials in chunk order. Fixed shapes everywhere: deterministic, no atomics.
+// Forward: one warp per row with the row in registers where it fits (rows of up to 512 16-byte
+// vectors); otherwise one block per row, the row read once (16-byte vectors), kept in shared
+// memory as fp32, reduced, and written normalised.
+// Backward: where rows fit in registers (up to 256 vectors), a block of warps owns a fixed chunk
+// of rows, a warp per row; otherwise a block owns a fixed chunk, warps first compute each row's
+// reduction terms, then threads own columns and walk the rows in order. Either way each block
+// writes its dw/db partial sums and a second kernel adds the partials in block order.
+// Fixed shapes everywhere: deterministic, no atomics.
+#include <type_traits>
+
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"
 
@@ -14,6 +19,7 @@ namespace {
 constexpr int kChunkRows = 16;
 constexpr int kBwdThreads = 256;
 constexpr int kUnroll = 4;  // forward: vectors in flight per thread
+constexpr int kWarpRowsPerBlock = 4;
 
 template <typename T>
 __device__ __forceinline__ void load_n(const T* p, int cnt, bool vec, float* out) {
@@ -33,6 +39,87 @@ __device__ __forceinline__ void store_n(T* p, int cnt, bool vec, const float* in
 #pragma unroll
     for (int e = 0; e < Vec<T>::N; ++e)
       if (e < cnt) p[e] = from_f<T>(in[e]);
+  }
+}
+
+// Forward for rows of at most 32 * VPL vectors (vector path only): one warp per row, the row in
+// registers (VPL 16-byte vectors per lane, all loads in flight at once), warp-shuffle
+// reductions, no shared memory or block barriers.
+template <typename T, bool LN, bool ADD, int VPL>
+__global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
+    norm_fwd_warp_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ sum_out,
+                         const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+                         float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int64_t dim,
+                         float eps) {
+  constexpr int N = Vec<T>::N;
+  const int lane = threadIdx.x & 31;
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int nvec = static_cast<int>(dim / N);
+  float v[VPL][N];
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    const int vi = k * 32 + lane;
+    if (vi < nvec) {
+      Vec<T>::load(x + r * dim + vi * N, v[k]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e) v[k][e] = 0.f;
+    }
+  }
+  if constexpr (ADD) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const int vi = k * 32 + lane;
+      if (vi >= nvec) continue;
+      float q[N];
+      Vec<T>::load(res + r * dim + vi * N, q);
+      // The stored sum is what later layers see; normalise exactly that (rounded) value.
+#pragma unroll
+      for (int e = 0; e < N; ++e) v[k][e] = to_f(from_f<T>(v[k][e] + q[e]));
+      Vec<T>::store(sum_out + r * dim + vi * N, v[k]);
+    }
+  }
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int e = 0; e < N; ++e) acc += LN ? v[k][e] : v[k][e] * v[k][e];
+  acc = warp_sum(acc);
+  const float inv_dim = 1.f / static_cast<float>(dim);
+  float mu = 0.f, rs;
+  if constexpr (LN) {
+    mu = acc * inv_dim;
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      if (k * 32 + lane >= nvec) continue;  // padding slots are zeros, not x - mu
+#pragma unroll
+      for (int e = 0; e < N; ++e) ss += (v[k][e] - mu) * (v[k][e] - mu);
+    }
+    rs = 1.f / sqrtf(warp_sum(ss) * inv_dim + eps);
+  } else {
+    rs = 1.f / sqrtf(acc * inv_dim + eps);
+  }
+  if (lane == 0) {
+    rstd_out[r] = rs;
+    if constexpr (LN) mean_out[r] = mu;
+  }
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    const int vi = k * 32 + lane;
+    if (vi >= nvec) continue;
+    float wv[N], o[N];
+    Vec<T>::load(w + vi * N, wv);
+#pragma unroll
+    for (int e = 0; e < N; ++e) o[e] = (v[k][e] - mu) * rs * wv[e];
+    if constexpr (LN) {
+      float bv[N];
+      Vec<T>::load(b + vi * N, bv);
+#pragma unroll
+      for (int e = 0; e < N; ++e) o[e] += bv[e];
+    }
+    Vec<T>::store(y + r * dim + vi * N, o);
   }
 }
 
@@ -203,6 +290,128 @@ __global__ void __launch_bounds__(kBwdThreads)
   }
 }
 
+// Backward for rows of at most 32 * VPL vectors (vector path only): a block of kBwdWarps warps
+// owns kBwdRows consecutive rows, a warp per row at a time with the row's dy and x in registers
+// (raw 16-byte vectors) for both passes. Each lane sums dw/db for its own columns over its rows;
+// the warps' sums are then added in warp order through shared memory and written as the
+// block's partial row. Fixed assignment and order: deterministic.
+constexpr int kBwdWarps = 8, kBwdRows = 16;
+
+template <typename T>
+__device__ __forceinline__ void unpack_raw(const uint4& u, float* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    out[0] = __uint_as_float(u.x), out[1] = __uint_as_float(u.y), out[2] = __uint_as_float(u.z);
+    out[3] = __uint_as_float(u.w);
+  } else {
+    const uint32_t wd[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = __uint_as_float(wd[i] << 16);
+      out[2 * i + 1] = __uint_as_float(wd[i] & 0xffff0000u);
+    }
+  }
+}
+
+template <typename T, bool LN, int VPL>
+__global__ void __launch_bounds__(kBwdWarps * 32)
+    norm_bwd_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                         const float* __restrict__ mean, const float* __restrict__ rstd, const T* __restrict__ dx_add,
+                         T* __restrict__ dx, float* __restrict__ part_w, float* __restrict__ part_b, int64_t rows,
+                         int64_t dim) {
+  constexpr int N = Vec<T>::N;
+  extern __shared__ float red[];  // [dim] for dw, then [dim] for db (LN)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nvec = static_cast<int>(dim / N);
+  const int64_t r0 = blockIdx.x * static_cast<int64_t>(kBwdRows);
+  const float inv_dim = 1.f / static_cast<float>(dim);
+  float aw[VPL][N], ab[LN ? VPL : 1][N];
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      aw[k][e] = 0.f;
+      if constexpr (LN) ab[k][e] = 0.f;
+    }
+  for (int i = warp; i < kBwdRows; i += kBwdWarps) {
+    const int64_t r = r0 + i;
+    if (r >= rows) break;
+    const float m = LN ? mean[r] : 0.f, rs = rstd[r];
+    uint4 rd[VPL], rx[VPL];
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const int vi = k * 32 + lane;
+      if (vi < nvec) {
+        rd[k] = *reinterpret_cast<const uint4*>(dy + r * dim + vi * N);
+        rx[k] = *reinterpret_cast<const uint4*>(x + r * dim + vi * N);
+      }
+    }
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const int vi = k * 32 + lane;
+      if (vi >= nvec) continue;
+      float d[N], xv[N], wv[N];
+      unpack_raw<T>(rd[k], d);
+      unpack_raw<T>(rx[k], xv);
+      Vec<T>::load(w + vi * N, wv);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const float g = d[e] * wv[e];
+        s1 += g;
+        s2 += g * ((xv[e] - m) * rs);
+      }
+    }
+    s1 = warp_sum(s1);
+    s2 = warp_sum(s2);
+    const float c1 = LN ? s1 * inv_dim : 0.f, c2 = s2 * inv_dim;
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const int vi = k * 32 + lane;
+      if (vi >= nvec) continue;
+      float d[N], xv[N], wv[N], o[N];
+      unpack_raw<T>(rd[k], d);
+      unpack_raw<T>(rx[k], xv);
+      Vec<T>::load(w + vi * N, wv);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const float xh = (xv[e] - m) * rs;
+        o[e] = rs * (d[e] * wv[e] - c1 - xh * c2);
+        aw[k][e] += d[e] * xh;
+        if constexpr (LN) ab[k][e] += d[e];
+      }
+      if (dx) {
+        if (dx_add) {
+          float a[N];
+          Vec<T>::load(dx_add + r * dim + vi * N, a);
+#pragma unroll
+          for (int e = 0; e < N; ++e) o[e] += a[e];
+        }
+        Vec<T>::store(dx + r * dim + vi * N, o);
+      }
+    }
+  }
+  for (int wi = 0; wi < kBwdWarps; ++wi) {  // add the warps' column sums in warp order
+    if (warp == wi) {
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const int vi = k * 32 + lane;
+        if (vi >= nvec) continue;
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+          const int j = vi * N + e;
+          red[j] = (wi == 0 ? 0.f : red[j]) + aw[k][e];
+          if constexpr (LN) red[dim + j] = (wi == 0 ? 0.f : red[dim + j]) + ab[k][e];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+    if (part_w) part_w[blockIdx.x * dim + j] = red[j];
+    if (LN && part_b) part_b[blockIdx.x * dim + j] = red[dim + j];
+  }
+}
+
 __global__ void chunk_finish_kernel(const float* __restrict__ part, float* __restrict__ out, int64_t chunks,
                                     int64_t dim) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -224,16 +433,35 @@ template <typename T, bool LN, bool ADD>
 void norm_fwd(const T* x, const T* res, T* sum, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t rows,
               int64_t dim, float eps, cudaStream_t s) {
   if (rows == 0 || dim == 0) return;
+  const bool vec = vec_rows<T>(dim, {x, res, sum, w, b, y});
+  const int64_t nvec = ceil_div(dim, Vec<T>::N);
+  if (vec && nvec <= 32 * 16) {  // the common case: one warp per row, the row in registers
+    const unsigned blocks = static_cast<unsigned>(ceil_div(rows, kWarpRowsPerBlock));
+    auto launch = [&](auto vpl) {
+      norm_fwd_warp_kernel<T, LN, ADD, decltype(vpl)::value>
+          <<<blocks, kWarpRowsPerBlock * 32, 0, s>>>(x, res, sum, w, b, y, mean, rstd, rows, dim, eps);
+    };
+    if (nvec <= 32)
+      launch(std::integral_constant<int, 1>{});
+    else if (nvec <= 64)
+      launch(std::integral_constant<int, 2>{});
+    else if (nvec <= 128)
+      launch(std::integral_constant<int, 4>{});
+    else if (nvec <= 256)
+      launch(std::integral_constant<int, 8>{});
+    else
+      launch(std::integral_constant<int, 16>{});
+    MT_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const size_t smem = static_cast<size_t>(dim) * sizeof(float);
   MT_CHECK(smem <= 227 * 1024, "norm dim {} too large for the GPU kernel", dim);
   auto kern = norm_fwd_kernel<T, LN, ADD>;
   if (smem > 48 * 1024)
     MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   // About kUnroll vectors per thread: few threads per row, several loads in flight each.
-  const int64_t nvec = ceil_div(dim, Vec<T>::N);
   const int threads =
       static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, ceil_div(ceil_div(nvec, kUnroll), 32) * 32)));
-  const bool vec = vec_rows<T>(dim, {x, res, sum, w, b, y});
   kern<<<static_cast<unsigned>(rows), threads, smem, s>>>(x, res, sum, w, b, y, mean, rstd, dim, eps, vec);
   MT_CUDA_LAUNCH_CHECK();
 }
@@ -242,12 +470,30 @@ template <typename T, bool LN>
 void norm_bwd(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, float* dw, float* db,
               int64_t rows, int64_t dim, const T* dx_add, cudaStream_t s) {
   if (rows == 0 || dim == 0) return;
-  const int64_t chunks = ceil_div(rows, kChunkRows);
+  const bool vec = vec_rows<T>(dim, {dy, x, w, dx, dx_add});
+  const int64_t nvec = ceil_div(dim, Vec<T>::N);
+  const bool warp_path = vec && nvec <= 32 * 8;
+  const int64_t chunks = ceil_div(rows, warp_path ? kBwdRows : kChunkRows);
   Scratch pw(dw ? static_cast<size_t>(chunks * dim) * 4 : 0, s);
   Scratch pb(db ? static_cast<size_t>(chunks * dim) * 4 : 0, s);
-  const bool vec = vec_rows<T>(dim, {dy, x, w, dx, dx_add});
-  norm_bwd_kernel<T, LN><<<static_cast<unsigned>(chunks), kBwdThreads, 0, s>>>(
-      dy, x, w, mean, rstd, dx_add, dx, pw.as<float>(), pb.as<float>(), rows, dim, vec);
+  if (warp_path) {  // the common case: a warp per row, the row in registers
+    const size_t smem = static_cast<size_t>(dim) * sizeof(float) * (LN ? 2 : 1);
+    auto launch = [&](auto vpl) {
+      norm_bwd_warp_kernel<T, LN, decltype(vpl)::value><<<static_cast<unsigned>(chunks), kBwdWarps * 32, smem, s>>>(
+          dy, x, w, mean, rstd, dx_add, dx, pw.as<float>(), pb.as<float>(), rows, dim);
+    };
+    if (nvec <= 32)
+      launch(std::integral_constant<int, 1>{});
+    else if (nvec <= 64)
+      launch(std::integral_constant<int, 2>{});
+    else if (nvec <= 128)
+      launch(std::integral_constant<int, 4>{});
+    else
+      launch(std::integral_constant<int, 8>{});
+  } else {
+    norm_bwd_kernel<T, LN><<<static_cast<unsigned>(chunks), kBwdThreads, 0, s>>>(
+        dy, x, w, mean, rstd, dx_add, dx, pw.as<float>(), pb.as<float>(), rows, dim, vec);
+  }
   MT_CUDA_LAUNCH_CHECK();
   if (dw) {
     chunk_finish_kernel<<<static_cast<unsigned>(ceil_div(dim, 256)), 256, 0, s>>>(pw.as<float>(), dw, chunks, dim);
