@@ -1,23 +1,43 @@
 #pragma once
-// Checkpoints, first version (single rank). Layout, as Megatron's:
-//   SAVE/latest_checkpointed_iteration.txt      iteration as text, updated last
-//   SAVE/iter_0000100/model.safetensors         fp32 main params by Megatron-core names
-//   SAVE/iter_0000100/optimizer.safetensors     optimizer state (unless --no-save-optim)
-//   SAVE/iter_0000100/state.json                iteration, consumed samples, scheduler, RNG, args
-//   SAVE/iter_0000100/metadata.json             CRC32 of every file; written last = complete
-// A save goes to SAVE/iter_0000100.tmp.<pid>, is fsynced, renamed into place, and only then does
-// the tracker move (itself written to a temporary file and renamed). A failed save leaves the
-// previous checkpoint as the latest.
+// Sharded checkpoints that reshard on load. Layout (Megatron's directory names):
+//   SAVE/latest_checkpointed_iteration.txt   iteration as text; moves only after a save completed
+//   SAVE/iter_0000100/metadata.json          written last: format, the layout that saved, CRC32 and
+//                                            size of every file, every tensor's global shape and
+//                                            the pieces (file, key, box, flat range) holding it,
+//                                            and each rank's RNG state
+//   SAVE/iter_0000100/state.json             iteration, consumed samples, scheduler, model args
+//   SAVE/iter_0000100/model[-tpT-ppP].safetensors        fp32 main params, one file per TP x PP
+//                                            rank (written by DP rank 0)
+//   SAVE/iter_0000100/optimizer[-tpT-ppP[-dpD]].safetensors   Adam/SGD state per global tensor
+//                                            slice: per TP x PP rank, or per rank with the
+//                                            distributed optimizer (each its own flat slices)
+// Tensors are stored under their Megatron-core names with global layer numbers, so pipeline
+// stages, TP and DP layouts and the distributed optimizer can all change between save and load.
+// Every rank writes its files into SAVE/iter_0000100.tmp/ and a rank-NNNNN.json describing them;
+// rank 0 then merges those into metadata.json, renames the directory into place, and moves the
+// tracker. A save that fails or is killed leaves the previous checkpoint as the latest.
+// With one rank the names are model.safetensors and optimizer.safetensors.
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "comm/communicator.h"
 #include "model/params.h"
 #include "optim/optimizer.h"
 
 namespace mt::checkpoint {
+
+struct RngStreams {
+  bool has = false;
+  uint64_t seed = 0, offset = 0;        // the dropout stream
+  uint64_t tp_seed = 0, tp_offset = 0;  // the model-parallel stream (per TP rank)
+};
 
 struct TrainingState {
   int64_t iteration = 0;
@@ -25,13 +45,74 @@ struct TrainingState {
   int64_t consumed_valid_samples = 0;
   int64_t optimizer_steps = 0;  // scheduler position is derived from consumed samples
   bool has_rng = false;
-  uint64_t rng_seed = 0, rng_offset = 0;
+  uint64_t rng_seed = 0, rng_offset = 0;  // this rank's dropout stream
+  uint64_t tp_rng_seed = 0, tp_rng_offset = 0;
+  bool has_tp_rng = false;
   int64_t skipped_iterations = 0, nan_iterations = 0;
   nlohmann::json args;  // model/tokenizer settings the checkpoint was made with
 };
 
+// Where this rank sits in the job: names its files and decides what it writes.
+struct RankInfo {
+  int rank = 0, world = 1;
+  int tp = 1, tp_rank = 0, pp = 1, pp_rank = 0, dp = 1, dp_rank = 0;
+  comm::Communicator* comm = nullptr;  // every rank (null: a single process)
+};
+
+// One optimizer state array of this rank: elements [lo, hi) of the flat parameter buffer.
+struct StateArray {
+  std::string name;  // exp_avg, exp_avg_sq, momentum_buffer, ...
+  int64_t lo = 0, hi = 0;
+  float* data = nullptr;
+};
+// The optimizer's state as flat ranges. `ranges` are the buffer ranges the optimizer covers, in
+// the order its state() lists them (the whole buffer, or the distributed optimizer's owned
+// slices); `sharded` says the state is this rank's share only (the distributed optimizer).
+struct OptimizerState {
+  std::vector<StateArray> arrays;
+  bool sharded = false;
+  int64_t steps = 0;
+};
+OptimizerState optimizer_state(optim::Optimizer& opt, const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                               bool sharded);
+
+struct SaveOptions {
+  bool async = false;              // --async-save
+  int64_t retain_interval = 0;     // --save-retain-interval: keep iterations divisible by it, and the latest
+  int write_delay_ms = 0;          // tests: a slow disk, so a save can be interrupted part-way
+};
+
 std::string iteration_dir(const std::string& save, int64_t iteration);
 
+// Saves (or, async, starts saving) checkpoints. Collective: every rank calls save(), poll() and
+// wait() at the same points. Async saves copy what they write to host memory first, so training
+// may change the parameters while the files are written by a background thread.
+class Saver {
+ public:
+  explicit Saver(RankInfo ri) : ri_(ri) {}
+  ~Saver();
+  Saver(const Saver&) = delete;
+  Saver& operator=(const Saver&) = delete;
+
+  // `opt` null: --no-save-optim. A pending async save is completed first.
+  void save(const std::string& dir, const TrainingState& st, const model::ParamStore& params,
+            const OptimizerState* opt, const SaveOptions& o);
+  // Completes an async save whose files every rank has written (never blocks on the writers).
+  // Returns the iteration it completed, if any.
+  std::optional<int64_t> poll();
+  // Blocks until a pending async save is written and completed.
+  std::optional<int64_t> wait();
+  bool pending() const { return job_ != nullptr; }
+
+  struct Job;
+
+ private:
+  int64_t finalize();
+  RankInfo ri_;
+  std::unique_ptr<Job> job_;
+};
+
+// Single-process convenience (one rank, synchronous).
 void save_checkpoint(const std::string& save, const TrainingState& state, const model::ParamStore& params,
                      optim::Optimizer* optimizer /* null: --no-save-optim */);
 
@@ -42,12 +123,22 @@ struct LoadOptions {
   bool load_optim = true;
   bool load_rng = true;
 };
-// Loads iteration `it` into params (and optimizer when given and requested); verifies checksums
-// and shapes; returns the saved state. Throws mt::Error naming the file or tensor on problems.
+// Loads iteration `it` into this rank's params (and optimizer state when given and requested),
+// resharding from whatever layout saved it; verifies the checksum of every file it reads and
+// every tensor's shape. Returns the saved state with this rank's RNG streams. Throws mt::Error
+// naming the file, tensor or flag on problems.
+TrainingState load_checkpoint(const std::string& load, int64_t it, const RankInfo& ri, model::ParamStore& params,
+                              OptimizerState* opt, const LoadOptions& opts);
 TrainingState load_checkpoint(const std::string& load, int64_t it, model::ParamStore& params,
                               optim::Optimizer* optimizer, const LoadOptions& opts);
 
 // Reads only state.json (for generate, which needs the model settings first).
 TrainingState read_state(const std::string& load, int64_t it);
+
+// What a --load directory holds.
+enum class CheckpointKind { Native, HuggingFace, Empty };
+// Throws naming --load and the format for Megatron-LM's torch / torch_dist checkpoints, which
+// are pickles and PyTorch DCP files that megatron.cpp does not read.
+CheckpointKind detect_checkpoint(const std::string& dir);
 
 }  // namespace mt::checkpoint

@@ -1,5 +1,9 @@
 #include "checkpoint/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cstring>
@@ -69,6 +73,16 @@ uint32_t write_safetensors(const std::string& path, const std::vector<TensorEntr
   return static_cast<uint32_t>(crc);
 }
 
+uint32_t crc32_bytes(const void* data, uint64_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (uint64_t done = 0; done < n;) {  // zlib takes uInt lengths
+    uInt chunk = static_cast<uInt>(std::min<uint64_t>(n - done, 1u << 30));
+    crc = crc32(crc, static_cast<const Bytef*>(data) + done, chunk);
+    done += chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
 uint32_t crc32_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail("cannot read '{}'", path);
@@ -82,25 +96,48 @@ uint32_t crc32_file(const std::string& path) {
   return static_cast<uint32_t>(crc);
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f) fail("cannot open '{}' (missing file?)", path);
-  auto size = static_cast<uint64_t>(f.tellg());
-  f.seekg(0);
-  bytes_.resize(size);
-  f.read(bytes_.data(), static_cast<std::streamsize>(size));
-  if (size < 8) fail("'{}' is not a safetensors file (only {} bytes)", path, size);
+struct SafetensorsFile::Mapping {
+  void* addr = nullptr;
+  uint64_t size = 0;
+  ~Mapping() {
+    if (addr) ::munmap(addr, size);
+  }
+};
+
+const uint8_t* SafetensorsFile::file_data() const { return static_cast<const uint8_t*>(map_->addr); }
+uint64_t SafetensorsFile::file_size() const { return map_->size; }
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), map_(std::make_shared<Mapping>()) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) fail("cannot open '{}' (missing file?)", path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail("cannot stat '{}'", path);
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    fail("'{}' is not a safetensors file (only {} bytes)", path, size);
+  }
+  void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (addr == MAP_FAILED) fail("cannot map '{}' into memory", path);
+  map_->addr = addr;
+  map_->size = size;
+  const char* bytes = static_cast<const char*>(addr);
   uint64_t n;
-  std::memcpy(&n, bytes_.data(), 8);
+  std::memcpy(&n, bytes, 8);
   if (n > size - 8 || n > (100u << 20)) fail("'{}' has a corrupt safetensors header (length {} of a {}-byte file)", path, n, size);
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+    header = nlohmann::json::parse(bytes + 8, bytes + 8 + n);
   } catch (const nlohmann::json::exception& e) {
     fail("'{}' has a corrupt safetensors header: {}", path, e.what());
   }
+  if (!header.is_object()) fail("'{}' has a corrupt safetensors header (not a JSON object)", path);
   const uint64_t data_size = size - 8 - n;
-  const char* base = bytes_.data() + 8 + n;
+  const char* base = bytes + 8 + n;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
       for (auto m = it.value().begin(); m != it.value().end(); ++m)

@@ -1,8 +1,11 @@
 #pragma once
 // Safetensors files (HF's format: u64 header length, JSON header, raw little-endian data): plain
-// data, never code. The reader validates the header before trusting any size in it.
+// data, never code. The reader maps the file (only the tensors read are paged in, so a rank
+// that needs a slice of a large shard does not read all of it) and validates the header before
+// trusting any size in it.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,15 +35,21 @@ class SafetensorsFile {
   // Copies tensor `name` into dst (converted to f32) after checking its shape.
   void read_f32(const std::string& name, const Shape& expected, float* dst) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::string& path() const { return path_; }
+  // The whole file as mapped (for checksums).
+  const uint8_t* file_data() const;
+  uint64_t file_size() const;
 
  private:
+  struct Mapping;
   std::string path_;
-  std::vector<char> bytes_;
+  std::shared_ptr<Mapping> map_;
   std::map<std::string, TensorEntry> index_;
   std::map<std::string, std::string> metadata_;
 };
 
 std::string safetensors_dtype(DType t);
 uint32_t crc32_file(const std::string& path);
+uint32_t crc32_bytes(const void* data, uint64_t n);
 
 }  // namespace mt::checkpoint

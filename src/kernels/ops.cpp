@@ -1,11 +1,19 @@
 #include "kernels/ops.h"
 
 #include "core/error.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/dispatch.h"
+// CUDA tensors go to the GPU implementation of the same op (kernels/cuda/dispatch.cpp).
+#define MT_ON_GPU(t, call) \
+  if ((t).device() == Device::CUDA) return gpu::call
+#else
+#define MT_ON_GPU(t, call)
+#endif
 
 namespace mt::ops {
 namespace {
 
-// Until the CUDA backend is wired in, every op runs the CPU reference on fp32 CPU tensors.
+// CPU tensors run the fp32 reference kernels.
 void require_cpu_f32(const Tensor& t, const char* op) {
   MT_CHECK(t.device() == Device::CPU && t.dtype() == DType::F32, "{}: expected a CPU float32 tensor", op);
 }
@@ -14,6 +22,7 @@ float* f(const Tensor& t) { return t.data<float>(); }
 }  // namespace
 
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* b) {
+  MT_ON_GPU(x, linear_forward(x, w, b));
   require_cpu_f32(x, "linear_forward");
   const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
   Tensor y = Tensor::empty({rows, out});
@@ -22,6 +31,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* b) {
 }
 
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx) {
+  MT_ON_GPU(dy, linear_backward(dy, x, w, dw, db, need_dx));
   require_cpu_f32(dy, "linear_backward");
   const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
   Tensor dx = need_dx ? Tensor::empty({rows, in}) : Tensor();
@@ -30,6 +40,7 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tenso
 }
 
 Tensor embedding_forward(const Tensor& ids, const Tensor& table) {
+  MT_ON_GPU(table, embedding_forward(ids, table));
   const int64_t n = ids.numel(), h = table.dim(1);
   Tensor y = Tensor::empty({n, h});
   cpu::embedding_forward(ids.data<int32_t>(), f(table), f(y), n, h);
@@ -37,22 +48,26 @@ Tensor embedding_forward(const Tensor& ids, const Tensor& table) {
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  MT_ON_GPU(dout, embedding_backward(ids, dout, dtable));
   cpu::embedding_backward(ids.data<int32_t>(), f(dout), f(dtable), ids.numel(), dtable.dim(1));
 }
 
 void add_position_embedding(Tensor& x, const Tensor& pe, int64_t S, int64_t B) {
+  MT_ON_GPU(x, add_position_embedding(x, pe, S, B));
   const int64_t h = pe.dim(1);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t b = 0; b < B; ++b) cpu::add_inplace(f(x) + (s * B + b) * h, f(pe) + s * h, h);
 }
 
 void position_embedding_backward(const Tensor& dx, Tensor& dpe, int64_t S, int64_t B) {
+  MT_ON_GPU(dx, position_embedding_backward(dx, dpe, S, B));
   const int64_t h = dpe.dim(1);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t b = 0; b < B; ++b) cpu::add_inplace(f(dpe) + s * h, f(dx) + (s * B + b) * h, h);
 }
 
 Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd) {
+  MT_ON_GPU(x, rmsnorm_forward(x, w, eps, rstd));
   require_cpu_f32(x, "rmsnorm_forward");
   const int64_t dim = w.numel(), rows = x.numel() / dim;
   Tensor y = Tensor::empty({rows, dim});
@@ -62,6 +77,7 @@ Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd
 }
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dw) {
+  MT_ON_GPU(dy, rmsnorm_backward(dy, x, w, rstd, dw));
   const int64_t dim = w.numel(), rows = x.numel() / dim;
   Tensor dx = Tensor::empty({rows, dim});
   cpu::rmsnorm_backward(f(dy), f(x), f(w), f(rstd), f(dx), f(dw), rows, dim);
@@ -69,6 +85,7 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 }
 
 Tensor layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& mean, Tensor& rstd) {
+  MT_ON_GPU(x, layernorm_forward(x, w, b, eps, mean, rstd));
   require_cpu_f32(x, "layernorm_forward");
   const int64_t dim = w.numel(), rows = x.numel() / dim;
   Tensor y = Tensor::empty({rows, dim});
@@ -80,6 +97,7 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, floa
 
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                           Tensor& dw, Tensor& db) {
+  MT_ON_GPU(dy, layernorm_backward(dy, x, w, mean, rstd, dw, db));
   const int64_t dim = w.numel(), rows = x.numel() / dim;
   Tensor dx = Tensor::empty({rows, dim});
   cpu::layernorm_backward(f(dy), f(x), f(w), f(mean), f(rstd), f(dx), f(dw), f(db), rows, dim);
@@ -129,6 +147,7 @@ void heads_rows_copy(float* heads, float* rows, int64_t S, int64_t B, int64_t H,
 
 void qkv_split(const Tensor& packed, Tensor& q, Tensor& k, Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
                int64_t D) {
+  MT_ON_GPU(packed, qkv_split(packed, q, k, v, S, B, G, qpg, D));
   q = Tensor::empty({B, G * qpg, S, D});
   k = Tensor::empty({B, G, S, D});
   v = Tensor::empty({B, G, S, D});
@@ -137,33 +156,39 @@ void qkv_split(const Tensor& packed, Tensor& q, Tensor& k, Tensor& v, int64_t S,
 
 Tensor qkv_merge(const Tensor& q, const Tensor& k, const Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
                  int64_t D) {
+  MT_ON_GPU(q, qkv_merge(q, k, v, S, B, G, qpg, D));
   Tensor packed = Tensor::empty({S * B, G * (qpg + 2) * D});
   qkv_copy(f(packed), f(q), f(k), f(v), S, B, G, qpg, D, false);
   return packed;
 }
 
 Tensor heads_to_rows(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D) {
+  MT_ON_GPU(x, heads_to_rows(x, S, B, H, D));
   Tensor r = Tensor::empty({S * B, H * D});
   heads_rows_copy(f(x), f(r), S, B, H, D, true);
   return r;
 }
 
 Tensor rows_to_heads(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D) {
+  MT_ON_GPU(x, rows_to_heads(x, S, B, H, D));
   Tensor h = Tensor::empty({B, H, S, D});
   heads_rows_copy(f(h), f(x), S, B, H, D, false);
   return h;
 }
 
 void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, int64_t rot_dim) {
+  MT_ON_GPU(x, rope_forward(x, cos, sin, rot_dim));
   cpu::rope_forward(f(x), f(cos), f(sin), x.dim(0), x.dim(1), x.dim(2), x.dim(3), rot_dim);
 }
 
 void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, int64_t rot_dim) {
+  MT_ON_GPU(dx, rope_backward(dx, cos, sin, rot_dim));
   cpu::rope_backward(f(dx), f(cos), f(sin), dx.dim(0), dx.dim(1), dx.dim(2), dx.dim(3), rot_dim);
 }
 
 void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& lse) {
+  MT_ON_GPU(q, attention_forward(p, q, k, v, out, lse));
   out = Tensor::empty(q.shape());
   lse = Tensor::empty({p.B, p.Hq, p.S});
   cpu::attention_forward(p, f(q), f(k), f(v), f(out), f(lse));
@@ -171,6 +196,7 @@ void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& 
 
 void attention_backward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  MT_ON_GPU(q, attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv));
   dq = Tensor::empty(q.shape());
   dk = Tensor::empty(k.shape());
   dv = Tensor::empty(v.shape());
@@ -178,6 +204,7 @@ void attention_backward(const cpu::AttnParams& p, const Tensor& q, const Tensor&
 }
 
 Tensor swiglu_forward(const Tensor& h) {
+  MT_ON_GPU(h, swiglu_forward(h));
   const int64_t rows = h.dim(0), F = h.dim(1) / 2;
   Tensor y = Tensor::empty({rows, F});
   cpu::swiglu_forward(f(h), f(y), rows, F);
@@ -185,36 +212,42 @@ Tensor swiglu_forward(const Tensor& h) {
 }
 
 Tensor swiglu_backward(const Tensor& dy, const Tensor& h) {
+  MT_ON_GPU(dy, swiglu_backward(dy, h));
   Tensor dh = Tensor::empty(h.shape());
   cpu::swiglu_backward(f(dy), f(h), f(dh), h.dim(0), h.dim(1) / 2);
   return dh;
 }
 
 Tensor gelu_forward(const Tensor& h, bool tanh_approx) {
+  MT_ON_GPU(h, gelu_forward(h, tanh_approx));
   Tensor y = Tensor::empty(h.shape());
   cpu::gelu_forward(f(h), f(y), h.numel(), tanh_approx);
   return y;
 }
 
 Tensor gelu_backward(const Tensor& dy, const Tensor& h, bool tanh_approx) {
+  MT_ON_GPU(dy, gelu_backward(dy, h, tanh_approx));
   Tensor dh = Tensor::empty(h.shape());
   cpu::gelu_backward(f(dy), f(h), f(dh), h.numel(), tanh_approx);
   return dh;
 }
 
 Tensor dropout_forward(const Tensor& x, float p, uint64_t seed, uint64_t offset) {
+  MT_ON_GPU(x, dropout_forward(x, p, seed, offset));
   Tensor y = Tensor::empty(x.shape());
   cpu::dropout_forward(f(x), f(y), x.numel(), p, seed, offset);
   return y;
 }
 
 Tensor dropout_backward(const Tensor& dy, float p, uint64_t seed, uint64_t offset) {
+  MT_ON_GPU(dy, dropout_backward(dy, p, seed, offset));
   Tensor dx = Tensor::empty(dy.shape());
   cpu::dropout_backward(f(dy), f(dx), dy.numel(), p, seed, offset);
   return dx;
 }
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse) {
+  MT_ON_GPU(logits, cross_entropy_forward(logits, targets, losses, lse));
   const int64_t N = logits.dim(0), V = logits.dim(1);
   losses = Tensor::empty({N});
   lse = Tensor::empty({N});
@@ -222,6 +255,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss) {
+  MT_ON_GPU(logits, cross_entropy_backward(logits, targets, lse, dloss));
   const int64_t N = logits.dim(0), V = logits.dim(1);
   Tensor d = Tensor::empty({N, V});
   cpu::cross_entropy_backward(f(logits), targets.data<int32_t>(), f(lse), f(dloss), f(d), N, V, V);
@@ -229,11 +263,13 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
 }
 
 void add_inplace(Tensor& y, const Tensor& x) {
+  MT_ON_GPU(y, add_inplace(y, x));
   MT_CHECK(y.numel() == x.numel(), "add_inplace: {} vs {}", y.shape_str(), x.shape_str());
   cpu::add_inplace(f(y), f(x), y.numel());
 }
 
 void round_bf16_inplace(Tensor& x) {
+  if (x.device() == Device::CUDA) return;  // GPU activations are bf16 already
   float* d = f(x);
   const int64_t n = x.numel();
 #pragma omp parallel for schedule(static) if (n > 65536)

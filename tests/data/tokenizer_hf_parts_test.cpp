@@ -130,18 +130,25 @@ TEST(TokenizerHfParts, Decoders) {
 // A tiny tokenizer.json written to a temporary directory.
 class TinyTokenizer {
  public:
-  explicit TinyTokenizer(json tok, json cfg = nullptr) : dir_(testing::temp_path("tiny")) {
+  explicit TinyTokenizer(json tok, json cfg = nullptr)
+      : dir_(testing::temp_path("tiny" + std::to_string(counter_++))) {
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     std::ofstream(dir_ + "/tokenizer.json") << tok.dump();
     if (!cfg.is_null()) std::ofstream(dir_ + "/tokenizer_config.json") << cfg.dump();
-    tok_ = std::make_unique<HfTokenizer>(dir_);
+    try {
+      tok_ = std::make_unique<HfTokenizer>(dir_);
+    } catch (...) {
+      std::filesystem::remove_all(dir_);
+      throw;
+    }
   }
   ~TinyTokenizer() { std::filesystem::remove_all(dir_); }
   HfTokenizer& operator*() { return *tok_; }
   HfTokenizer* operator->() { return tok_.get(); }
 
  private:
+  static inline int counter_ = 0;
   std::string dir_;
   std::unique_ptr<HfTokenizer> tok_;
 };

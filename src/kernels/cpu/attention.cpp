@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/philox.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace mt::cpu {
 
@@ -89,89 +90,9 @@ void load_transposed(const T* src, T* dst, int64_t nk, int64_t D) {
 
 // Explicit 16-byte vectors (SSE2, the x86-64 baseline, so no build flags are needed): each
 // lane does exactly the scalar arithmetic, in the same order, so results equal a scalar loop.
-template <typename T>
-struct Bits;
-template <>
-struct Bits<float> {
-  using U = uint32_t;
-};
-template <>
-struct Bits<double> {
-  using U = uint64_t;
-};
-
-template <typename T>
-struct Vec {
-  typedef T V __attribute__((vector_size(16)));
-  typedef typename Bits<T>::U UV __attribute__((vector_size(16)));
-  static constexpr int64_t N = 16 / sizeof(T);
-  static V load(const T* p) {
-    V v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-  }
-  static void store(T* p, V v) { std::memcpy(p, &v, sizeof v); }
-};
-
-// exp for the softmax, on a vector: 2^k * poly(r) with x = k ln2 + r, |r| <= ln2/2, and a
-// Taylor polynomial (error ~1 ulp in float and double). Our own code rather than libm's
-// because libm's loop does not vectorise (exp is the largest non-gemm cost here) and its
-// result may change with the CPU variant libm picks. Results below ~exp(-87) (float) or
-// exp(-708) (double) flush to 0, which is what softmax wants; -inf gives 0, NaN stays NaN.
-template <typename T>
-struct ExpConst;
-template <>
-struct ExpConst<float> {
-  static constexpr float lo = -87.3f, hi = 88.0f, round = 0x1.8p23f;
-  static constexpr float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;  // ln2_hi * k is exact
-  static constexpr int mant = 23, bias = 127, degree = 7;
-};
-template <>
-struct ExpConst<double> {
-  static constexpr double lo = -708.0, hi = 709.0, round = 0x1.8p52;
-  static constexpr double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
-  static constexpr int mant = 52, bias = 1023, degree = 13;
-};
-
-template <typename T>
-typename Vec<T>::V exp_vec(typename Vec<T>::V x) {
-  using E = ExpConst<T>;
-  using V = typename Vec<T>::V;
-  using UV = typename Vec<T>::UV;
-  using U = typename Bits<T>::U;
-  const V lo = V{} + E::lo, hi = V{} + E::hi;
-  V xc = x < lo ? lo : x;
-  xc = xc > hi ? hi : xc;
-  // Adding 1.5 * 2^mant rounds x / ln2 to an integer k, which then sits in the low mantissa bits.
-  const V y = xc * T(1.44269504088896340736) + E::round;
-  const V kf = y - E::round;
-  const UV k = (UV)y - std::bit_cast<U>(E::round);
-  const V r = (xc - kf * E::ln2_hi) - kf * E::ln2_lo;
-  constexpr auto inv_factorial = [](int n) {
-    T f = 1;
-    for (int i = 2; i <= n; ++i) f *= T(i);
-    return T(1) / f;
-  };
-  V poly = V{} + inv_factorial(E::degree);
-#pragma GCC unroll 16
-  for (int n = E::degree - 1; n >= 0; --n) poly = poly * r + inv_factorial(n);
-  const V two_k = (V)((k + U(E::bias)) << E::mant);
-  return (V)((UV)(poly * two_k) & ~(UV)(x < lo));  // a NaN compares false and stays NaN
-}
-
-// x[j] = exp(x[j] - shift) for j < n; the tail goes through the same vector code.
-template <typename T>
-void exp_shifted(T* x, int64_t n, T shift) {
-  using W = Vec<T>;
-  int64_t j = 0;
-  for (; j + W::N <= n; j += W::N) W::store(x + j, exp_vec<T>(W::load(x + j) - shift));
-  if (j < n) {
-    T tail[W::N] = {};
-    std::copy(x + j, x + n, tail);
-    W::store(tail, exp_vec<T>(W::load(tail) - shift));
-    std::copy(tail, tail + (n - j), x + j);
-  }
-}
+using vec::Vec;
+using vec::exp_vec;
+using vec::exp_shifted;
 
 template <typename T>
 T exp_scalar(T x) {

@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace mt::cpu {
 
@@ -16,16 +18,29 @@ template <typename T>
 void cross_entropy_forward_impl(const T* logits, const int32_t* targets, T* losses, T* lse, int64_t N, int64_t V,
                                 int64_t valid_v) {
   MT_CHECK(valid_v > 0 && valid_v <= V, "cross entropy: valid vocab {} outside (0, {}]", valid_v, V);
-#pragma omp parallel for schedule(static) if (N * valid_v > 65536)
-  for (int64_t r = 0; r < N; ++r) {
-    const T* row = logits + r * V;
-    T mx = -std::numeric_limits<T>::infinity();
-    for (int64_t j = 0; j < valid_v; ++j) mx = std::max(mx, row[j]);
-    double sum = 0;  // exp terms are in (0, 1]; a double sum keeps vocab-size sums exact enough
-    for (int64_t j = 0; j < valid_v; ++j) sum += std::exp(row[j] - mx);
-    const T l = mx + static_cast<T>(std::log(sum));
-    lse[r] = l;
-    losses[r] = l - row[targets[r]];
+  // A large vocabulary makes this exp-bound: the vectorised exp of vec_math.h, into a per-thread
+  // scratch row, then a fixed-order double sum (thread-count independent).
+#pragma omp parallel if (N * valid_v > 65536)
+  {
+    std::vector<T> scratch(static_cast<size_t>(valid_v));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const T* row = logits + r * V;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < valid_v; ++j) mx = std::max(mx, row[j]);
+      std::copy(row, row + valid_v, scratch.data());
+      vec::exp_shifted(scratch.data(), valid_v, mx);
+      double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // exp terms are in (0, 1]
+      int64_t j = 0;
+      for (; j + 8 <= valid_v; j += 8)
+        for (int l = 0; l < 8; ++l) lanes[l] += scratch[static_cast<size_t>(j + l)];
+      double sum = 0;
+      for (int l = 0; l < 8; ++l) sum += lanes[l];
+      for (; j < valid_v; ++j) sum += scratch[static_cast<size_t>(j)];
+      const T l = mx + static_cast<T>(std::log(sum));
+      lse[r] = l;
+      losses[r] = l - row[targets[r]];
+    }
   }
 }
 
@@ -37,7 +52,9 @@ void cross_entropy_backward_impl(const T* logits, const int32_t* targets, const 
     const T* row = logits + r * V;
     T* drow = dlogits + r * V;
     const T g = dloss[r], l = lse[r];
-    for (int64_t j = 0; j < valid_v; ++j) drow[j] = g * std::exp(row[j] - l);
+    std::copy(row, row + valid_v, drow);
+    vec::exp_shifted(drow, valid_v, l);
+    for (int64_t j = 0; j < valid_v; ++j) drow[j] *= g;
     std::fill(drow + valid_v, drow + V, T(0));
     drow[targets[r]] -= g;
   }

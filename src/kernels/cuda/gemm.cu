@@ -1,8 +1,8 @@
-// Linear layers on cuBLASLt. Row-major y[M,N] = x[M,K] w[N,K]^T is, in cuBLAS's column-major
-// terms, y^T[N,M] = w^T... i.e. D(N x M) = op(A) op(B) with A = w seen as K x N (transposed), B = x
-// seen as K x M: a "TN" product, the layout Hopper's kernels like best. The backward products:
-//   dx^T (K x M) = w^T(K x N, as stored) * dy^T (N x M)        "NN"
-//   dw^T (K x N) += x^T (K x M, as stored) * dy (M x N -> T)     "NT", beta = 1 into fp32
+// Linear layers on cuBLASLt. cuBLAS is column-major, and a row-major [R, C] matrix is the
+// column-major C x R matrix, so with w stored [N, K], x [M, K], y [M, N] (all row-major):
+//   forward  y (col-major N x M)  = op(w: K x N)^T * (x: K x M)          "TN", the layout Hopper likes
+//   dgrad    dx (col-major K x M) = (w: K x N) * (dy: N x M)             "NN"
+//   wgrad    dw (col-major K x N) += (x: K x M) * op(dy: N x M)^T        "NT", beta = 1 into fp32
 // Descriptors, layouts and the heuristic's algorithm are cached per (shape, types, alignment,
 // epilogue), so steady-state calls are one cublasLtMatmul. The bias epilogue adds b in the
 // GEMM's output stage; db is a deterministic column-sum kernel.

@@ -1,0 +1,78 @@
+#pragma once
+// The CUDA side of kernels/ops.h: the same Tensor-level ops for Device::CUDA tensors (bf16
+// activations and parameter copies, fp32 main grads and statistics), on the device's compute
+// stream. ops.cpp forwards here when its inputs live on the GPU.
+#include "core/tensor.h"
+#include "kernels/cpu/ops.h"
+#include "optim/optimizer.h"
+
+#include <string>
+#include <vector>
+
+namespace mt::ops::gpu {
+
+// Device setup: picks the device (CUDA_VISIBLE_DEVICES applies), creates the compute stream,
+// the cuBLASLt handle and the stream-ordered allocator, and registers them with core.
+// Returns false when no GPU is present.
+bool available();
+void init(int device = 0);
+void synchronize();
+size_t peak_memory_bytes();
+void reset_peak_memory();
+std::string device_name();
+
+Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* b);
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx);
+Tensor embedding_forward(const Tensor& ids, const Tensor& table);
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
+void add_position_embedding(Tensor& x, const Tensor& pe, int64_t S, int64_t B);
+void position_embedding_backward(const Tensor& dx, Tensor& dpe, int64_t S, int64_t B);
+Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd);
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dw);
+Tensor layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& mean, Tensor& rstd);
+Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                          Tensor& dw, Tensor& db);
+void qkv_split(const Tensor& packed, Tensor& q, Tensor& k, Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
+               int64_t D);
+Tensor qkv_merge(const Tensor& q, const Tensor& k, const Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
+                 int64_t D);
+Tensor heads_to_rows(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D);
+Tensor rows_to_heads(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D);
+void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, int64_t rot_dim);
+void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, int64_t rot_dim);
+void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                       Tensor& lse);
+void attention_backward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+Tensor swiglu_forward(const Tensor& h);
+Tensor swiglu_backward(const Tensor& dy, const Tensor& h);
+Tensor gelu_forward(const Tensor& h, bool tanh_approx);
+Tensor gelu_backward(const Tensor& dy, const Tensor& h, bool tanh_approx);
+Tensor dropout_forward(const Tensor& x, float p, uint64_t seed, uint64_t offset);
+Tensor dropout_backward(const Tensor& dy, float p, uint64_t seed, uint64_t offset);
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss);
+void add_inplace(Tensor& y, const Tensor& x);
+void cast(const Tensor& src, Tensor& dst);  // f32 <-> bf16, same numel, both on the GPU
+
+// Optimizer-side helpers on flat fp32 device buffers.
+double grad_norm_squared(const float* grads, int64_t n);
+void clip_grads(float* grads, int64_t n, double total_norm, double max_norm);
+struct AdamWState;
+// AdamW over the spans of a flat buffer, writing the bf16 compute copy in the same pass.
+class AdamW {
+ public:
+  AdamW(int64_t numel, std::vector<optim::ParamSpan> spans, double beta1, double beta2, double eps);
+  ~AdamW();
+  void step(float* params, const float* grads, uint16_t* params_bf16, double lr, double wd);
+  int64_t step_count() const { return step_; }
+  void set_step_count(int64_t s) { step_ = s; }
+  float* exp_avg() const;
+  float* exp_avg_sq() const;
+
+ private:
+  AdamWState* st_;
+  int64_t step_ = 0;
+};
+
+}  // namespace mt::ops::gpu
