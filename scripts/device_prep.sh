@@ -27,6 +27,12 @@ copy /usr/include/zconf.h "$C/zlib/include/"
 copy /usr/lib/x86_64-linux-gnu/libz.so "$C/zlib/lib/libz.so"
 copy /usr/include/gloo "$C/gloo/include/"
 copy /usr/lib/libgloo.so "$C/gloo/lib/libgloo.so"
+cp "$C/gloo/lib/libgloo.so" "$C/gloo/lib/$(objdump -p /usr/lib/libgloo.so | awk '/SONAME/ {print $2}')"
+# libgloo's own runtime dependencies, which the GPU image lacks (run with
+# LD_LIBRARY_PATH=third_party_carry/gloo/lib so the linker and the loader find them).
+for l in libhiredis.so.0.14 libibverbs.so.1 libnl-route-3.so.200 libnl-3.so.200; do
+  copy "/lib/x86_64-linux-gnu/$l" "$C/gloo/lib/$l"
+done
 # PCRE2 (the GPU image has the runtime library but no headers or .pc): headers, the library
 # to link against (same soname as the image's), and a relocatable pkg-config file.
 mkdir -p "$C"/pcre2/include "$C"/pcre2/lib "$C"/pkgconfig

@@ -44,6 +44,7 @@ struct TrainingState {
   int64_t consumed_train_samples = 0;
   int64_t consumed_valid_samples = 0;
   int64_t optimizer_steps = 0;  // scheduler position is derived from consumed samples
+  bool has_optimizer = false;   // set on load: the checkpoint holds optimizer state
   bool has_rng = false;
   uint64_t rng_seed = 0, rng_offset = 0;  // this rank's dropout stream
   uint64_t tp_rng_seed = 0, tp_rng_offset = 0;
@@ -89,14 +90,14 @@ std::string iteration_dir(const std::string& save, int64_t iteration);
 // may change the parameters while the files are written by a background thread.
 class Saver {
  public:
-  explicit Saver(RankInfo ri) : ri_(ri) {}
+  explicit Saver(RankInfo ri);
   ~Saver();
   Saver(const Saver&) = delete;
   Saver& operator=(const Saver&) = delete;
 
   // `opt` null: --no-save-optim. A pending async save is completed first.
-  void save(const std::string& dir, const TrainingState& st, const model::ParamStore& params,
-            const OptimizerState* opt, const SaveOptions& o);
+  void save(const std::string& dir, const TrainingState& st, model::ParamStore& params, const OptimizerState* opt,
+            const SaveOptions& o);
   // Completes an async save whose files every rank has written (never blocks on the writers).
   // Returns the iteration it completed, if any.
   std::optional<int64_t> poll();
@@ -113,7 +114,7 @@ class Saver {
 };
 
 // Single-process convenience (one rank, synchronous).
-void save_checkpoint(const std::string& save, const TrainingState& state, const model::ParamStore& params,
+void save_checkpoint(const std::string& save, const TrainingState& state, model::ParamStore& params,
                      optim::Optimizer* optimizer /* null: --no-save-optim */);
 
 // Reads SAVE/latest_checkpointed_iteration.txt; nullopt when the directory holds no checkpoint.
@@ -131,6 +132,23 @@ TrainingState load_checkpoint(const std::string& load, int64_t it, const RankInf
                               OptimizerState* opt, const LoadOptions& opts);
 TrainingState load_checkpoint(const std::string& load, int64_t it, model::ParamStore& params,
                               optim::Optimizer* optimizer, const LoadOptions& opts);
+
+// Whole tensors of a checkpoint by name, whatever layout saved it (for export and inspection).
+class CheckpointReader {
+ public:
+  CheckpointReader(const std::string& load, int64_t it);
+  ~CheckpointReader();
+  bool has(const std::string& name) const;
+  Shape shape(const std::string& name) const;  // throws naming the tensor when missing
+  std::vector<float> read(const std::string& name);
+  std::vector<std::string> names() const;
+  const TrainingState& state() const { return state_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  TrainingState state_;
+};
 
 // Reads only state.json (for generate, which needs the model settings first).
 TrainingState read_state(const std::string& load, int64_t it);

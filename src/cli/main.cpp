@@ -17,7 +17,9 @@ void usage() {
       "  pretrain    train a GPT/Llama model (Megatron-LM's pretrain_gpt.py flags)\n"
       "  generate    sample text from a checkpoint\n"
       "  preprocess  tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py flags)\n"
-      "  launch      start N local ranks: megatron launch --nproc-per-node N -- pretrain ...\n\n"
+      "  launch      start N local ranks: megatron launch --nproc-per-node N -- pretrain ...\n"
+      "  convert     HuggingFace models to checkpoints and back: convert --from hf|megatron --input D --output D\n"
+      "  logits      forward pass to .npy: logits --load DIR_OR_HF_DIR --input-ids IDS.npy --output L.npy\n\n"
       "run 'megatron <command> --help' for its flags\n");
 }
 

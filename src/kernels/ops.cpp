@@ -268,6 +268,11 @@ void add_inplace(Tensor& y, const Tensor& x) {
   cpu::add_inplace(f(y), f(x), y.numel());
 }
 
+void cast(const Tensor& src, Tensor& dst) {
+  MT_ON_GPU(dst, cast(src, dst));
+  dst.copy_from(src);
+}
+
 void round_bf16_inplace(Tensor& x) {
   if (x.device() == Device::CUDA) return;  // GPU activations are bf16 already
   float* d = f(x);

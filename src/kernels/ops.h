@@ -58,6 +58,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss);
 
 void add_inplace(Tensor& y, const Tensor& x);
+void cast(const Tensor& src, Tensor& dst);  // dtype conversion into dst (same numel and device)
 void round_bf16_inplace(Tensor& x);  // CPU emulation of bf16 activation storage
 
 }  // namespace mt::ops

@@ -1,6 +1,7 @@
 #include "model/attention.h"
 
 #include <cmath>
+#include <vector>
 
 #include "kernels/ops.h"
 
@@ -11,6 +12,41 @@ void RopeTables::build(int64_t seq, int64_t rd, double base) {
   cos = Tensor::empty({seq, rd / 2});
   sin = Tensor::empty({seq, rd / 2});
   cpu::rope_tables(seq, rd, base, cos.data<float>(), sin.data<float>());
+}
+
+void RopeTables::build(int64_t seq, int64_t rd, const TransformerConfig& c) {
+  if (!c.rope_scaling) return build(seq, rd, c.rotary_base);
+  rot_dim = rd;
+  cos = Tensor::empty({seq, rd / 2});
+  sin = Tensor::empty({seq, rd / 2});
+  // Llama 3.1 (HF rope_type "llama3"): wavelengths longer than original/low_freq_factor are
+  // stretched by `factor`, shorter than original/high_freq_factor kept, and the band between
+  // interpolated smoothly. Angles in double, as the unscaled tables.
+  const double lo_wl = static_cast<double>(c.rope_original_max_position) / c.rope_low_freq_factor;
+  const double hi_wl = static_cast<double>(c.rope_original_max_position) / c.rope_high_freq_factor;
+  const double two_pi = 6.283185307179586;
+  std::vector<double> inv(static_cast<size_t>(rd / 2));
+  for (int64_t i = 0; i < rd / 2; ++i) {
+    const double f = std::pow(c.rotary_base, -2.0 * static_cast<double>(i) / static_cast<double>(rd));
+    const double wl = two_pi / f;
+    double g = f;
+    if (wl > lo_wl) {
+      g = f / c.rope_scaling_factor;
+    } else if (wl >= hi_wl) {
+      const double smooth = (static_cast<double>(c.rope_original_max_position) / wl - c.rope_low_freq_factor) /
+                            (c.rope_high_freq_factor - c.rope_low_freq_factor);
+      g = (1.0 - smooth) * f / c.rope_scaling_factor + smooth * f;
+    }
+    inv[static_cast<size_t>(i)] = g;
+  }
+  float* cs = cos.data<float>();
+  float* sn = sin.data<float>();
+  for (int64_t s = 0; s < seq; ++s)
+    for (int64_t i = 0; i < rd / 2; ++i) {
+      const double a = static_cast<double>(s) * inv[static_cast<size_t>(i)];
+      cs[s * (rd / 2) + i] = static_cast<float>(std::cos(a));
+      sn[s * (rd / 2) + i] = static_cast<float>(std::sin(a));
+    }
 }
 
 void SelfAttention::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c,
@@ -27,7 +63,28 @@ void SelfAttention::build(ParamStore& ps, const std::string& prefix, const Trans
             ParallelMode::Column, tp);
   proj.build(ps, prefix + ".linear_proj", c.num_attention_heads * c.kv_channels, c.hidden_size, c.add_bias_linear,
              Init::ScaledNormal, ParallelMode::Row, tp);
+  if (c.qk_layernorm) {
+    TransformerConfig hc = c;
+    hc.hidden_size = c.kv_channels;
+    q_norm.build(ps, prefix + ".q_layernorm", hc);
+    k_norm.build(ps, prefix + ".k_layernorm", hc);
+    // Shared by all heads, and each TP rank sees only its heads: the gradients are partial per
+    // TP rank and are summed over TP like those of sequence-parallel norms.
+    const bool split = tp && tp->on();
+    for (Param* p : {q_norm.weight, q_norm.bias, k_norm.weight, k_norm.bias})
+      if (p) p->sequence_parallel = split;
+  }
 }
+
+namespace {
+// A norm over the last dimension of [B, H, S, D].
+Tensor head_norm_forward(const Norm& n, const Tensor& x, Norm::Saved& s, PassContext& ctx) {
+  return n.forward(x.view({-1, x.dim(-1)}), s, ctx).view(x.shape());
+}
+Tensor head_norm_backward(const Norm& n, const Tensor& dy, Norm::Saved& s, PassContext& ctx) {
+  return n.backward(dy.view({-1, dy.dim(-1)}), s, ctx).view(dy.shape());
+}
+}  // namespace
 
 
 Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
@@ -36,6 +93,10 @@ Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, P
   Tensor packed = qkv.forward(x, ctx);
   ScopedOpTimer t(ctx.times, &OpTimes::attention);
   ops::qkv_split(packed, s.q, s.k, s.v, S, B, G, qpg, D);
+  if (cfg.qk_layernorm) {
+    s.q = head_norm_forward(q_norm, s.q, s.qn, ctx);
+    s.k = head_norm_forward(k_norm, s.k, s.kn, ctx);
+  }
   if (rope) {
     ops::rope_forward(s.q, rope->cos, rope->sin, rope->rot_dim);
     ops::rope_forward(s.k, rope->cos, rope->sin, rope->rot_dim);
@@ -68,6 +129,10 @@ Tensor SelfAttention::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s,
     if (rope) {
       ops::rope_backward(dq, rope->cos, rope->sin, rope->rot_dim);
       ops::rope_backward(dk, rope->cos, rope->sin, rope->rot_dim);
+    }
+    if (cfg.qk_layernorm) {
+      dq = head_norm_backward(q_norm, dq, s.qn, ctx);
+      dk = head_norm_backward(k_norm, dk, s.kn, ctx);
     }
     dx = ops::qkv_merge(dq, dk, dv, S, B, G, qpg, D);
   }

@@ -10,14 +10,18 @@ struct RopeTables {
   Tensor cos, sin;  // [seq, rot_dim/2]
   int64_t rot_dim = 0;
   void build(int64_t seq, int64_t rot_dim, double base);
+  // With the config's RoPE scaling (Llama 3.1's), when it is on.
+  void build(int64_t seq, int64_t rot_dim, const TransformerConfig& c);
 };
 
 struct SelfAttention {
   TransformerConfig cfg;  // heads and query groups of this TP rank
   Linear qkv, proj;
+  Norm q_norm, k_norm;  // --qk-layernorm: over each head's channels, before RoPE
   const RopeTables* rope = nullptr;
   struct Saved {
     Tensor x, q, k, v, out, lse, ctx;
+    Norm::Saved qn, kn;
     uint64_t seed = 0, offset = 0;
   };
   void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const RopeTables* r,

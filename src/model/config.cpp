@@ -45,6 +45,12 @@ void TransformerConfig::finalize() {
   if (normalization != "LayerNorm" && normalization != "RMSNorm")
     fail("--normalization must be LayerNorm or RMSNorm (got '{}')", normalization);
   if (rotary_percent <= 0.f || rotary_percent > 1.f) fail("--rotary-percent must be in (0, 1] (got {})", rotary_percent);
+  if (rope_scaling && !rope()) fail("--use-rope-scaling needs --position-embedding-type rope");
+  if (rope_scaling && (rope_scaling_factor <= 0 || rope_low_freq_factor <= 0 ||
+                       rope_high_freq_factor <= rope_low_freq_factor || rope_original_max_position <= 0))
+    fail("RoPE scaling needs a positive --rope-scaling-factor, 0 < low_freq_factor < high_freq_factor and a positive "
+         "original_max_position_embeddings (got {}, {}, {}, {})",
+         rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_position);
   if (rope() && rotary_dim() < 2) fail("--rotary-percent {} leaves no rotary channels for head dim {}", rotary_percent, kv_channels);
   if (attention_dropout < 0.f || attention_dropout >= 1.f) fail("--attention-dropout must be in [0, 1) (got {})", attention_dropout);
   if (hidden_dropout < 0.f || hidden_dropout >= 1.f) fail("--hidden-dropout must be in [0, 1) (got {})", hidden_dropout);
@@ -58,7 +64,7 @@ int64_t TransformerConfig::num_parameters() const {
   int64_t attn = qkv_out() * h + (add_qkv_bias ? qkv_out() : 0) + num_attention_heads * kv_channels * h +
                  (add_bias_linear ? h : 0);
   int64_t mlp = fc1_out() * h + (add_bias_linear ? fc1_out() : 0) + ffn_hidden_size * h + (add_bias_linear ? h : 0);
-  int64_t layer = attn + mlp + 2 * norm;
+  int64_t layer = attn + mlp + 2 * norm + (qk_layernorm ? 2 * (rmsnorm() ? kv_channels : 2 * kv_channels) : 0);
   int64_t emb = vocab_size * h + (position_embedding_type == "learned_absolute" ? max_position_embeddings * h : 0);
   int64_t out = untie_embeddings_and_output_weights ? vocab_size * h : 0;
   return emb + num_layers * layer + norm + out;

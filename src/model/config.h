@@ -24,6 +24,13 @@ struct TransformerConfig {
   std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope | none
   double rotary_base = 10000.0;
   float rotary_percent = 1.0f;
+  // Llama 3.1's RoPE frequency scaling (--use-rope-scaling): low frequencies are divided by
+  // `factor`, high ones kept, the band between blended (HF rope_type "llama3").
+  bool rope_scaling = false;
+  double rope_scaling_factor = 8.0;
+  double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_position = 8192;
+  bool qk_layernorm = false;         // --qk-layernorm: a norm over each head's q and k (Qwen3)
   bool add_bias_linear = true;
   bool add_qkv_bias = false;         // true when add_bias_linear (Megatron), or --add-qkv-bias
   bool untie_embeddings_and_output_weights = false;

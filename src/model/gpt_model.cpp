@@ -13,22 +13,49 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
   tp_.comm = opts.tp;
   tp_.sequence_parallel = opts.sequence_parallel;
   if (tp_.on()) check_tensor_parallel(cfg_, tp_.size(), tp_.sp());
+  const PipelinePart& part = opts.pipeline;
+  auto ranges = part.chunks;
+  if (ranges.empty()) ranges = {{0, cfg_.num_layers}};
   const int64_t h = cfg_.hidden_size;
-  word_emb_ = &params_.add("embedding.word_embeddings.weight", {cfg_.vocab_size, h}, Init::Normal, true, tp_.split(0));
-  if (cfg_.position_embedding_type == "learned_absolute") {
-    pos_emb_ = &params_.add("embedding.position_embeddings.weight", {cfg_.max_position_embeddings, h}, Init::Normal,
-                            true);
-    pos_emb_->sequence_parallel = tp_.sp();  // added on sequence shards under SP
+  if (part.first_stage) {
+    word_emb_ =
+        &params_.add("embedding.word_embeddings.weight", {cfg_.vocab_size, h}, Init::Normal, true, tp_.split(0));
+    if (cfg_.position_embedding_type == "learned_absolute") {
+      pos_emb_ = &params_.add("embedding.position_embeddings.weight", {cfg_.max_position_embeddings, h}, Init::Normal,
+                              true);
+      pos_emb_->sequence_parallel = tp_.sp();  // added on sequence shards under SP
+    }
   }
-  if (cfg_.rope()) rope_.build(cfg_.seq_length, cfg_.rotary_dim(), cfg_.rotary_base);
-  layers_.resize(static_cast<size_t>(cfg_.num_layers));
-  for (int64_t i = 0; i < cfg_.num_layers; ++i)
-    layers_[static_cast<size_t>(i)].build(params_, "decoder.layers." + std::to_string(i), cfg_,
-                                          cfg_.rope() ? &rope_ : nullptr, &tp_);
-  final_norm_.build(params_, "decoder.final_layernorm", cfg_, &tp_);
-  output_ = cfg_.untie_embeddings_and_output_weights
-                ? &params_.add("output_layer.weight", {cfg_.vocab_size, h}, Init::Normal, true, tp_.split(0))
-                : word_emb_;
+  if (cfg_.rope()) rope_.build(cfg_.seq_length, cfg_.rotary_dim(), cfg_);
+  size_t total = 0;
+  for (auto [b, e] : ranges) {
+    MT_CHECK(0 <= b && b <= e && e <= cfg_.num_layers, "layer range [{}, {}) outside {} layers", b, e, cfg_.num_layers);
+    total += static_cast<size_t>(e - b);
+  }
+  layers_.resize(total);  // built in place: layers keep pointers into themselves
+  size_t k = 0;
+  for (size_t c = 0; c < ranges.size(); ++c) {
+    Chunk ch{k, k + static_cast<size_t>(ranges[c].second - ranges[c].first), c == 0 && part.first_stage,
+             c + 1 == ranges.size() && part.last_stage};
+    for (int64_t i = ranges[c].first; i < ranges[c].second; ++i)  // global index in the name
+      layers_[k++].build(params_, "decoder.layers." + std::to_string(i), cfg_, cfg_.rope() ? &rope_ : nullptr, &tp_);
+    chunks_.push_back(ch);
+  }
+  if (part.last_stage) {
+    final_norm_.build(params_, "decoder.final_layernorm", cfg_, &tp_);
+    if (cfg_.untie_embeddings_and_output_weights) {
+      output_ = &params_.add("output_layer.weight", {cfg_.vocab_size, h}, Init::Normal, true, tp_.split(0));
+    } else if (part.first_stage) {
+      output_ = word_emb_;
+    } else {
+      // The last stage's copy of the tied embedding: same name, so the same init stream and the
+      // same checkpoint entry as the first stage's.
+      output_ =
+          &params_.add("embedding.word_embeddings.weight", {cfg_.vocab_size, h}, Init::Normal, true, tp_.split(0));
+      output_->shared_embedding = output_->replica = true;
+    }
+  }
+  if (word_emb_ && !part.last_stage && !cfg_.untie_embeddings_and_output_weights) word_emb_->shared_embedding = true;
   emb_drop_.p = cfg_.hidden_dropout;
   emb_drop_.tp_region = tp_.sp();
   params_.allocate(cfg_.bf16, opts.layout);
@@ -60,7 +87,7 @@ Tensor GPTModel::embed(const std::vector<int32_t>& ids_sb, int64_t S, int64_t B,
     }
   } else {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    s.ids = Tensor::from_vector(ids_sb, {n});
+    s.ids = to_model_device(Tensor::from_vector(ids_sb, {n}));
     x = ops::embedding_forward(s.ids, word_emb_->value);
     if (pos_emb_) ops::add_position_embedding(x, pos_emb_->value, S, B);
   }
@@ -72,41 +99,74 @@ Tensor GPTModel::embed(const std::vector<int32_t>& ids_sb, int64_t S, int64_t B,
   return y;
 }
 
-Tensor GPTModel::run_layers(Tensor x, int64_t S, int64_t B, Saved& s, PassContext& ctx) {
-  s.layers.resize(layers_.size());
-  for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i].forward(x, S, B, s.layers[i], ctx);
-  return final_norm_.forward(x, s.final_norm, ctx);
+Tensor GPTModel::run_layers(Tensor x, const Chunk& ch, int64_t S, int64_t B, Saved& s, PassContext& ctx) {
+  s.layers.resize(ch.last - ch.first);
+  for (size_t i = ch.first; i < ch.last; ++i) x = layers_[i].forward(x, S, B, s.layers[i - ch.first], ctx);
+  return x;
 }
 
 LossSums GPTModel::forward(const Batch& batch, Saved& s, PassContext& ctx) {
-  const int64_t B = batch.B, S = batch.S, n = B * S, V = cfg_.vocab_size;
+  MT_CHECK(chunks_.size() == 1 && chunks_[0].embedding && chunks_[0].head,
+           "GPTModel::forward runs the whole model; a pipeline stage runs forward_chunk");
+  LossSums r;
+  forward_chunk(0, batch, Tensor(), s, ctx, &r);
+  return r;
+}
+
+void GPTModel::backward(Saved& s, float loss_grad_scale, PassContext& ctx) {
+  backward_chunk(0, s, Tensor(), loss_grad_scale, ctx);
+}
+
+Tensor GPTModel::forward_chunk(int c, const Batch& batch, const Tensor& input, Saved& s, PassContext& ctx,
+                               LossSums* loss) {
+  MT_CHECK(c >= 0 && c < num_chunks(), "no model chunk {} on this rank ({} chunks)", c, num_chunks());
+  const Chunk& ch = chunks_[static_cast<size_t>(c)];
+  const int64_t B = batch.B, S = batch.S, n = B * S;
   if (S > cfg_.seq_length) fail("micro-batch sequence length {} exceeds --seq-length {}", S, cfg_.seq_length);
-  s.B = B;
-  s.S = S;
-  s.ids_sb.resize(static_cast<size_t>(n));
-  s.labels_sb.resize(static_cast<size_t>(n));
-  s.mask_sb.resize(static_cast<size_t>(n));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t si = 0; si < S; ++si) {
-      size_t src = static_cast<size_t>(b * S + si), dst = static_cast<size_t>(si * B + b);
-      s.ids_sb[dst] = batch.tokens[src];
-      s.labels_sb[dst] = batch.labels[src];
-      s.mask_sb[dst] = batch.loss_mask[src];
-      if (batch.labels[src] < 0 || batch.labels[src] >= V) fail("label id {} outside the vocabulary", batch.labels[src]);
-    }
   if (tp_.sp() && S % tp_.size() != 0)
     fail("--sequence-parallel: sequence length {} is not divisible by --tensor-model-parallel-size {}", S, tp_.size());
-  Tensor x = embed(s.ids_sb, S, B, s, ctx);
-  s.final_x = run_layers(x, S, B, s, ctx);
+  s.B = B;
+  s.S = S;
+  // The data's [b, s] order to the model's [s, b] order, for what this chunk reads.
+  auto to_sb = [&](const auto& src, auto& dst) {
+    dst.resize(static_cast<size_t>(n));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t si = 0; si < S; ++si) dst[static_cast<size_t>(si * B + b)] = src[static_cast<size_t>(b * S + si)];
+  };
+  Tensor x;
+  if (ch.embedding) {
+    to_sb(batch.tokens, s.ids_sb);
+    x = embed(s.ids_sb, S, B, s, ctx);
+  } else {
+    MT_CHECK(input.numel() == activation_rows(B, S) * cfg_.hidden_size,
+             "chunk {} input of {} elements, expected {} x {}", c, input.numel(), activation_rows(B, S),
+             cfg_.hidden_size);
+    x = input;
+  }
+  x = run_layers(x, ch, S, B, s, ctx);
+  if (!ch.head) return x;
+  for (int32_t l : batch.labels)
+    if (l < 0 || l >= cfg_.vocab_size) fail("label id {} outside the vocabulary", l);
+  to_sb(batch.labels, s.labels_sb);
+  to_sb(batch.loss_mask, s.mask_sb);
+  LossSums r = head_forward(x, s, ctx);
+  if (loss) *loss = r;
+  return Tensor();
+}
+
+LossSums GPTModel::head_forward(const Tensor& x, Saved& s, PassContext& ctx) {
+  const int64_t n = s.B * s.S;
+  s.final_x = final_norm_.forward(x, s.final_norm, ctx);
   s.logits = output_linear().forward(s.final_x, ctx);
   ScopedOpTimer t(ctx.times, &OpTimes::loss);
   Tensor losses;
   if (tp_.on()) {
     vocab_parallel_cross_entropy_forward(s.logits, s.labels_sb, tp_, losses, s.lse);
   } else {
-    s.labels = Tensor::from_vector(s.labels_sb, {n});
+    s.labels = to_model_device(Tensor::from_vector(s.labels_sb, {n}));
     ops::cross_entropy_forward(s.logits, s.labels, losses, s.lse);
   }
+  if (losses.device() != Device::CPU) losses = losses.to_device(Device::CPU);  // per-token losses for the sums
   LossSums r;
   const float* l = losses.data<float>();
   for (int64_t i = 0; i < n; ++i) {  // fixed order: deterministic
@@ -116,22 +176,40 @@ LossSums GPTModel::forward(const Batch& batch, Saved& s, PassContext& ctx) {
   return r;
 }
 
-void GPTModel::backward(Saved& s, float loss_grad_scale, PassContext& ctx) {
-  const int64_t B = s.B, S = s.S, n = B * S;
+Tensor GPTModel::backward_chunk(int c, Saved& s, const Tensor& dy, float loss_grad_scale, PassContext& ctx) {
+  MT_CHECK(c >= 0 && c < num_chunks(), "no model chunk {} on this rank ({} chunks)", c, num_chunks());
+  const Chunk& ch = chunks_[static_cast<size_t>(c)];
+  Tensor dx = ch.head ? head_backward(s, loss_grad_scale, ctx) : dy;
+  MT_CHECK(dx.defined(), "backward of chunk {} without the gradient of its output", c);
+  for (size_t i = ch.last; i-- > ch.first;) dx = layers_[i].backward(dx, s.S, s.B, s.layers[i - ch.first], ctx);
+  if (ch.embedding) {
+    embedding_backward(dx, s, ctx);
+    dx = Tensor();
+  }
+  s = Saved{};
+  return dx;
+}
+
+Tensor GPTModel::head_backward(Saved& s, float loss_grad_scale, PassContext& ctx) {
+  const int64_t n = s.B * s.S;
   Tensor dlogits;
   {
     ScopedOpTimer t(ctx.times, &OpTimes::loss);
     std::vector<float> dloss(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) dloss[static_cast<size_t>(i)] = s.mask_sb[static_cast<size_t>(i)] * loss_grad_scale;
     dlogits = tp_.on() ? vocab_parallel_cross_entropy_backward(s.logits, s.labels_sb, s.lse, dloss, tp_)
-                       : ops::cross_entropy_backward(s.logits, s.labels, s.lse, Tensor::from_vector(dloss, {n}));
+                       : ops::cross_entropy_backward(s.logits, s.labels, s.lse,
+                                                     to_model_device(Tensor::from_vector(dloss, {n})));
   }
   s.logits = Tensor();
   Tensor dx = output_linear().backward(dlogits, s.final_x, ctx);
   dlogits = Tensor();
-  dx = final_norm_.backward(dx, s.final_norm, ctx);
-  for (size_t i = layers_.size(); i-- > 0;) dx = layers_[i].backward(dx, S, B, s.layers[i], ctx);
-  dx = emb_drop_.backward(dx, s.emb_drop);
+  return final_norm_.backward(dx, s.final_norm, ctx);
+}
+
+void GPTModel::embedding_backward(const Tensor& dx_in, Saved& s, PassContext& ctx) {
+  const int64_t B = s.B, S = s.S;
+  Tensor dx = emb_drop_.backward(dx_in, s.emb_drop);
   if (tp_.on()) {
     if (pos_emb_) {
       const int64_t s_local = tp_.sp() ? S / tp_.size() : S;
@@ -147,19 +225,21 @@ void GPTModel::backward(Saved& s, float loss_grad_scale, PassContext& ctx) {
   }
   ctx.grad_ready(pos_emb_);
   ctx.grad_ready(word_emb_);
-  s = Saved{};
 }
 
 Tensor GPTModel::logits(const std::vector<int32_t>& tokens, int64_t B, int64_t S) {
   MT_CHECK(!tp_.on(), "inference logits with tensor parallelism are not offered yet");
+  MT_CHECK(chunks_.size() == 1 && chunks_[0].embedding && chunks_[0].head,
+           "inference logits need the whole model (no pipeline split)");
   PassContext ctx;
   ctx.training = false;
   Saved s;
   std::vector<int32_t> ids_sb(static_cast<size_t>(B * S));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t si = 0; si < S; ++si) ids_sb[static_cast<size_t>(si * B + b)] = tokens[static_cast<size_t>(b * S + si)];
-  Tensor x = run_layers(embed(ids_sb, S, B, s, ctx), S, B, s, ctx);
-  Tensor l_sb = output_linear().forward(x, ctx);
+  Tensor x = run_layers(embed(ids_sb, S, B, s, ctx), chunks_[0], S, B, s, ctx);
+  Tensor l_sb = output_linear().forward(final_norm_.forward(x, s.final_norm, ctx), ctx);
+  if (l_sb.device() != Device::CPU) l_sb = l_sb.to_device(Device::CPU).to(DType::F32);
   Tensor l = Tensor::empty({B * S, cfg_.vocab_size});
   for (int64_t b = 0; b < B; ++b)
     for (int64_t si = 0; si < S; ++si)
@@ -167,6 +247,19 @@ Tensor GPTModel::logits(const std::vector<int32_t>& tokens, int64_t B, int64_t S
                   l.data<float>() + (b * S + si) * cfg_.vocab_size);
   return l;
 }
+
+void GPTModel::to_device(Device d) {
+  if (d == device_) return;
+  MT_CHECK(!tp_.on(), "tensor parallelism on the GPU needs the NCCL backend");
+  params_.to_device(d);
+  if (rope_.cos.defined()) {
+    rope_.cos = rope_.cos.to_device(d);
+    rope_.sin = rope_.sin.to_device(d);
+  }
+  device_ = d;
+}
+
+Tensor GPTModel::to_model_device(const Tensor& t) const { return device_ == Device::CPU ? t : t.to_device(device_); }
 
 Linear GPTModel::output_linear() const {
   Linear l{output_, nullptr, cfg_.hidden_size, cfg_.vocab_size};

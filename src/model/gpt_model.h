@@ -1,7 +1,11 @@
 #pragma once
 // GPTModel: embedding (+ learned positions) -> TransformerLayers -> final norm -> output layer
 // (tied to the word embedding unless --untie-embeddings-and-output-weights) -> cross-entropy.
+// Under pipeline parallelism a rank builds only its part: one or more chunks of consecutive
+// layers (virtual stages), the embedding before its first chunk on the first stage, and the
+// final norm, output layer and loss after its last chunk on the last stage.
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "model/transformer_layer.h"
@@ -21,12 +25,23 @@ struct LossSums {
   double tokens = 0;    // sum of the mask
 };
 
+// The pipeline part a rank builds. Layer indices are global, so parameter names are the same
+// whatever the split. With tied embeddings the last stage (when it is not also the first)
+// holds a `replica` of the word embedding as its output weight.
+struct PipelinePart {
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // [begin, end) layers per chunk; empty: all layers, one chunk
+  bool first_stage = true;                          // embedding before chunk 0
+  bool last_stage = true;                           // final norm, output layer and loss after the last chunk
+};
+
 // How this rank's copy of the model is split: its TP group (null: no tensor parallelism),
-// sequence parallelism, and the flat-buffer layout the data-parallel layer wants.
+// sequence parallelism, its pipeline part, and the flat-buffer layout the data-parallel layer
+// wants.
 struct ModelOptions {
   comm::Communicator* tp = nullptr;
   bool sequence_parallel = false;
   LayoutFn layout;
+  PipelinePart pipeline = {};  // default: the whole model
 };
 
 // Megatron's rules for splitting a model over `tp` ranks, as errors naming the flags.
@@ -40,6 +55,7 @@ class GPTModel {
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
 
+  // What one micro-batch's pass through one chunk keeps for its backward.
   struct Saved {
     int64_t B = 0, S = 0;
     std::vector<int32_t> ids_sb, labels_sb;
@@ -51,29 +67,58 @@ class GPTModel {
     Tensor final_x, logits, lse;
   };
 
+  // The whole model (one chunk with embedding and head): loss sums of a micro-batch.
   LossSums forward(const Batch& batch, Saved& s, PassContext& ctx);
   // Backward of sum_t(mask_t * loss_t) * loss_grad_scale; accumulates into the main grads.
   void backward(Saved& s, float loss_grad_scale, PassContext& ctx);
+
+  // Pipeline pieces. Chunk c's forward reads batch.tokens when it holds the embedding, else
+  // `input`, the previous stage's output [activation_rows(B, S), h]; it returns its output for
+  // the next stage, or, when it holds the head, an empty tensor and the loss in `*loss`.
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  bool chunk_has_embedding(int c) const { return chunks_[static_cast<size_t>(c)].embedding; }
+  bool chunk_has_head(int c) const { return chunks_[static_cast<size_t>(c)].head; }
+  Tensor forward_chunk(int c, const Batch& batch, const Tensor& input, Saved& s, PassContext& ctx, LossSums* loss);
+  // Backward of chunk c from `dy`, the gradient of its output (ignored with the head, which
+  // starts from the loss scaled by loss_grad_scale). Returns the gradient of its input for the
+  // previous stage (empty with the embedding) and frees `s`.
+  Tensor backward_chunk(int c, Saved& s, const Tensor& dy, float loss_grad_scale, PassContext& ctx);
+  // Rows of the hidden states passed between stages: S*B, or this rank's sequence shard under SP.
+  int64_t activation_rows(int64_t B, int64_t S) const { return (tp_.sp() ? S / tp_.size() : S) * B; }
   // Inference logits [B*S, V] in (b, s) row order for tokens [B, S] (no dropout, nothing kept).
   Tensor logits(const std::vector<int32_t>& tokens, int64_t B, int64_t S);
 
+  // Moves parameters (and RoPE tables) to device d; batches are then uploaded per pass.
+  void to_device(Device d);
+  Device device() const { return device_; }
   const TransformerConfig& config() const { return cfg_; }
   ParamStore& params() { return params_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
 
  private:
+  struct Chunk {
+    size_t first = 0, last = 0;  // local layer indices [first, last)
+    bool embedding = false, head = false;
+  };
   Tensor embed(const std::vector<int32_t>& ids_sb, int64_t S, int64_t B, Saved& s, PassContext& ctx);
-  Tensor run_layers(Tensor x, int64_t S, int64_t B, Saved& s, PassContext& ctx);
+  Tensor run_layers(Tensor x, const Chunk& ch, int64_t S, int64_t B, Saved& s, PassContext& ctx);
+  LossSums head_forward(const Tensor& x, Saved& s, PassContext& ctx);
+  Tensor head_backward(Saved& s, float loss_grad_scale, PassContext& ctx);
+  void embedding_backward(const Tensor& dx, Saved& s, PassContext& ctx);
   Linear output_linear() const;
 
+  Tensor to_model_device(const Tensor& t) const;
+
   TransformerConfig cfg_;
+  Device device_ = Device::CPU;
   TensorParallel tp_;  // layers keep pointers to it: GPTModel never moves
   ParamStore params_;
-  Param* word_emb_ = nullptr;
+  Param* word_emb_ = nullptr;  // first stage only
   Param* pos_emb_ = nullptr;
-  Param* output_ = nullptr;  // == word_emb_ when tied
+  Param* output_ = nullptr;  // last stage only; == word_emb_ when tied on one stage
   Dropout emb_drop_;
-  std::vector<TransformerLayer> layers_;
+  std::vector<TransformerLayer> layers_;  // this rank's layers, chunk after chunk
+  std::vector<Chunk> chunks_;
   Norm final_norm_;
   RopeTables rope_;
 };

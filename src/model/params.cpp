@@ -4,8 +4,19 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace mt::model {
+
+namespace {
+// FNV-1a of the name, top bit set: far from the small sequential offsets dropout draws with
+// the same seed, and the same on every pipeline stage that holds the parameter.
+uint64_t init_stream(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h | (1ull << 63);
+}
+}  // namespace
 
 Param& ParamStore::add(const std::string& name, const Shape& full_shape, Init init, bool weight_decay, TPSplit tp) {
   MT_CHECK(!allocated_, "parameter {} added after allocation", name);
@@ -55,9 +66,8 @@ void ParamStore::allocate(bool bf16_model_copy, const LayoutFn& layout) {
 
 void ParamStore::initialize(uint64_t seed, float std, int64_t num_layers) {
   MT_CHECK(allocated_, "initialize before allocate");
-  uint64_t index = 0;
   for (auto& p : params_) {
-    RngState rng{seed, (index++) << 40};
+    RngState rng{seed, init_stream(p.name)};
     const bool random = p.init == Init::Normal || p.init == Init::ScaledNormal;
     const float sd = p.init == Init::Normal ? std : std / std::sqrt(2.0f * static_cast<float>(num_layers));
     if (random && p.tp.sharded()) {
@@ -77,8 +87,28 @@ void ParamStore::initialize(uint64_t seed, float std, int64_t num_layers) {
   sync_model_from_main();
 }
 
+void ParamStore::to_device(Device d) {
+  MT_CHECK(allocated_, "to_device before allocate");
+  if (d == main_.device()) return;
+  MT_CHECK(d == Device::CUDA && bf16_, "parameters move to the GPU only as bf16 models");
+  // fp32 main params and grads on the device; the compute copy becomes a real bf16 tensor.
+  main_ = main_.to_device(d);
+  grad_ = Tensor::zeros({total_}, DType::F32, d);
+  model_ = Tensor::empty({total_}, DType::BF16, d);
+  for (auto& p : params_) {
+    p.main = main_.flat_range(p.offset, p.shape);
+    p.grad = grad_.flat_range(p.offset, p.shape);
+    p.value = model_.flat_range(p.offset, p.shape);
+  }
+  sync_model_from_main();
+}
+
 void ParamStore::sync_model_from_main() {
   if (!bf16_) return;
+  if (main_.device() != Device::CPU) {
+    ops::cast(main_, model_);
+    return;
+  }
   const float* s = main_.data<float>();
   float* d = model_.data<float>();
 #pragma omp parallel for schedule(static)
@@ -87,6 +117,11 @@ void ParamStore::sync_model_from_main() {
 
 void ParamStore::sync_model_from_main(int64_t begin, int64_t end) {
   if (!bf16_) return;
+  if (main_.device() != Device::CPU) {
+    Tensor dst = model_.flat_range(begin, {end - begin});
+    ops::cast(main_.flat_range(begin, {end - begin}), dst);
+    return;
+  }
   const float* s = main_.data<float>();
   float* d = model_.data<float>();
 #pragma omp parallel for schedule(static)

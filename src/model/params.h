@@ -43,6 +43,13 @@ struct Param {
   // shard, so its gradient is partial and must be summed over TP (Megatron's
   // `sequence_parallel` attribute: norm weights, and the position embedding here).
   bool sequence_parallel = false;
+  // Tied word embedding under pipeline parallelism (Megatron's `shared_embedding`): the first
+  // stage's embedding and the last stage's output weight are copies of one parameter, named
+  // alike, whose gradients are summed over the embedding group so both take the same step.
+  // The last stage's copy is `replica` (Megatron's `shared`): the grad norm counts it once,
+  // and checkpoints need to save it once.
+  bool shared_embedding = false;
+  bool replica = false;
   int64_t numel() const { return shape_numel(shape); }
 };
 
@@ -68,10 +75,15 @@ class ParamStore {
   void allocate(bool bf16_model_copy, const LayoutFn& layout = {});
   // Megatron's init: N(0, std) for weights, N(0, std / sqrt(2 * num_layers)) for the output
   // projections of attention and MLP, zeros for biases, ones for norm weights. Each parameter
-  // draws from its own Philox stream (seed, index), so init does not depend on creation order
-  // of other parameters. A tensor-parallel shard is cut from the full tensor drawn the same way,
-  // so every layout starts from the single-rank weights.
+  // draws from its own Philox stream keyed by its name, so init depends neither on the other
+  // parameters nor on which pipeline stage holds it. A tensor-parallel shard is cut from the
+  // full tensor drawn the same way, so every layout starts from the single-rank weights.
   void initialize(uint64_t seed, float std, int64_t num_layers);
+  // Moves every buffer to device d (CUDA: fp32 main params and grads, bf16 compute copy);
+  // views are rebuilt at the same offsets. Host-side code (checkpoints) then needs copies.
+  void to_device(Device d);
+  Device device() const { return main_.device(); }
+  Tensor& model_buffer() { return model_; }
   // Refreshes the compute copy after the optimizer changed the main params.
   void sync_model_from_main();
   void sync_model_from_main(int64_t begin, int64_t end);  // a flat range only

@@ -25,6 +25,16 @@ model::LayoutFn DataParallel::layout_fn() {
     std::vector<size_t> cur;
     int64_t cur_n = 0;
     for (size_t i = params.size(); i-- > 0;) {
+      if (opts_.use_distributed_optimizer && params[i].shared_embedding) {
+        // Megatron: a tied embedding split over pipeline stages gets a bucket of its own, so
+        // the first and last stage shard it alike over DP and the embedding-group sum of the
+        // reduce-scattered gradient adds matching slices.
+        if (!cur.empty()) bucket_params_.push_back(std::move(cur));
+        bucket_params_.push_back({i});
+        cur.clear();
+        cur_n = 0;
+        continue;
+      }
       cur.push_back(i);
       cur_n += params[i].numel();
       if (cur_n >= limit) {
@@ -140,8 +150,14 @@ class ShardedOptimizer final : public optim::Optimizer {
   void step(float* params, const float* grads, float lr, float wd) override {
     for (auto& p : parts_) p.opt->step(params + p.lo, grads + p.lo, lr, wd);
   }
-  // Sharded state is not a full-buffer array: checkpoints of it go through the trainer.
-  std::vector<std::pair<std::string, std::vector<float>*>> state() override { return {}; }
+  // Each owned range's arrays in turn, in owned_ranges() order (each array covers its range):
+  // checkpoints store them per global tensor slice (checkpoint::optimizer_state).
+  std::vector<std::pair<std::string, std::vector<float>*>> state() override {
+    std::vector<std::pair<std::string, std::vector<float>*>> out;
+    for (auto& p : parts_)
+      for (auto& s : p.opt->state()) out.push_back(s);
+    return out;
+  }
   int64_t step_count() const override { return parts_.empty() ? 0 : parts_.front().opt->step_count(); }
   void set_step_count(int64_t n) override {
     for (auto& p : parts_) p.opt->set_step_count(n);
@@ -200,6 +216,7 @@ double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64
   double sq = 0;
   for (const auto& p : ps.params()) {
     if (!p.tp.sharded() && tp_rank != 0) continue;  // a TP-replicated parameter counts once
+    if (p.replica) continue;                         // a tied embedding counts on the first stage
     for (auto [lo, hi] : owned) {
       const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
       if (a < b) sq += optim::grad_norm_squared(g + a, b - a);
@@ -223,6 +240,12 @@ void all_reduce_sequence_parallel_grads(model::ParamStore& ps, comm::Communicato
       std::copy_n(buf.data() + pos, p.numel(), p.grad.data<float>());
       pos += static_cast<size_t>(p.numel());
     }
+}
+
+void all_reduce_embedding_grads(model::ParamStore& ps, comm::Communicator& embedding) {
+  if (embedding.size() == 1) return;
+  for (auto& p : ps.params())
+    if (p.shared_embedding) embedding.all_reduce(p.grad.data<float>(), static_cast<size_t>(p.numel()));
 }
 
 }  // namespace mt::parallel

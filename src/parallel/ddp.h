@@ -87,13 +87,19 @@ class DataParallel final : public model::ParamHooks {
 };
 
 // Sum of squares of the gradients this rank is responsible for, reduced to the global value:
-// tensor-parallel shards count on every TP rank, replicated parameters on TP rank 0 only; with
-// the distributed optimizer only the owned slices count, and the sum is reduced over DP too.
+// tensor-parallel shards count on every TP rank, replicated parameters on TP rank 0 only, a
+// tied embedding's pipeline replica not at all; with the distributed optimizer only the owned
+// slices count, and the sum is reduced over DP too. `mp` spans TP x PP.
 double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& owned, int tp_rank,
                         comm::Communicator& mp, comm::Communicator* dp_if_sharded);
 
 // Megatron's finalize step for sequence parallelism: the gradients of parameters marked
 // `sequence_parallel` are partial per TP rank; sum them over TP (one coalesced all-reduce).
 void all_reduce_sequence_parallel_grads(model::ParamStore& ps, comm::Communicator& tp);
+
+// Megatron's finalize step for tied embeddings under pipeline parallelism: the first stage's
+// embedding and the last stage's output weight are one parameter, so their gradients (after
+// the DP reduction) are summed over the embedding group and both copies take the same step.
+void all_reduce_embedding_grads(model::ParamStore& ps, comm::Communicator& embedding);
 
 }  // namespace mt::parallel

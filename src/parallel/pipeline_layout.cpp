@@ -16,29 +16,32 @@ PipelineLayout::PipelineLayout(int64_t L, const PipelineOptions& o) {
     fail("--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers must be positive (got {} / {})",
          o.first_stage_layers, o.last_stage_layers);
   if (uneven && P == 1)
-    fail("--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers need "
-         "--pipeline-model-parallel-size > 1");
+    fail(
+        "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers need "
+        "--pipeline-model-parallel-size > 1");
 
   int64_t V = 1;
   if (o.num_layers_per_virtual_stage > 0) {
     if (uneven)
-      fail("with --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers give the virtual stages as "
-           "--num-virtual-stages-per-pipeline-rank (as Megatron requires)");
-    if (L % P != 0)
-      fail("--num-layers ({}) must be divisible by --pipeline-model-parallel-size ({})", L, P);
+      fail(
+          "with --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers give the virtual stages as "
+          "--num-virtual-stages-per-pipeline-rank (as Megatron requires)");
+    if (L % P != 0) fail("--num-layers ({}) must be divisible by --pipeline-model-parallel-size ({})", L, P);
     if ((L / P) % o.num_layers_per_virtual_stage != 0)
-      fail("the layers per pipeline stage ({} = --num-layers / --pipeline-model-parallel-size) must be divisible by "
-           "--num-layers-per-virtual-pipeline-stage ({})",
-           L / P, o.num_layers_per_virtual_stage);
+      fail(
+          "the layers per pipeline stage ({} = --num-layers / --pipeline-model-parallel-size) must be divisible by "
+          "--num-layers-per-virtual-pipeline-stage ({})",
+          L / P, o.num_layers_per_virtual_stage);
     V = L / P / o.num_layers_per_virtual_stage;
   } else if (o.virtual_stages_per_rank > 0) {
     V = o.virtual_stages_per_rank;
   }
-  // Megatron asks for PP > 2 unless --overlap-p2p-comm; here p2p is always asynchronous and
-  // each pair of ranks keeps one ordered stream, so PP = 2 works as with that flag.
+  // Megatron asks for PP > 2 when p2p overlap is off (--no-overlap-p2p-communication); here p2p
+  // is always asynchronous, so PP = 2 works as with overlap on, Megatron's default.
   if (V > 1 && P == 1)
-    fail("virtual pipeline stages (--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank) "
-         "need --pipeline-model-parallel-size > 1");
+    fail(
+        "virtual pipeline stages (--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank) "
+        "need --pipeline-model-parallel-size > 1");
 
   // Layers per rank.
   std::vector<int64_t> per_rank(static_cast<size_t>(P), 0);
@@ -46,13 +49,15 @@ PipelineLayout::PipelineLayout(int64_t L, const PipelineOptions& o) {
   if (o.first_stage_layers > 0) rest -= o.first_stage_layers, --middle_ranks;
   if (o.last_stage_layers > 0) rest -= o.last_stage_layers, --middle_ranks;
   if (!uneven && L % P != 0)
-    fail("--num-layers ({}) must be divisible by --pipeline-model-parallel-size ({}); or set "
-         "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers for an uneven split",
-         L, P);
+    fail(
+        "--num-layers ({}) must be divisible by --pipeline-model-parallel-size ({}); or set "
+        "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers for an uneven split",
+        L, P);
   if (rest < 0 || (middle_ranks == 0 && rest != 0) || (middle_ranks > 0 && rest % middle_ranks != 0))
-    fail("--num-layers ({}) minus --decoder-first-pipeline-num-layers ({}) and --decoder-last-pipeline-num-layers ({}) "
-         "leaves {} layers, which must split evenly over the other {} pipeline stage(s)",
-         L, o.first_stage_layers, o.last_stage_layers, rest, middle_ranks);
+    fail(
+        "--num-layers ({}) minus --decoder-first-pipeline-num-layers ({}) and --decoder-last-pipeline-num-layers ({}) "
+        "leaves {} layers, which must split evenly over the other {} pipeline stage(s)",
+        L, o.first_stage_layers, o.last_stage_layers, rest, middle_ranks);
   const int64_t mid = middle_ranks > 0 ? rest / middle_ranks : 0;
   for (int64_t r = 0; r < P; ++r) per_rank[static_cast<size_t>(r)] = mid;
   if (o.first_stage_layers > 0) per_rank.front() = o.first_stage_layers;
@@ -60,15 +65,16 @@ PipelineLayout::PipelineLayout(int64_t L, const PipelineOptions& o) {
   for (int64_t r = 0; r < P; ++r) {
     const int64_t n = per_rank[static_cast<size_t>(r)];
     if (n % V != 0) {
-      const char* which = r == 0 && o.first_stage_layers > 0       ? "--decoder-first-pipeline-num-layers"
+      const char* which = r == 0 && o.first_stage_layers > 0      ? "--decoder-first-pipeline-num-layers"
                           : r == P - 1 && o.last_stage_layers > 0 ? "--decoder-last-pipeline-num-layers"
-                                                                   : "the layers of a middle stage";
+                                                                  : "the layers of a middle stage";
       fail("{} ({}) must be divisible by the virtual stages per pipeline rank ({})", which, n, V);
     }
     if (n / V < 1)
-      fail("pipeline stage {} would get {} layer(s) for {} virtual stage(s): every virtual stage needs at least one "
-           "layer; use fewer stages or more layers",
-           r, n, V);
+      fail(
+          "pipeline stage {} would get {} layer(s) for {} virtual stage(s): every virtual stage needs at least one "
+          "layer; use fewer stages or more layers",
+          r, n, V);
   }
   pp_ = static_cast<int>(P);
   vpp_ = static_cast<int>(V);

@@ -26,8 +26,8 @@ std::vector<std::pair<int64_t, int>> schedule_table(int64_t microbatches, int vp
 int64_t warmup_passes(const ScheduleSpec& s) {
   const int64_t total = s.microbatches * s.vpp;
   if (s.forward_only) return total;
-  const int64_t w = s.vpp == 1 ? s.pp - s.rank - 1
-                               : static_cast<int64_t>(s.pp - s.rank - 1) * 2 + (s.vpp - 1) * group_of(s);
+  const int64_t w =
+      s.vpp == 1 ? s.pp - s.rank - 1 : static_cast<int64_t>(s.pp - s.rank - 1) * 2 + (s.vpp - 1) * group_of(s);
   return std::min(w, total);
 }
 
@@ -36,11 +36,14 @@ std::vector<Action> build_schedule(const ScheduleSpec& s) {
   MT_CHECK(s.vpp == 1 || s.pp > 1, "virtual pipeline stages need more than one pipeline rank");
   const int64_t total = s.microbatches * s.vpp;
   // k-th forward and k-th backward of this rank.
-  std::vector<std::pair<int64_t, int>> table =
-      s.vpp == 1 ? schedule_table(s.microbatches, 1, s.microbatches) : schedule_table(s.microbatches, s.vpp, group_of(s));
-  auto fwd = [&](int64_t k) { return Action{Action::Forward, table[static_cast<size_t>(k)].second, table[static_cast<size_t>(k)].first}; };
+  std::vector<std::pair<int64_t, int>> table = s.vpp == 1 ? schedule_table(s.microbatches, 1, s.microbatches)
+                                                          : schedule_table(s.microbatches, s.vpp, group_of(s));
+  auto fwd = [&](int64_t k) {
+    return Action{Action::Forward, table[static_cast<size_t>(k)].second, table[static_cast<size_t>(k)].first};
+  };
   auto bwd = [&](int64_t k) {
-    return Action{Action::Backward, s.vpp - 1 - table[static_cast<size_t>(k)].second, table[static_cast<size_t>(k)].first};
+    return Action{Action::Backward, s.vpp - 1 - table[static_cast<size_t>(k)].second,
+                  table[static_cast<size_t>(k)].first};
   };
   std::vector<Action> out;
   out.reserve(static_cast<size_t>(2 * total));
@@ -58,21 +61,24 @@ std::vector<Action> build_schedule(const ScheduleSpec& s) {
 void check_interleaved_microbatches(int64_t microbatches, int pp, int64_t group) {
   if (group <= 0) group = pp;
   if (microbatches < pp)
-    fail("the interleaved pipeline schedule needs at least --pipeline-model-parallel-size ({}) micro-batches per "
-         "global batch, got {} (= --global-batch-size / (--micro-batch-size x data-parallel size)); raise "
-         "--global-batch-size or lower --micro-batch-size",
-         pp, microbatches);
+    fail(
+        "the interleaved pipeline schedule needs at least --pipeline-model-parallel-size ({}) micro-batches per "
+        "global batch, got {} (= --global-batch-size / (--micro-batch-size x data-parallel size)); raise "
+        "--global-batch-size or lower --micro-batch-size",
+        pp, microbatches);
   if (group < pp || group > microbatches)
-    fail("--microbatch-group-size-per-virtual-pipeline-stage ({}) must lie between --pipeline-model-parallel-size "
-         "({}) and the micro-batches per global batch ({})",
-         group, pp, microbatches);
+    fail(
+        "--microbatch-group-size-per-virtual-pipeline-stage ({}) must lie between --pipeline-model-parallel-size "
+        "({}) and the micro-batches per global batch ({})",
+        group, pp, microbatches);
   const int64_t rest = microbatches % group;
   if (rest > 0 && rest < pp)
-    fail("the interleaved pipeline schedule needs the micro-batches per global batch ({}) to be a multiple of {} "
-         "(--microbatch-group-size-per-virtual-pipeline-stage, default --pipeline-model-parallel-size) or to leave a "
-         "remainder of at least --pipeline-model-parallel-size ({}); {} are left over, which would stall the pipeline; "
-         "change --global-batch-size or --micro-batch-size",
-         microbatches, group, pp, rest);
+    fail(
+        "the interleaved pipeline schedule needs the micro-batches per global batch ({}) to be a multiple of {} "
+        "(--microbatch-group-size-per-virtual-pipeline-stage, default --pipeline-model-parallel-size) or to leave a "
+        "remainder of at least --pipeline-model-parallel-size ({}); {} are left over, which would stall the pipeline; "
+        "change --global-batch-size or --micro-batch-size",
+        microbatches, group, pp, rest);
 }
 
 PassComm pass_comm(const Action& a, int pp, int vpp, int rank) {

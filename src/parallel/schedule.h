@@ -19,12 +19,12 @@
 namespace mt::parallel {
 
 struct ScheduleSpec {
-  int pp = 1;                // pipeline ranks
-  int vpp = 1;               // model chunks (virtual stages) per rank
-  int rank = 0;              // this pipeline rank
-  int64_t microbatches = 1;  // M per global batch (per data-parallel rank)
-  int64_t group = 0;         // interleaved: micro-batches per chunk in turn (N); 0: PP (Megatron's default)
-  bool forward_only = false; // evaluation: forwards only, in schedule-table order
+  int pp = 1;                 // pipeline ranks
+  int vpp = 1;                // model chunks (virtual stages) per rank
+  int rank = 0;               // this pipeline rank
+  int64_t microbatches = 1;   // M per global batch (per data-parallel rank)
+  int64_t group = 0;          // interleaved: micro-batches per chunk in turn (N); 0: PP (Megatron's default)
+  bool forward_only = false;  // evaluation: forwards only, in schedule-table order
 };
 
 struct Action {

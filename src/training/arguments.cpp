@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "model/gpt_model.h"
+#include "parallel/schedule.h"
 #include "training/flag_parser.h"
 
 namespace mt {
@@ -39,6 +41,9 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.value("--rotary-percent", &m.rotary_percent, "fraction of the head dimension rotated (default 1.0)");
   p.store_true("--disable-bias-linear", &r.disable_bias_linear, "no biases in linear layers");
   p.store_true("--add-qkv-bias", &r.add_qkv_bias, "bias in the QKV projection even with --disable-bias-linear");
+  p.store_true("--use-rope-scaling", &m.rope_scaling, "Llama 3.1 RoPE frequency scaling");
+  p.value("--rope-scaling-factor", &m.rope_scaling_factor, "RoPE scaling factor (default 8.0)");
+  p.store_true("--qk-layernorm", &m.qk_layernorm, "normalize each head's queries and keys (Qwen3)");
   p.store_true("--untie-embeddings-and-output-weights", &m.untie_embeddings_and_output_weights,
                "separate output layer weights");
   p.value("--init-method-std", &m.init_method_std, "std of the normal init (default 0.02)");
@@ -125,6 +130,26 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.store_true("--no-load-optim", &a.no_load_optim, "do not load optimizer state");
   p.store_true("--no-load-rng", &a.no_load_rng, "do not load RNG state");
   p.store_true("--finetune", &a.finetune, "load weights only; start at iteration 0");
+  p.store_true("--async-save", &a.async_save, "write checkpoints in a background thread while training goes on");
+  p.value("--save-retain-interval", &a.save_retain_interval,
+          "keep only checkpoints of iterations divisible by this, and the latest");
+  p.custom("--ckpt-format", true,
+           [&a](const std::string& v) {
+             if (v == "native") {
+               a.ckpt_format = v;
+               return;
+             }
+             if (v == "torch" || v == "torch_dist" || v == "zarr" || v == "torch_dcp" || v == "fsdp_dtensor")
+               fail("--ckpt-format {}: megatron.cpp writes and reads its own format, 'native' (sharded safetensors "
+                    "that reshard on load like torch_dist, plain data rather than pickles); Megatron-LM's {} "
+                    "checkpoints cannot be read: export them to HuggingFace and use --load HF_DIR or "
+                    "'megatron convert --from hf'",
+                    v, v);
+             fail("--ckpt-format got '{}'; the supported format is 'native'", v);
+           },
+           "checkpoint format: native (sharded safetensors; loads under any TP/PP/DP layout)");
+  p.store_true("--auto-detect-ckpt-format", &a.auto_detect_ckpt_format,
+               "accepted: --load always detects native and HuggingFace directories");
   p.store_true("--eval-at-start", &a.eval_at_start, "megatron.cpp: also evaluate before the first iteration");
   p.value("--exit-interval", &a.exit_interval, "exit after the iteration divisible by this");
   p.custom("--no-progress-bar", false, [&a](const std::string&) { a.log_progress_bar = false; },
@@ -135,6 +160,18 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   // Parallelism.
   p.value("--tensor-model-parallel-size", &a.tensor_model_parallel_size, "tensor-parallel size");
   p.value("--pipeline-model-parallel-size", &a.pipeline_model_parallel_size, "pipeline-parallel size");
+  p.value("--decoder-first-pipeline-num-layers", &a.decoder_first_pipeline_num_layers,
+          "layers on the first pipeline stage (uneven split)");
+  p.value("--decoder-last-pipeline-num-layers", &a.decoder_last_pipeline_num_layers,
+          "layers on the last pipeline stage (uneven split)");
+  p.value("--num-layers-per-virtual-pipeline-stage", &a.num_layers_per_virtual_pipeline_stage,
+          "layers per virtual pipeline stage (interleaved 1F1B schedule)");
+  p.value("--num-virtual-stages-per-pipeline-rank", &a.num_virtual_stages_per_pipeline_rank,
+          "virtual pipeline stages per pipeline rank (interleaved 1F1B schedule)");
+  p.value("--microbatch-group-size-per-virtual-pipeline-stage", &a.microbatch_group_size_per_vp_stage,
+          "interleaved schedule: micro-batches a virtual stage runs in a row (default: pipeline size)");
+  p.custom("--no-overlap-p2p-communication", false, [](const std::string&) {},
+           "accepted (no effect): pipeline point-to-point messages always overlap compute");
   p.value("--context-parallel-size", &a.context_parallel_size, "context-parallel size");
   p.value("--expert-model-parallel-size", &a.expert_model_parallel_size, "expert-parallel size");
   p.store_true("--sequence-parallel", &a.sequence_parallel, "sequence parallelism (with TP)");
@@ -152,20 +189,16 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
            "accepted: the loss is always the token-weighted mean");
 
   // Megatron-LM flags that are known but not implemented yet: rejected by name.
-  const char* later_dist = "it arrives with the distributed-training work";
-  for (const char* f : {"--num-layers-per-virtual-pipeline-stage",
-                        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"})
-    p.unsupported(f, later_dist);
+  p.unsupported("--pipeline-model-parallel-layout", "give the split with --decoder-first-pipeline-num-layers / "
+                "--decoder-last-pipeline-num-layers and --num-virtual-stages-per-pipeline-rank");
   for (const char* f : {"--num-experts", "--moe-router-topk", "--moe-grouped-gemm", "--moe-aux-loss-coeff"})
     p.unsupported(f, "mixture-of-experts models are not implemented yet");
   for (const char* f : {"--fp8-format", "--fp8-recipe", "--fp8-amax-history-len"})
     p.unsupported(f, "FP8 arrives with the CUDA backend");
   for (const char* f : {"--recompute-granularity", "--recompute-method", "--recompute-num-layers"})
     p.unsupported(f, "activation recomputation arrives with the CUDA backend");
-  for (const char* f : {"--async-save", "--ckpt-format", "--auto-detect-ckpt-format", "--save-retain-interval"})
-    p.unsupported(f, "arrives with distributed checkpoints");
   for (const char* f : {"--reset-position-ids", "--reset-attention-mask", "--apply-layernorm-1p",
-                        "--apply-residual-connection-post-layernorm", "--qk-layernorm", "--tensorboard-dir",
+                        "--apply-residual-connection-post-layernorm", "--tensorboard-dir",
                         "--wandb-project", "--loss-scale", "--initial-loss-scale", "--exit-signal-handler"})
     p.unsupported(f, "not implemented yet");
 }
@@ -201,8 +234,6 @@ void validate_parallel_args(Arguments& a) {
                          {"--context-parallel-size", a.context_parallel_size},
                          {"--expert-model-parallel-size", a.expert_model_parallel_size}})
     if (v < 1) fail("{} must be at least 1 (got {})", name, v);
-  if (a.pipeline_model_parallel_size > 1)
-    fail("--pipeline-model-parallel-size {} is not supported yet; use 1", a.pipeline_model_parallel_size);
   if (a.context_parallel_size > 1)
     fail("--context-parallel-size {} is not supported yet; use 1", a.context_parallel_size);
   if (a.expert_model_parallel_size > 1)
@@ -225,6 +256,28 @@ void validate_parallel_args(Arguments& a) {
   if (a.distributed_timeout_minutes <= 0)
     fail("--distributed-timeout-minutes must be positive (got {})", a.distributed_timeout_minutes);
 }
+
+namespace {
+// Megatron's pipeline rules: the layer split (PipelineLayout) and, for the interleaved
+// schedule, the micro-batch count.
+void validate_pipeline_args(Arguments& a, const std::function<bool(const char*)>& given) {
+  for (auto [f, v] : {std::pair<const char*, int64_t>{"--decoder-first-pipeline-num-layers",
+                                                      a.decoder_first_pipeline_num_layers},
+                      {"--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers},
+                      {"--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage},
+                      {"--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank},
+                      {"--microbatch-group-size-per-virtual-pipeline-stage", a.microbatch_group_size_per_vp_stage}})
+    if (given(f) && v <= 0) fail("{} must be positive (got {})", f, v);
+  const parallel::PipelineLayout layout(a.model.num_layers, pipeline_options(a));
+  a.virtual_pipeline_model_parallel_size = layout.vpp();
+  const int64_t microbatches = a.global_batch_size / (a.micro_batch_size * a.data_parallel_size);
+  if (layout.vpp() > 1)
+    parallel::check_interleaved_microbatches(microbatches, layout.pp(), a.microbatch_group_size_per_vp_stage);
+  else if (a.microbatch_group_size_per_vp_stage > 0)
+    fail("--microbatch-group-size-per-virtual-pipeline-stage needs virtual pipeline stages "
+         "(--num-virtual-stages-per-pipeline-rank or --num-layers-per-virtual-pipeline-stage)");
+}
+}  // namespace
 
 void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   auto given = [&](const char* n) { return std::find(a.given.begin(), a.given.end(), n) != a.given.end(); };
@@ -258,6 +311,8 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   if (a.eval_iters < 0) fail("--eval-iters must be >= 0 (got {})", a.eval_iters);
   if (a.save_interval < 0) fail("--save-interval must be >= 0 (got {})", a.save_interval);
   if (a.save_interval > 0 && a.save.empty()) fail("--save-interval needs --save DIR");
+  if (a.save_retain_interval < 0) fail("--save-retain-interval must be >= 0 (got {})", a.save_retain_interval);
+  if (a.save_retain_interval > 0 && a.save.empty()) fail("--save-retain-interval needs --save DIR");
   if (a.clip_grad < 0) fail("--clip-grad must be >= 0 (got {})", a.clip_grad);
   if (a.num_threads < 0) fail("--num-threads must be >= 0 (got {})", a.num_threads);
 
@@ -286,6 +341,17 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   a.model.finalize();
   if (a.tensor_model_parallel_size > 1)
     model::check_tensor_parallel(a.model, a.tensor_model_parallel_size, a.sequence_parallel);
+  validate_pipeline_args(a, given);
+}
+
+parallel::PipelineOptions pipeline_options(const Arguments& a) {
+  parallel::PipelineOptions o;
+  o.pp = a.pipeline_model_parallel_size;
+  o.first_stage_layers = a.decoder_first_pipeline_num_layers;
+  o.last_stage_layers = a.decoder_last_pipeline_num_layers;
+  o.num_layers_per_virtual_stage = a.num_layers_per_virtual_pipeline_stage;
+  o.virtual_stages_per_rank = a.num_virtual_stages_per_pipeline_rank;
+  return o;
 }
 
 }  // namespace mt

@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "parallel/pipeline_layout.h"
 
 namespace mt {
 
@@ -50,6 +51,10 @@ struct Arguments {
   std::string save, load;
   int64_t save_interval = 0;
   bool no_save_optim = false, no_save_rng = false, no_load_optim = false, no_load_rng = false, finetune = false;
+  bool async_save = false;             // --async-save: write checkpoints in the background
+  int64_t save_retain_interval = 0;    // keep only checkpoints of multiples of this (and the latest)
+  std::string ckpt_format = "native";  // --ckpt-format: megatron.cpp's sharded safetensors format
+  bool auto_detect_ckpt_format = false;
   int64_t exit_interval = 0;
   bool eval_at_start = false;      // --eval-at-start (megatron.cpp): evaluate before the first step
   bool log_progress_bar = true;   // a progress bar when stdout is a terminal
@@ -59,6 +64,12 @@ struct Arguments {
   // Parallelism. world_size comes from the launcher's environment (set before validate_args);
   // data_parallel_size is derived from it.
   int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1, context_parallel_size = 1;
+  // Pipeline split (0: not given): uneven first/last stages, and virtual stages per rank
+  // (interleaved schedule) given as layers per virtual stage or as their number.
+  int64_t decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;
+  int64_t num_layers_per_virtual_pipeline_stage = 0, num_virtual_stages_per_pipeline_rank = 0;
+  int64_t virtual_pipeline_model_parallel_size = 1;     // derived
+  int64_t microbatch_group_size_per_vp_stage = 0;       // interleaved: 0 -> PP (Megatron's default)
   int64_t expert_model_parallel_size = 1;
   bool sequence_parallel = false, use_distributed_optimizer = false;
   int64_t world_size = 1;
@@ -78,6 +89,8 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size);
 // The parallel-size rules (part of validate_args): sizes, world-size divisibility, derived DP.
 void validate_parallel_args(Arguments& a);
 std::string pretrain_help();
+// The pipeline-split flags, for parallel::PipelineLayout.
+parallel::PipelineOptions pipeline_options(const Arguments& a);
 
 // Generic flag parsing used by other subcommands (generate, ...): a table of flags with setters.
 struct FlagTable;

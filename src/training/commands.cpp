@@ -11,7 +11,9 @@ int run_command(const std::string& cmd, const std::vector<std::string>& args) {
   if (cmd == "generate") return generate_main(args);
   if (cmd == "preprocess") return data::preprocess_main(args);
   if (cmd == "launch") return launch_main(args);
-  static const std::vector<std::string> known = {"pretrain", "generate", "preprocess", "launch"};
+  if (cmd == "convert") return convert_main(args);
+  if (cmd == "logits") return logits_main(args);
+  static const std::vector<std::string> known = {"pretrain", "generate", "preprocess", "launch", "convert", "logits"};
   std::string s = closest_match(cmd, known);
   fail("unknown command '{}'{}; run 'megatron --help' for the list", cmd,
        s.empty() ? "" : " (did you mean '" + s + "'?)");

@@ -7,6 +7,10 @@ namespace mt {
 int run_command(const std::string& cmd, const std::vector<std::string>& args);
 int pretrain_main(const std::vector<std::string>& args);
 int generate_main(const std::vector<std::string>& args);
+// `megatron convert --from hf|megatron ...`: HuggingFace models to checkpoints and back.
+int convert_main(const std::vector<std::string>& args);
+// `megatron logits --load DIR --input-ids IDS.npy --output LOGITS.npy`: forward pass to .npy.
+int logits_main(const std::vector<std::string>& args);
 // `megatron launch --nproc-per-node N ... -- pretrain ...`: starts and supervises local ranks.
 int launch_main(const std::vector<std::string>& args);
 }  // namespace mt

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "comm/env.h"
@@ -13,7 +15,11 @@
 #include "parallel/process_groups.h"
 #include "kernels/cpu/threads.h"
 #include "training/commands.h"
+#include "training/convert.h"
 #include "training/trainer.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/dispatch.h"
+#endif
 
 namespace mt {
 
@@ -30,6 +36,41 @@ namespace {
 int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEnv& env, int threads);
 }
 
+namespace {
+// --device auto picks the GPU when this build has the CUDA backend and a GPU is visible.
+// The GPU path runs bf16 on one device for now; the other combinations are refused by name.
+void resolve_device(Arguments& a) {
+#ifdef MT_HAVE_CUDA
+  const bool have_gpu = ops::gpu::available();
+#else
+  const bool have_gpu = false;
+#endif
+  if (a.device == "auto") a.device = have_gpu && a.model.bf16 ? "cuda" : "cpu";
+  if (a.device != "cuda") return;
+  if (!have_gpu)
+    fail("--device cuda: {}; use --device cpu",
+#ifdef MT_HAVE_CUDA
+         "no CUDA device is visible (check CUDA_VISIBLE_DEVICES)"
+#else
+         "this build has no CUDA backend (nvcc was not found at build time)"
+#endif
+    );
+  if (!a.model.bf16) fail("--device cuda trains in bf16: add --bf16");
+  if (a.tensor_model_parallel_size > 1 || a.pipeline_model_parallel_size > 1 || a.world_size > 1)
+    fail("--device cuda: multi-GPU training needs the NCCL backend, which is not implemented yet; use one GPU");
+  if (!a.save.empty() || !a.load.empty())
+    fail("--device cuda: --save/--load are not implemented for GPU training yet; train on the CPU to checkpoint");
+}
+
+std::string gpu_name() {
+#ifdef MT_HAVE_CUDA
+  return ops::gpu::device_name();
+#else
+  return "none";
+#endif
+}
+}  // namespace
+
 int pretrain_main(const std::vector<std::string>& argv) {
   Arguments a;
   try {
@@ -42,7 +83,14 @@ int pretrain_main(const std::vector<std::string>& argv) {
     }
     throw;
   }
-  if (a.device == "cuda") fail("--device cuda: this build has no CUDA backend yet; use --device cpu");
+  // --load HF_DIR: the model's shape comes from its config.json (a conflicting flag is an error).
+  std::optional<checkpoint::HfSpec> hf;
+  if (!a.load.empty() && std::filesystem::exists(a.load) &&
+      checkpoint::detect_checkpoint(a.load) == checkpoint::CheckpointKind::HuggingFace) {
+    hf = checkpoint::read_hf_config(a.load);
+    apply_hf_config(a, *hf, (std::filesystem::path(a.load) / "config.json").string());
+  }
+  resolve_device(a);
   const comm::DistEnv env = comm::detect_dist_env();
   set_log_rank(env.rank);  // only rank 0 prints the log (warnings and errors from every rank)
   a.world_size = env.world_size;
@@ -52,6 +100,7 @@ int pretrain_main(const std::vector<std::string>& argv) {
   int threads = cpu::set_num_threads(static_cast<int>(a.num_threads));
   auto tok = tokenizer_for(a);
   validate_args(a, tok->vocab_size());
+  if (hf) apply_hf_vocab(a, *hf, tok->vocab_size(), (std::filesystem::path(a.load) / "config.json").string());
   if (env.world_size == 1) return train(a, std::move(tok), env, threads);
   // Several ranks: a failure on one must end this process promptly (peers may be waiting on it,
   // and unwinding through live communicators could wait too): report and leave at once.
@@ -74,12 +123,18 @@ int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEn
   parallel::ProcessGroups groups =
       env.world_size > 1 ? parallel::build_process_groups(world, grid) : parallel::local_process_groups();
   if (env.world_size > 1)
-    log_info("distributed: {} ranks ({}), tensor-parallel {} x data-parallel {}{}{}", env.world_size, env.source,
-             grid.tp(), grid.dp(), a.sequence_parallel ? ", sequence parallel" : "",
+    log_info("distributed: {} ranks ({}), tensor-parallel {} x data-parallel {} x pipeline-parallel {}{}{}{}",
+             env.world_size, env.source, grid.tp(), grid.dp(), grid.pp(),
+             a.virtual_pipeline_model_parallel_size > 1
+                 ? fmt::format(" ({} virtual stages per rank, interleaved 1F1B)",
+                               a.virtual_pipeline_model_parallel_size)
+                 : std::string(grid.pp() > 1 ? " (1F1B)" : ""),
+             a.sequence_parallel ? ", sequence parallel" : "",
              a.use_distributed_optimizer ? ", distributed optimizer" : "");
   a.data.eod = tok->eod();
   a.data.mock_vocab_size = tok->vocab_size();
-  log_info("megatron.cpp pretrain | device: cpu ({} threads) | tokenizer: {} (vocab {}, eod {})", threads, tok->name(),
+  log_info("megatron.cpp pretrain | device: {} | tokenizer: {} (vocab {}, eod {})",
+           a.device == "cuda" ? "cuda (" + gpu_name() + ")" : fmt::format("cpu ({} threads)", threads), tok->name(),
            tok->vocab_size(), tok->eod());
 
   const int64_t gbs = a.global_batch_size;

@@ -9,6 +9,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "training/flops.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/dispatch.h"
+#endif
 
 namespace mt {
 
@@ -37,6 +40,12 @@ nlohmann::json model_args_to_json(const Arguments& a) {
           {"position_embedding_type", m.position_embedding_type},
           {"rotary_base", m.rotary_base},
           {"rotary_percent", m.rotary_percent},
+          {"rope_scaling", m.rope_scaling},
+          {"rope_scaling_factor", m.rope_scaling_factor},
+          {"rope_low_freq_factor", m.rope_low_freq_factor},
+          {"rope_high_freq_factor", m.rope_high_freq_factor},
+          {"rope_original_max_position", m.rope_original_max_position},
+          {"qk_layernorm", m.qk_layernorm},
           {"add_bias_linear", m.add_bias_linear},
           {"add_qkv_bias", m.add_qkv_bias},
           {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights},
@@ -68,6 +77,13 @@ void model_args_from_json(const nlohmann::json& j, Arguments& a) {
     m.position_embedding_type = j.at("position_embedding_type");
     m.rotary_base = j.at("rotary_base");
     m.rotary_percent = j.at("rotary_percent");
+    // Added later: older checkpoints lack them and had neither feature.
+    m.rope_scaling = j.value("rope_scaling", false);
+    m.rope_scaling_factor = j.value("rope_scaling_factor", 8.0);
+    m.rope_low_freq_factor = j.value("rope_low_freq_factor", 1.0);
+    m.rope_high_freq_factor = j.value("rope_high_freq_factor", 4.0);
+    m.rope_original_max_position = j.value("rope_original_max_position", int64_t{8192});
+    m.qk_layernorm = j.value("qk_layernorm", false);
     m.add_bias_linear = j.at("add_bias_linear");
     m.add_qkv_bias = j.at("add_qkv_bias");
     m.untie_embeddings_and_output_weights = j.at("untie_embeddings_and_output_weights");
@@ -90,30 +106,42 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   MT_CHECK(pg_.tp->size() == args_.tensor_model_parallel_size && pg_.dp->size() == args_.data_parallel_size,
            "process groups (tp {}, dp {}) do not match the arguments (tp {}, dp {})", pg_.tp->size(), pg_.dp->size(),
            args_.tensor_model_parallel_size, args_.data_parallel_size);
-  if (pg_.tp->size() > 1 && (!args_.save.empty() || !args_.load.empty()))
-    fail("--save/--load with --tensor-model-parallel-size > 1 need sharded checkpoints, which are not implemented "
-         "yet; train without --save/--load or with TP 1");
-  dropout_rng_ = RngState{args_.seed, 0};
-  tp_rng_ = RngState{args_.seed + 2718 + static_cast<uint64_t>(pg_.tp_rank()), 0};
+  MT_CHECK(pg_.pp->size() == args_.pipeline_model_parallel_size, "pipeline group of {} ranks for {} stages",
+           pg_.pp->size(), args_.pipeline_model_parallel_size);
+  // Megatron seeds each pipeline stage's dropout with seed + 100 x stage, so stages that draw
+  // the same offsets still get different masks.
+  const uint64_t stage_seed = args_.seed + 100 * static_cast<uint64_t>(pg_.pp->rank());
+  dropout_rng_ = RngState{stage_seed, 0};
+  tp_rng_ = RngState{stage_seed + 2718 + static_cast<uint64_t>(pg_.tp_rank()), 0};
+  log_rank_ = pg_.grid.rank(parallel::Coord{{0, 0, 0, 0, pg_.grid.pp() - 1}});
   parallel::DDPOptions dd;
   dd.overlap_grad_reduce = args_.overlap_grad_reduce;
   dd.use_distributed_optimizer = args_.use_distributed_optimizer;
   dd.overlap_param_gather = args_.overlap_param_gather;
   dd.bucket_size = args_.ddp_bucket_size;
   ddp_ = std::make_unique<parallel::DataParallel>(pg_.dp, dd);
+  // This rank's pipeline part: its layer chunks, the embedding on the first stage, the head on the last.
+  const parallel::PipelineLayout layout(args_.model.num_layers, pipeline_options(args_));
+  model::PipelinePart part{layout.chunks(pg_.pp->rank()), pg_.pp->rank() == 0, pg_.pp->rank() == pg_.pp->size() - 1};
   model_ = std::make_unique<model::GPTModel>(
-      args_.model, model::ModelOptions{pg_.tp.get(), args_.sequence_parallel, ddp_->layout_fn()});
+      args_.model, model::ModelOptions{pg_.tp.get(), args_.sequence_parallel, ddp_->layout_fn(), std::move(part)});
+  pipeline_ = std::make_unique<parallel::PipelineRunner>(*model_, pg_.pp, args_.microbatch_group_size_per_vp_stage);
   auto& ps = model_->params();
   ddp_->attach(ps);
+  saver_ = std::make_unique<checkpoint::Saver>(rank_info());
   args_.optimizer.weight_decay = static_cast<float>(args_.start_weight_decay);
   optimizer_ = ddp_->make_optimizer(args_.optimizer);
+#ifdef MT_HAVE_CUDA
+  if (args_.device == "cuda") {
+    // One GPU: parameters, grads and AdamW state live on the device; the host keeps the loop.
+    if (args_.optimizer.type != "adam") fail("--device cuda supports --optimizer adam only for now");
+    ops::gpu::init();
+    model_->to_device(Device::CUDA);
+    gpu_adam_ = std::make_unique<ops::gpu::AdamW>(ps.numel(), ps.spans(), args_.optimizer.adam_beta1,
+                                                  args_.optimizer.adam_beta2, args_.optimizer.adam_eps);
+  }
+#endif
   if (ddp_->sharded()) {
-    if (!args_.save.empty() && !args_.no_save_optim)
-      fail("saving the distributed optimizer's sharded state is not implemented yet; add --no-save-optim (weights "
-           "are saved) or drop --use-distributed-optimizer");
-    if (!args_.load.empty() && !args_.no_load_optim && !args_.finetune)
-      fail("loading optimizer state into the distributed optimizer is not implemented yet; add --no-load-optim "
-           "(weights are loaded) or drop --use-distributed-optimizer");
     int64_t owned = 0;
     for (auto [lo, hi] : ddp_->owned_ranges()) owned += hi - lo;
     const double per = args_.optimizer.type == "adam" ? 8.0 : 4.0;  // fp32 moments per element
@@ -199,29 +227,40 @@ IterationResult Trainer::train_step() {
   // The reported loss and the gradient are the token-weighted mean over the global batch (all
   // DP ranks): each rank scales by 1 / global tokens and the DP reduction sums.
   const float scale = total_tokens > 0 ? static_cast<float>(1.0 / total_tokens) : 0.f;
-  for (size_t m = 0; m < mbatches.size(); ++m) {
-    model::PassContext ctx;
-    ctx.training = true;
-    ctx.rng = &dropout_rng_;
-    ctx.tp_rng = pg_.tp->size() > 1 ? &tp_rng_ : nullptr;
-    ctx.times = &op_times_;
-    ddp_->set_last_microbatch(m + 1 == mbatches.size());
-    ctx.hooks = ddp_->needs_hooks() ? ddp_.get() : nullptr;
-    model::GPTModel::Saved saved;
-    auto sums = model_->forward(mbatches[m], saved, ctx);
-    r.loss_sum += sums.loss_sum;
-    r.tokens += sums.tokens;
-    model_->backward(saved, scale, ctx);
+  model::PassContext ctx;
+  ctx.training = true;
+  ctx.rng = &dropout_rng_;
+  ctx.tp_rng = pg_.tp->size() > 1 ? &tp_rng_ : nullptr;
+  ctx.times = &op_times_;
+  // Every stage reads the micro-batches (tokens on the first, labels on the last, the token
+  // count everywhere); the schedule interleaves their passes (F0 B0 F1 B1 ... without PP).
+  model::LossSums ls = pipeline_->train(mbatches, scale, ctx, ddp_.get());
+  if (pg_.pp->size() > 1) {
+    // A stage draws dropout offsets for its own layers only: move every stage's streams to the
+    // furthest position, so they advance alike on all ranks and one saved offset resumes any.
+    int64_t off[2] = {static_cast<int64_t>(dropout_rng_.offset), static_cast<int64_t>(tp_rng_.offset)};
+    pg_.pp->all_reduce(off, 2, comm::ReduceOp::Max);
+    dropout_rng_.offset = static_cast<uint64_t>(off[0]);
+    tp_rng_.offset = static_cast<uint64_t>(off[1]);
   }
   ddp_->finish_grad_sync();
+  parallel::all_reduce_embedding_grads(ps, *pg_.embedding);
   parallel::all_reduce_sequence_parallel_grads(ps, *pg_.tp);
-  double sums[2] = {r.loss_sum, r.tokens};
+  // The loss is on the last stage: summed over DP, then over PP (zeros elsewhere), so every
+  // rank has the global value and takes the same NaN/skip decision.
+  double sums[2] = {ls.loss_sum, ls.tokens};
   pg_.dp->all_reduce(sums, 2);
+  if (pg_.pp->size() > 1) pg_.pp->all_reduce(sums, 2);
   r.loss_sum = sums[0];
   r.tokens = sums[1];
   float* grads = ps.grad_buffer().data<float>();
-  r.grad_norm = parallel::global_grad_norm(ps, ddp_->owned_ranges(), pg_.tp_rank(), *pg_.mp,
-                                           ddp_->sharded() ? pg_.dp.get() : nullptr);
+#ifdef MT_HAVE_CUDA
+  if (gpu_adam_)
+    r.grad_norm = std::sqrt(ops::gpu::grad_norm_squared(grads, ps.numel()));
+  else
+#endif
+    r.grad_norm = parallel::global_grad_norm(ps, ddp_->owned_ranges(), pg_.tp_rank(), *pg_.mp,
+                                             ddp_->sharded() ? pg_.dp.get() : nullptr);
   const double loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0.0;
   if (!std::isfinite(loss) || !std::isfinite(r.grad_norm)) {
     // Never continue silently on NaN/Inf: skip the update and report it with the iteration.
@@ -231,8 +270,21 @@ IterationResult Trainer::train_step() {
     log_warn("iteration {}: {} is {} - update skipped", state_.iteration + 1,
              std::isfinite(loss) ? "grad norm" : "loss", std::isfinite(loss) ? r.grad_norm : loss);
   } else {
-    if (args_.clip_grad > 0) optim::clip_grads(grads, ps.numel(), r.grad_norm, args_.clip_grad);
     const int64_t steps = state_.consumed_train_samples;  // the scheduler counts samples
+#ifdef MT_HAVE_CUDA
+    if (gpu_adam_) {
+      if (args_.clip_grad > 0) ops::gpu::clip_grads(grads, ps.numel(), r.grad_norm, args_.clip_grad);
+      // The update also writes the bf16 compute copy: no separate sync pass.
+      gpu_adam_->step(ps.main_buffer().data<float>(), grads, ps.model_buffer().data<uint16_t>(), schedule_->lr(steps),
+                      schedule_->weight_decay(steps));
+      state_.optimizer_steps = gpu_adam_->step_count();
+      state_.iteration++;
+      state_.consumed_train_samples += gbs;
+      last_lr_ = schedule_->lr(state_.consumed_train_samples);
+      return r;
+    }
+#endif
+    if (args_.clip_grad > 0) optim::clip_grads(grads, ps.numel(), r.grad_norm, args_.clip_grad);
     optimizer_->step(ps.main_buffer().data<float>(), grads, static_cast<float>(schedule_->lr(steps)),
                      static_cast<float>(schedule_->weight_decay(steps)));
     if (ddp_->sharded()) ddp_->start_param_gather();  // refreshes the compute copy per bucket
@@ -250,64 +302,22 @@ double Trainer::evaluate(data::SampleSource& source, int64_t& consumed, int64_t 
   const int64_t mbs = args_.micro_batch_size, dp = pg_.dp->size();
   double sums[2] = {0, 0};
   for (int64_t it = 0; it < iters; ++it) {
-    for (int64_t m = 0; m < args_.global_batch_size / (mbs * dp); ++m) {
-      model::Batch b = make_batch(source, consumed + (m * dp + pg_.dp_rank()) * mbs, mbs);
-      model::PassContext ctx;
-      ctx.training = false;
-      model::GPTModel::Saved saved;
-      auto s = model_->forward(b, saved, ctx);
-      sums[0] += s.loss_sum;
-      sums[1] += s.tokens;
-    }
+    std::vector<model::Batch> mbatches;
+    for (int64_t m = 0; m < args_.global_batch_size / (mbs * dp); ++m)
+      mbatches.push_back(make_batch(source, consumed + (m * dp + pg_.dp_rank()) * mbs, mbs));
+    model::PassContext ctx;
+    ctx.training = false;
+    model::LossSums s = pipeline_->evaluate(mbatches, ctx);
+    sums[0] += s.loss_sum;
+    sums[1] += s.tokens;
     consumed += args_.global_batch_size;
   }
   pg_.dp->all_reduce(sums, 2);
+  if (pg_.pp->size() > 1) pg_.pp->all_reduce(sums, 2);
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
 nlohmann::json Trainer::model_args_json() const { return model_args_to_json(args_); }
-
-void Trainer::save() {
-  state_.has_rng = !args_.no_save_rng;
-  state_.rng_seed = dropout_rng_.seed;
-  state_.rng_offset = dropout_rng_.offset;
-  state_.args = model_args_json();
-  ddp_->finish_param_gather();
-  // Without TP every rank holds the same weights: rank 0 writes, the others wait for it.
-  if (pg_.rank != 0) {
-    pg_.world->barrier();
-    return;
-  }
-  double t0 = now_s();
-  checkpoint::save_checkpoint(args_.save, state_, model_->params(), args_.no_save_optim ? nullptr : optimizer_.get());
-  log_info("saved checkpoint at iteration {:7d} to {} in {:.2f} s", state_.iteration, args_.save, now_s() - t0);
-  pg_.world->barrier();
-}
-
-void Trainer::maybe_load() {
-  if (args_.load.empty()) return;
-  auto it = checkpoint::latest_iteration(args_.load);
-  if (!it) {
-    log_warn("--load {}: no latest_checkpointed_iteration.txt, training from scratch", args_.load);
-    return;
-  }
-  checkpoint::LoadOptions o;
-  o.load_optim = !args_.no_load_optim && !args_.finetune;
-  o.load_rng = !args_.no_load_rng && !args_.finetune;
-  auto st = checkpoint::load_checkpoint(args_.load, *it, model_->params(), o.load_optim ? optimizer_.get() : nullptr, o);
-  if (args_.finetune) {
-    log_info("loaded weights from {} iteration {} (--finetune: starting at iteration 0)", args_.load, *it);
-    return;
-  }
-  state_.iteration = st.iteration;
-  state_.consumed_train_samples = st.consumed_train_samples;
-  state_.consumed_valid_samples = st.consumed_valid_samples;
-  state_.optimizer_steps = st.optimizer_steps;
-  state_.skipped_iterations = st.skipped_iterations;
-  state_.nan_iterations = st.nan_iterations;
-  if (o.load_rng && st.has_rng) dropout_rng_ = RngState{st.rng_seed, st.rng_offset};
-  log_info("loaded checkpoint from {} at iteration {}", args_.load, *it);
-}
 
 void Trainer::log_iteration(double elapsed_s, double loss, double grad_norm, int64_t tokens) {
   const int64_t n = std::max<int64_t>(interval_iters_, 1);
@@ -317,21 +327,29 @@ void Trainer::log_iteration(double elapsed_s, double loss, double grad_norm, int
   const double tok_s = static_cast<double>(tokens) / elapsed_s;
   std::string line = fmt::format(
       " iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} | "
-      "throughput per GPU (TFLOP/s/GPU): {:.3f} | tokens per second: {:.0f} | learning rate: {:.6E} | "
+      "throughput per GPU (TFLOP/s/GPU): {:.3f} | tokens per second: {:.0f}{} | learning rate: {:.6E} | "
       "global batch size: {:5d} | lm loss: {:.6E} | loss scale: 1.0 | grad norm: {:.3f} | "
       "number of skipped iterations: {:3d} | number of nan iterations: {:3d} |",
-      state_.iteration, total_iters_, state_.consumed_train_samples, ms, tflops, tok_s, last_lr_,
+      state_.iteration, total_iters_, state_.consumed_train_samples, ms, tflops, tok_s,
+      args_.device == "cuda" ? fmt::format(" | MFU: {:.1f}%", 100.0 * tflops / 989.0) : std::string(), last_lr_,
       args_.global_batch_size, loss, grad_norm, state_.skipped_iterations, state_.nan_iterations);
+  print_log_line(line);
+}
+
+void Trainer::print_log_line(const std::string& text) const {
+  // Megatron's print_rank_last: these lines come from a rank that holds the loss, the first
+  // rank of the last pipeline stage (rank 0 without PP); other messages come from rank 0.
+  if (pg_.rank != log_rank_ || log_level() > LogLevel::Info) return;
   if (args_.log_progress_bar && isatty(STDOUT_FILENO)) std::printf("\r\033[K");
-  log_info("{}", line);
+  std::printf("%s\n", text.c_str());
+  std::fflush(stdout);
 }
 
 void Trainer::print_validation(const char* set, double loss) {
   std::string body = fmt::format(" validation loss at iteration {} on {} set | lm loss value: {:.6E} | lm loss PPL: {:.6E} | ",
                                  state_.iteration, set, loss, std::exp(std::min(20.0, loss)));
   std::string dash(body.size() + 1, '-');
-  if (args_.log_progress_bar && isatty(STDOUT_FILENO)) std::printf("\r\033[K");
-  log_info("{}\n{}\n{}", dash, body, dash);
+  print_log_line(fmt::format("{}\n{}\n{}", dash, body, dash));
 }
 
 int Trainer::run() {
@@ -349,10 +367,11 @@ int Trainer::run() {
     int64_t consumed = 0;  // the start-of-training evaluation does not move the validation position
     print_validation("validation", evaluate(*valid_, consumed, args_.eval_iters));
   }
-  const bool bar = args_.log_progress_bar && isatty(STDOUT_FILENO) && pg_.rank == 0;
+  const bool bar = args_.log_progress_bar && isatty(STDOUT_FILENO) && pg_.rank == log_rank_;
   double t_interval = now_s();
   while (state_.iteration < total_iters_) {
     IterationResult r = train_step();
+    if (saver_->pending()) saver_->poll();  // completes an async save once every rank has written it
     interval_iters_++;
     if (!r.skipped) {
       interval_loss_sum_ += r.loss_sum;
@@ -389,11 +408,18 @@ int Trainer::run() {
     if (args_.exit_interval > 0 && it % args_.exit_interval == 0) {
       log_info("exiting at iteration {} (--exit-interval {})", it, args_.exit_interval);
       if (!args_.save.empty() && (args_.save_interval == 0 || it % args_.save_interval != 0)) save();
+      saver_->wait();
       return 0;
     }
   }
   if (eval_on) print_validation("validation", evaluate(*valid_, state_.consumed_valid_samples, args_.eval_iters));
   if (!args_.save.empty() && (args_.save_interval == 0 || state_.iteration % args_.save_interval != 0)) save();
+  saver_->wait();  // exit only after an async save completed
+#ifdef MT_HAVE_CUDA
+  if (gpu_adam_)
+    log_info("peak GPU memory: {:.2f} GiB ({})", static_cast<double>(ops::gpu::peak_memory_bytes()) / (1 << 30),
+             ops::gpu::device_name());
+#endif
   const double total = op_times_.gemm + op_times_.attention + op_times_.norm + op_times_.elementwise + op_times_.loss;
   if (total > 0)
     log_info("time in ops: GEMM {:.1f}% | attention {:.1f}% | norms {:.1f}% | elementwise {:.1f}% | loss {:.1f}%",

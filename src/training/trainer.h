@@ -10,8 +10,12 @@
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "parallel/ddp.h"
+#include "parallel/pipeline.h"
 #include "parallel/process_groups.h"
 #include "training/arguments.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/dispatch.h"
+#endif
 
 namespace mt {
 
@@ -35,18 +39,24 @@ class Trainer {
   double evaluate(data::SampleSource& source, int64_t& consumed, int64_t iters);
   model::GPTModel& model() { return *model_; }
   parallel::DataParallel& data_parallel() { return *ddp_; }
+  parallel::PipelineRunner& pipeline() { return *pipeline_; }
   const parallel::ProcessGroups& groups() const { return pg_; }
   const checkpoint::TrainingState& state() const { return state_; }
+  // Saves a checkpoint (starts it, with --async-save); completes a pending async save first.
   void save();
+  void wait_for_saves() { saver_->wait(); }
   void load_for_test() { maybe_load(); }
   void set_data(std::unique_ptr<data::SampleSource> train, std::unique_ptr<data::SampleSource> valid);
 
  private:
   model::Batch make_batch(data::SampleSource& src, int64_t first, int64_t count) const;
   void maybe_load();
+  checkpoint::RankInfo rank_info() const;
+  std::vector<std::pair<int64_t, int64_t>> optimizer_ranges() const;
   nlohmann::json model_args_json() const;
   void log_iteration(double elapsed_s, double loss, double grad_norm, int64_t tokens);
   void print_validation(const char* set, double loss);
+  void print_log_line(const std::string& text) const;
 
   Arguments args_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
@@ -54,10 +64,16 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> ddp_;
   RngState tp_rng_;  // Megatron's model-parallel RNG stream (seed + 2718 + TP rank)
   std::unique_ptr<model::GPTModel> model_;
+  std::unique_ptr<parallel::PipelineRunner> pipeline_;  // runs the micro-batches (any PP, also 1)
+  int log_rank_ = 0;                                     // prints the iteration and validation lines
   std::unique_ptr<optim::Optimizer> optimizer_;
+#ifdef MT_HAVE_CUDA
+  std::unique_ptr<ops::gpu::AdamW> gpu_adam_;  // --device cuda
+#endif
   std::unique_ptr<optim::LRSchedule> schedule_;
   std::unique_ptr<data::SampleSource> train_, valid_;
   checkpoint::TrainingState state_;
+  std::unique_ptr<checkpoint::Saver> saver_;
   RngState dropout_rng_;
   model::OpTimes op_times_;
   int64_t total_iters_ = 0;

@@ -94,9 +94,9 @@ TEST(ParallelArgs, Validation) {
   a = args_for(2, 1);
   a.overlap_param_gather = true;
   EXPECT_NE(error_of([&] { validate_args(a, 50); }).find("--use-distributed-optimizer"), std::string::npos);
-  a = args_for(2, 1);
-  a.pipeline_model_parallel_size = 2;
-  EXPECT_NE(error_of([&] { validate_args(a, 50); }).find("--pipeline-model-parallel-size"), std::string::npos);
+  a = args_for(4, 1);
+  a.pipeline_model_parallel_size = 4;  // 2 layers over 4 stages
+  EXPECT_NE(error_of([&] { validate_args(a, 50); }).find("--pipeline-model-parallel-size (4)"), std::string::npos);
   a = args_for(4, 2);
   a.sequence_parallel = true;
   validate_args(a, 50);

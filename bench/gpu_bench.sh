@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# GPU benchmark and checks, run on the GPU machine from the repository root:
+#   scripts/device_prep.sh (here), then on the device: bash bench/gpu_bench.sh
+# Builds megatron and the GPU tests, runs `ctest -L gpu`, checks that a bf16 GPU run of a tiny
+# model tracks the fp32 CPU run, then times llama-1.5b / gpt2-124m training steps and prints one
+# JSON line per benchmark (DESIGN.md). Logs go to $OUT (or /tmp/mt_out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
+B=${MT_DEVICE_BUILD:-/tmp/mt_build}
+# Libraries carried by scripts/device_prep.sh for images that lack them (Gloo's dependencies).
+[ -d third_party_carry/gloo/lib ] && export LD_LIBRARY_PATH="$PWD/third_party_carry/gloo/lib:${LD_LIBRARY_PATH:-}"
+ITERS=${MT_BENCH_ITERS:-25}
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "device: $GPU, commit $COMMIT"
+t0=$(date +%s)
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DMT_WERROR=OFF \
+  >"$OUT/configure.txt" 2>&1 || { echo "configure failed"; grep -A8 "CMake Error" "$OUT/configure.txt" | head -40; exit 1; }
+cmake --build "$B" -j"$(nproc)" --target megatron test_kernels >"$OUT/build.txt" 2>&1 ||
+  { echo "build failed"; grep -E "error|FAILED" "$OUT/build.txt" | head -30; exit 1; }
+echo "built in $(( $(date +%s) - t0 )) s"
+M="$B/bin/megatron"
+
+if [ -z "${MT_SKIP_CTEST:-}" ]; then
+  (cd "$B" && timeout 240 ctest -L gpu --output-on-failure >"$OUT/ctest.txt" 2>&1)
+  echo "ctest -L gpu: $(grep -E 'tests passed|tests failed' "$OUT/ctest.txt")"
+fi
+
+# bf16 GPU vs fp32 CPU on one tiny model: the loss trajectories must agree within 1e-2.
+TINY=(--num-layers 2 --hidden-size 128 --num-attention-heads 4 --group-query-attention --num-query-groups 2
+      --seq-length 128 --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear
+      --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0 --mock-data --vocab-size 1000
+      --micro-batch-size 4 --global-batch-size 8 --train-iters ${MT_TRACK_ITERS:-200} --lr 1e-3 --lr-warmup-iters 10
+      --log-interval 1 --eval-iters 0 --no-progress-bar --seed 7 --data-cache-path /tmp/mt_cache)
+"$M" pretrain "${TINY[@]}" --device cpu >"$OUT/track_cpu.txt" 2>&1
+"$M" pretrain "${TINY[@]}" --device cuda --bf16 >"$OUT/track_gpu.txt" 2>&1
+paste <(grep -o 'lm loss: [0-9.E+-]*' "$OUT/track_cpu.txt" | awk '{print $3}') \
+      <(grep -o 'lm loss: [0-9.E+-]*' "$OUT/track_gpu.txt" | awk '{print $3}') |
+  awk '{d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > m) m = r; n++} END {
+    printf "loss tracking: %d steps, max relative difference bf16 GPU vs fp32 CPU %.2e (%s)\n", n, m, (n >= 100 && m < 1e-2) ? "PASS" : "FAIL" }'
+tail -3 "$OUT/track_gpu.txt"
+
+bench() {  # bench NAME ARGS...
+  local name=$1; shift
+  "$M" pretrain "$@" --mock-data --bf16 --device cuda --train-iters "$ITERS" --log-interval 1 --eval-iters 0 \
+    --no-progress-bar --lr 1e-4 --clip-grad 1.0 --attention-dropout 0 --hidden-dropout 0 \
+    --data-cache-path /tmp/mt_cache >"$OUT/$name.txt" 2>&1
+  local rc=$?
+  [ $rc -ne 0 ] && { echo "$name failed (rc $rc)"; tail -5 "$OUT/$name.txt"; return; }
+  # Median over the iterations after the first 5.
+  grep '^ iteration' "$OUT/$name.txt" | tail -n +6 |
+    sed -E 's/.*iteration \(ms\): ([0-9.]+).*TFLOP\/s\/GPU\): ([0-9.]+).*tokens per second: ([0-9]+).*/\1 \2 \3/' |
+    sort -n >"$OUT/$name.ms"
+  local k; k=$(wc -l <"$OUT/$name.ms")
+  read -r ms tf tok < <(sed -n "$(( (k + 1) / 2 ))p" "$OUT/$name.ms")
+  local mem; mem=$(grep -oE 'peak GPU memory: [0-9.]+' "$OUT/$name.txt" | awk '{print $4}')
+  printf '{"bench":"%s","device":"%s","tokens_per_s":%s,"model_tflops":%s,"mfu_pct":%.1f,"peak_mem_gib":%s,"step_time_median_ms":%s,"iters":%s,"commit":"%s"}\n' \
+    "$name" "$GPU" "$tok" "$tf" "$(echo "$tf" | awk '{print 100 * $1 / 989}')" "${mem:-null}" "$ms" "$ITERS" "$COMMIT"
+  grep "time in ops" "$OUT/$name.txt"
+}
+
+LLAMA=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query-attention --num-query-groups 8
+       --ffn-hidden-size 8192 --seq-length 2048 --max-position-embeddings 2048 --normalization RMSNorm --swiglu
+       --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
+       --vocab-size 128255 --micro-batch-size 4 --global-batch-size 4)
+bench llama-1.5b "${LLAMA[@]}"
+GPT2=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024
+      --vocab-size 50257 --micro-batch-size 16 --global-batch-size 16)
+bench gpt2-124m "${GPT2[@]}"

@@ -1,0 +1,155 @@
+// `megatron convert`: HuggingFace model directories to native checkpoints and back.
+//   megatron convert --from hf --input HF_DIR --output DIR [--target-tensor-parallel-size N]
+//                    [--target-pipeline-parallel-size M] [--make-vocab-size-divisible-by 128]
+//   megatron convert --from megatron --to hf --input DIR --output HF_DIR [--dtype bf16|fp16|fp32]
+// Native checkpoints reshard on load, so the weights are written once (as one rank would) and
+// load under any TP/PP/DP layout; the target sizes are checked against the model (heads, query
+// groups, layers) and set the vocabulary padding, a multiple of make-vocab-size-divisible-by x TP.
+#include <cstdio>
+#include <filesystem>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_import.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/cpu/threads.h"
+#include "model/gpt_model.h"
+#include "training/commands.h"
+#include "training/convert.h"
+#include "training/flag_parser.h"
+#include "training/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace mt {
+
+namespace {
+
+struct ConvertOptions {
+  std::string from, to, input, output, dtype, hf_config_style, hf_arch;
+  int64_t tp = 1, pp = 1, divisible_by = 128, seq_length = 0, iteration = -1, max_shard_mb = 5120, threads = 0;
+};
+
+int hf_to_native(const ConvertOptions& o) {
+  checkpoint::HfSpec spec = checkpoint::read_hf_config(o.input);
+  const std::string where = (fs::path(o.input) / "config.json").string();
+  Arguments a;
+  a.given.clear();
+  apply_hf_config(a, spec, where);
+  a.make_vocab_size_divisible_by = o.divisible_by;
+  a.tensor_model_parallel_size = o.tp;
+  a.model.seq_length = o.seq_length > 0 ? o.seq_length : spec.cfg.seq_length;
+  a.model.attention_dropout = a.model.hidden_dropout = 0.f;
+  // A tokenizer shipped with the model is recorded, so generate and logits find it.
+  if (fs::exists(fs::path(o.input) / "tokenizer.json")) {
+    a.tokenizer.type = "HuggingFaceTokenizer";
+    a.tokenizer.tokenizer_model = fs::absolute(o.input).string();
+  } else {
+    a.tokenizer.type = "NullTokenizer";
+    a.tokenizer.vocab_size = spec.vocab_size;
+  }
+  apply_hf_vocab(a, spec, 0, where);
+  a.model.finalize();
+  if (o.tp < 1 || o.pp < 1) fail("--target-tensor-parallel-size and --target-pipeline-parallel-size must be >= 1");
+  model::check_tensor_parallel(a.model, o.tp, false);
+  if (a.model.num_layers % o.pp != 0)
+    fail("--target-pipeline-parallel-size {} does not divide the model's {} layers", o.pp, a.model.num_layers);
+
+  model::GPTModel m(a.model);
+  checkpoint::load_hf_weights(o.input, m.params(), m.config());
+  checkpoint::TrainingState st;
+  st.args = model_args_to_json(a);
+  st.args["hf_architecture"] = spec.arch;
+  st.args["hf_config"] = spec.raw;  // token ids and other keys, for the way back
+  checkpoint::save_checkpoint(o.output, st, m.params(), nullptr);
+  std::printf("converted %s model %s (%lld layers, hidden %lld, vocabulary %lld padded to %lld) to %s\n",
+              spec.arch.c_str(), o.input.c_str(), static_cast<long long>(a.model.num_layers),
+              static_cast<long long>(a.model.hidden_size), static_cast<long long>(spec.vocab_size),
+              static_cast<long long>(a.model.vocab_size), o.output.c_str());
+  std::printf("load it with --load %s under any layout (TP %lld x PP %lld checked); add --finetune or --no-load-optim "
+              "(it holds no optimizer state)\n",
+              o.output.c_str(), static_cast<long long>(o.tp), static_cast<long long>(o.pp));
+  return 0;
+}
+
+int native_to_hf(const ConvertOptions& o) {
+  int64_t it = o.iteration;
+  if (it < 0) {
+    auto latest = checkpoint::latest_iteration(o.input);
+    if (!latest) fail("--input {}: no latest_checkpointed_iteration.txt (not a checkpoint directory?)", o.input);
+    it = *latest;
+  }
+  checkpoint::CheckpointReader reader(o.input, it);
+  Arguments a;
+  model_args_from_json(reader.state().args, a);
+  checkpoint::HfSpec spec;
+  spec.cfg = a.model;
+  spec.cfg.finalize();
+  spec.vocab_size = a.model.orig_vocab_size;
+  const auto& args = reader.state().args;
+  spec.arch = !o.hf_arch.empty() ? o.hf_arch : args.value("hf_architecture", checkpoint::infer_hf_arch(spec.cfg));
+  if (spec.arch == "mistral" && spec.cfg.qk_layernorm) fail("--hf-architecture mistral: the model has q/k norms (qwen3)");
+  if (args.contains("hf_config") && args["hf_config"].is_object()) spec.raw = args["hf_config"];
+  checkpoint::HfExportOptions eo;
+  bool v5 = false;
+  DType dflt = a.model.bf16 ? DType::BF16 : DType::F32;
+  if (spec.raw.is_object()) {  // came from HF: keep its dtype and config style unless told otherwise
+    checkpoint::HfSpec orig = checkpoint::parse_hf_config(spec.raw, "the recorded config.json");
+    dflt = orig.dtype;
+    v5 = orig.v5_style;
+  }
+  eo.dtype = o.dtype.empty() ? dflt : checkpoint::hf_dtype(o.dtype, "--dtype");
+  if (!o.hf_config_style.empty()) {
+    if (o.hf_config_style != "4" && o.hf_config_style != "5")
+      fail("--hf-config-style expects 4 (rope_theta, rope_scaling, torch_dtype) or 5 (rope_parameters, dtype)");
+    v5 = o.hf_config_style == "5";
+  }
+  eo.v5_style = v5;
+  if (o.max_shard_mb <= 0) fail("--max-shard-size-mb must be positive");
+  eo.max_shard_bytes = o.max_shard_mb << 20;
+  checkpoint::write_hf_model(
+      o.output, spec, [&](const std::string& n) { return reader.read(n); },
+      [&](const std::string& n) { return reader.shape(n); }, eo);
+  std::printf("exported iteration %lld of %s as a %s model (%s) to %s\n", static_cast<long long>(it), o.input.c_str(),
+              spec.arch.c_str(), checkpoint::hf_dtype_name(eo.dtype).c_str(), o.output.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int convert_main(const std::vector<std::string>& argv) {
+  ConvertOptions o;
+  FlagParser p("convert");
+  p.value("--from", &o.from, "source format", {"hf", "megatron"});
+  p.value("--to", &o.to, "target format (default: the other one)", {"hf", "megatron"});
+  p.value("--input", &o.input, "HuggingFace model directory, or checkpoint directory (as --save wrote it)");
+  p.value("--output", &o.output, "directory to write");
+  p.value("--target-tensor-parallel-size", &o.tp, "TP size the checkpoint must suit (vocab padding; checked)");
+  p.value("--target-pipeline-parallel-size", &o.pp, "PP size the checkpoint must suit (checked)");
+  p.value("--make-vocab-size-divisible-by", &o.divisible_by, "vocab padding multiple (default 128)");
+  p.value("--seq-length", &o.seq_length, "sequence length recorded in the checkpoint (default min(max positions, 4096))");
+  p.value("--iteration", &o.iteration, "--from megatron: which iteration (default: the latest)");
+  p.value("--dtype", &o.dtype, "--to hf: weight dtype (default: the original's, else bf16 for --bf16 runs, else fp32)",
+          {"fp32", "bf16", "fp16", "float32", "bfloat16", "float16"});
+  p.value("--hf-config-style", &o.hf_config_style, "--to hf: config.json in transformers 4.x (4) or 5.x (5) style");
+  p.value("--hf-architecture", &o.hf_arch, "--to hf: model_type to write (default: recorded or inferred)",
+          {"llama", "mistral", "qwen2", "qwen3", "gpt2"});
+  p.value("--max-shard-size-mb", &o.max_shard_mb, "--to hf: split larger models into shards (default 5120)");
+  p.value("--num-threads", &o.threads, "CPU threads");
+  p.parse(argv);
+  if (p.help_requested()) {
+    std::fputs(p.help().c_str(), stdout);
+    return 0;
+  }
+  if (o.from.empty()) fail("--from is required: hf (HuggingFace -> megatron.cpp) or megatron (-> HuggingFace)");
+  if (o.to.empty()) o.to = o.from == "hf" ? "megatron" : "hf";
+  if (o.to == o.from) fail("--from and --to are both '{}'; nothing to convert", o.from);
+  if (o.input.empty()) fail("--input DIR is required");
+  if (o.output.empty()) fail("--output DIR is required");
+  if (fs::exists(o.output) && !fs::is_empty(o.output) && o.from == "megatron")
+    fail("--output '{}' exists and is not empty; choose a new directory", o.output);
+  cpu::set_num_threads(static_cast<int>(o.threads));
+  return o.from == "hf" ? hf_to_native(o) : native_to_hf(o);
+}
+
+}  // namespace mt

@@ -1,0 +1,93 @@
+// The trainer's side of checkpoints: what it saves (weights, optimizer state as this rank holds
+// it, RNG streams, data position) and how it resumes, from a native checkpoint of any parallel
+// layout or from a HuggingFace model directory.
+#include <optional>
+
+#include "checkpoint/hf_import.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "training/trainer.h"
+
+namespace mt {
+
+checkpoint::RankInfo Trainer::rank_info() const {
+  checkpoint::RankInfo ri;
+  ri.rank = pg_.rank;
+  ri.world = pg_.grid.world();
+  ri.tp = pg_.grid.tp();
+  ri.tp_rank = pg_.tp_rank();
+  ri.pp = pg_.grid.pp();
+  ri.pp_rank = pg_.pp->rank();
+  ri.dp = pg_.grid.dp();
+  ri.dp_rank = pg_.dp_rank();
+  ri.comm = pg_.world.get();
+  return ri;
+}
+
+std::vector<std::pair<int64_t, int64_t>> Trainer::optimizer_ranges() const {
+  // The distributed optimizer covers this rank's owned slices; otherwise the whole buffer.
+  if (ddp_->sharded()) return ddp_->owned_ranges();
+  return {{0, model_->params().numel()}};
+}
+
+void Trainer::save() {
+#ifdef MT_HAVE_CUDA
+  if (gpu_adam_ && !args_.no_save_optim)
+    fail("--device cuda: the GPU optimizer's state is not saved yet; add --no-save-optim (weights are saved)");
+#endif
+  ddp_->finish_param_gather();
+  checkpoint::TrainingState st = state_;
+  st.has_rng = !args_.no_save_rng;
+  st.rng_seed = dropout_rng_.seed;
+  st.rng_offset = dropout_rng_.offset;
+  st.tp_rng_seed = tp_rng_.seed;
+  st.tp_rng_offset = tp_rng_.offset;
+  st.args = model_args_json();
+  std::optional<checkpoint::OptimizerState> os;
+  if (!args_.no_save_optim) os = checkpoint::optimizer_state(*optimizer_, optimizer_ranges(), ddp_->sharded());
+  checkpoint::SaveOptions o;
+  o.async = args_.async_save;
+  o.retain_interval = args_.save_retain_interval;
+  saver_->save(args_.save, st, model_->params(), os ? &*os : nullptr, o);
+}
+
+void Trainer::maybe_load() {
+  if (args_.load.empty()) return;
+  if (checkpoint::detect_checkpoint(args_.load) == checkpoint::CheckpointKind::HuggingFace) {
+    // Weights only: a HuggingFace model starts a run (continued pretraining or fine-tuning).
+    checkpoint::load_hf_weights(args_.load, model_->params(), model_->config());
+    log_info("loaded HuggingFace model weights from {} (starting at iteration 0 with a fresh optimizer)", args_.load);
+    return;
+  }
+  auto it = checkpoint::latest_iteration(args_.load);
+  if (!it) {
+    log_warn("--load {}: no latest_checkpointed_iteration.txt, training from scratch", args_.load);
+    return;
+  }
+  checkpoint::LoadOptions o;
+  o.load_optim = !args_.no_load_optim && !args_.finetune;
+  o.load_rng = !args_.no_load_rng && !args_.finetune;
+  std::optional<checkpoint::OptimizerState> os;
+  if (o.load_optim) os = checkpoint::optimizer_state(*optimizer_, optimizer_ranges(), ddp_->sharded());
+  auto st = checkpoint::load_checkpoint(args_.load, *it, rank_info(), model_->params(), os ? &*os : nullptr, o);
+  if (o.load_optim) optimizer_->set_step_count(st.optimizer_steps);
+  if (args_.finetune) {
+    log_info("loaded weights from {} iteration {} (--finetune: starting at iteration 0)", args_.load, *it);
+    return;
+  }
+  state_.iteration = st.iteration;
+  state_.consumed_train_samples = st.consumed_train_samples;
+  state_.consumed_valid_samples = st.consumed_valid_samples;
+  state_.optimizer_steps = st.optimizer_steps;
+  state_.skipped_iterations = st.skipped_iterations;
+  state_.nan_iterations = st.nan_iterations;
+  if (o.load_rng && st.has_rng) {
+    // Offsets only: the seeds follow from --seed, the pipeline stage and the TP rank, which may
+    // differ from the layout that saved; the offsets advance alike on every rank.
+    dropout_rng_.offset = st.rng_offset;
+    if (st.has_tp_rng) tp_rng_.offset = st.tp_rng_offset;
+  }
+  log_info("loaded checkpoint from {} at iteration {}", args_.load, *it);
+}
+
+}  // namespace mt

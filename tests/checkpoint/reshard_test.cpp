@@ -1,0 +1,254 @@
+// Sharded checkpoints reshard: a run saved under one TP/PP/DP layout (with or without the
+// distributed optimizer) resumes under another on the loss trajectory of an uninterrupted
+// single-rank run (fp32: 1e-5 relative, as the equivalence tests), and bit-identically under
+// its own layout. Ranks are forked processes over Gloo (tests/comm/multiprocess.h); the parent
+// never starts OpenMP threads before forking.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_config.h"
+#include "comm/multiprocess.h"
+#include "core/error.h"
+#include "parallel/process_groups.h"
+#include "training/convert.h"
+#include "training/trainer.h"
+
+namespace mt {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int kFirst = 4, kRest = 4;
+constexpr int32_t kVocab = 64;
+
+class PatternSource : public data::SampleSource {
+ public:
+  explicit PatternSource(int64_t S) : S_(S) {}
+  int64_t size() const override { return 100000; }
+  int64_t seq_length() const override { return S_; }
+  void get(int64_t index, int32_t* t) const override {
+    for (int64_t i = 0; i <= S_; ++i)
+      t[i] = static_cast<int32_t>((index * 7 + i * 3 + (i % 4 == 0 ? index * index : 0)) % (kVocab - 3));
+  }
+
+ private:
+  int64_t S_;
+};
+
+struct Layout {
+  int world = 1, tp = 1, pp = 1;
+  bool dist_opt = false;
+  bool gpt = false;  // GPT-2 shape: tied embeddings (a replica on the last pipeline stage), LayerNorm, biases
+};
+
+Arguments make_args(const Layout& l, const std::string& save, const std::string& load) {
+  Arguments a;
+  auto& m = a.model;
+  m.num_layers = 4;
+  m.hidden_size = 32;
+  m.num_attention_heads = 8;
+  m.seq_length = 16;
+  m.ffn_hidden_size = 64;
+  m.attention_dropout = m.hidden_dropout = 0.f;
+  if (!l.gpt) {
+    a.group_query_attention = true;
+    a.given = {"--num-query-groups"};
+    m.num_query_groups = 4;
+    m.normalization = "RMSNorm";
+    m.swiglu = true;
+    m.position_embedding_type = "rope";
+    m.add_bias_linear = false;
+    m.add_qkv_bias = false;
+    m.untie_embeddings_and_output_weights = true;
+  }
+  a.make_vocab_size_divisible_by = 16;
+  a.data.mock = true;
+  a.micro_batch_size = 2;
+  a.global_batch_size = 8;
+  a.train_iters = kFirst + kRest;
+  a.optimizer.lr = 3e-3f;
+  a.lr_warmup_iters = 2;
+  a.lr_decay_style = "cosine";
+  a.min_lr = 3e-4;
+  a.eval_iters = 0;
+  a.log_progress_bar = false;
+  a.world_size = l.world;
+  a.tensor_model_parallel_size = l.tp;
+  a.pipeline_model_parallel_size = l.pp;
+  a.use_distributed_optimizer = l.dist_opt;
+  a.ddp_bucket_size = l.dist_opt ? 3000 : 0;  // several buckets: owned slices cut through tensors
+  a.save = save;
+  a.load = load;
+  validate_args(a, kVocab);
+  return a;
+}
+
+std::string tmp_root() {
+  static std::string d = [] {
+    std::string p = (fs::temp_directory_path() / ("mt_reshard_" + std::to_string(::getpid()))).string();
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+// Trains `steps` steps (after loading when `load` is set), saves when `save` is set; rank 0
+// writes the losses to `out`.
+void run(const Layout& l, int steps, const std::string& save, const std::string& load, const std::string& out) {
+  auto res = testing::run_ranks(
+      l.world,
+      [&](comm::World& w) {
+        Arguments a = make_args(l, save, load);
+        parallel::RankGrid grid(w.size(), l.tp, l.pp);
+        auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
+        Trainer t(a, nullptr, pg);
+        t.set_data(std::make_unique<PatternSource>(a.model.seq_length), nullptr);
+        t.load_for_test();
+        std::ofstream f(out + "." + std::to_string(w.rank()));
+        f.precision(17);
+        for (int i = 0; i < steps; ++i) {
+          auto r = t.train_step();
+          f << r.loss_sum / r.tokens << "\n";
+        }
+        if (!save.empty()) t.save();
+      },
+      [] {
+        testing::RankOptions o;
+        o.env = {{"OMP_NUM_THREADS", "1"}};
+        return o;
+      }());
+  for (size_t r = 0; r < res.size(); ++r)
+    ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
+}
+
+// Every rank reports the global loss (summed over DP and PP); rank 0's file is read.
+std::vector<double> losses(const std::string& out, int rank = 0) {
+  std::ifstream f(out + "." + std::to_string(rank));
+  std::vector<double> v;
+  for (double x; f >> x;) v.push_back(x);
+  return v;
+}
+
+// The uninterrupted single-rank run of each shape (computed once).
+const std::vector<double>& reference(bool gpt) {
+  static std::vector<double> ref[2];
+  auto& r = ref[gpt];
+  if (r.empty()) {
+    const std::string out = tmp_root() + (gpt ? "/ref_gpt" : "/ref");
+    run(Layout{.gpt = gpt}, kFirst + kRest, "", "", out);
+    r = losses(out);
+  }
+  return r;
+}
+
+void expect_close(const std::vector<double>& got, size_t from, const char* what, bool gpt) {
+  const auto& ref = reference(gpt);
+  ASSERT_EQ(got.size(), static_cast<size_t>(kRest)) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_LT(std::fabs(got[i] - ref[from + i]) / std::fabs(ref[from + i]), 1e-5)
+        << what << " step " << from + i + 1 << ": " << got[i] << " vs " << ref[from + i];
+}
+
+void save_then_resume(const Layout& saver, const std::vector<Layout>& loaders, const std::string& name) {
+  const std::string dir = tmp_root() + "/" + name;
+  fs::remove_all(dir);
+  run(saver, kFirst, dir, "", dir + ".first");
+  auto first = losses(dir + ".first");
+  ASSERT_EQ(first.size(), static_cast<size_t>(kFirst));
+  for (int i = 0; i < kFirst; ++i)
+    EXPECT_LT(std::fabs(first[static_cast<size_t>(i)] - reference(saver.gpt)[static_cast<size_t>(i)]) /
+                  reference(saver.gpt)[static_cast<size_t>(i)],
+              1e-5);
+  for (const auto& l : loaders) {
+    const std::string out = dir + ".resumed";
+    run(l, kRest, "", dir, out);
+    const std::string what = fmt::format("saved tp{} pp{} world{}{} -> loaded tp{} pp{} world{}{}", saver.tp,
+                                         saver.pp, saver.world, saver.dist_opt ? " dist-opt" : "", l.tp, l.pp, l.world,
+                                         l.dist_opt ? " dist-opt" : "");
+    expect_close(losses(out), kFirst, what.c_str(), saver.gpt);
+  }
+}
+
+TEST(Reshard, TP2ToTP1AndDP2DistributedOptimizer) {
+  save_then_resume({.world = 2, .tp = 2}, {{}, {.world = 2, .dist_opt = true}}, "tp2");
+}
+
+TEST(Reshard, DP2DistributedOptimizerToTP2AndTP1) {
+  save_then_resume({.world = 2, .dist_opt = true}, {{.world = 2, .tp = 2}, {}}, "dp2");
+}
+
+TEST(Reshard, TP2xPP2ToTP1AndPP2xDP2) {
+  save_then_resume({.world = 4, .tp = 2, .pp = 2}, {{}, {.world = 4, .pp = 2, .dist_opt = true}}, "tp2pp2");
+}
+
+TEST(Reshard, TiedEmbeddingPP2ToOneRankAndTP2) {
+  save_then_resume({.world = 2, .pp = 2, .gpt = true}, {{.gpt = true}, {.world = 2, .tp = 2, .gpt = true}}, "gptpp2");
+}
+
+TEST(Reshard, SameLayoutResumesBitIdentically) {
+  const Layout l{.world = 2, .tp = 2};
+  const std::string dir = tmp_root() + "/same";
+  fs::remove_all(dir);
+  run(l, kFirst + kRest, "", "", dir + ".full");
+  run(l, kFirst, dir, "", dir + ".first");
+  run(l, kRest, "", dir, dir + ".rest");
+  auto full = losses(dir + ".full"), rest = losses(dir + ".rest");
+  ASSERT_EQ(rest.size(), static_cast<size_t>(kRest));
+  for (int i = 0; i < kRest; ++i) EXPECT_EQ(rest[static_cast<size_t>(i)], full[static_cast<size_t>(kFirst + i)]) << i;
+  // Every rank wrote its part; only one metadata file describes them.
+  EXPECT_TRUE(fs::exists(fs::path(checkpoint::iteration_dir(dir, kFirst)) / "model-tp1-pp0.safetensors"));
+  EXPECT_FALSE(fs::exists(fs::path(checkpoint::iteration_dir(dir, kFirst)) / "rank-00000.json"));
+}
+
+// --load HF_DIR under tensor parallelism: Qwen3's q/k norms are shared by all heads, so their
+// gradients are partial per TP rank and must be summed; TP 2 trains like one rank.
+TEST(Reshard, HuggingFaceQwen3LoadsUnderTP2AndTrainsLikeOneRank) {
+  const std::string hf = std::string(MT_SOURCE_DIR) + "/tests/checkpoint/fixtures/qwen3";
+  auto train = [&](int tp, const std::string& out) {
+    auto res = testing::run_ranks(tp, [&](comm::World& w) {
+      Arguments a;
+      a.load = hf;
+      apply_hf_config(a, checkpoint::read_hf_config(hf), hf);
+      a.model.seq_length = 16;
+      a.model.attention_dropout = a.model.hidden_dropout = 0.f;
+      // The same padded vocabulary (128) at TP 1 and 2: the zero padding rows' logits take part
+      // in the softmax, as in Megatron, so the padding must not change with the layout here.
+      a.make_vocab_size_divisible_by = 64;
+      a.data.mock = true;
+      a.micro_batch_size = 2;
+      a.global_batch_size = 4;
+      a.train_iters = 3;
+      a.optimizer.lr = 1e-3f;
+      a.eval_iters = 0;
+      a.world_size = tp;
+      a.tensor_model_parallel_size = tp;
+      validate_args(a, 99);
+      apply_hf_vocab(a, checkpoint::read_hf_config(hf), 99, hf);
+      parallel::RankGrid grid(w.size(), tp, 1);
+      auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
+      Trainer t(a, nullptr, pg);
+      t.set_data(std::make_unique<PatternSource>(16), nullptr);
+      t.load_for_test();
+      std::ofstream f(out + "." + std::to_string(w.rank()));
+      f.precision(17);
+      for (int i = 0; i < 3; ++i) {
+        auto r = t.train_step();
+        f << r.loss_sum / r.tokens << "\n";
+      }
+    });
+    for (size_t r = 0; r < res.size(); ++r) ASSERT_EQ(res[r].exit_code, 0) << res[r].stderr_text;
+  };
+  const std::string out = tmp_root() + "/qwen3";
+  train(1, out + "1");
+  train(2, out + "2");
+  auto one = losses(out + "1"), two = losses(out + "2");
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(two.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_LT(std::fabs(one[i] - two[i]) / one[i], 1e-5) << i << ": " << one[i] << " vs " << two[i];
+}
+
+}  // namespace
+}  // namespace mt

@@ -1,0 +1,357 @@
+// Pipeline parallelism trains the same model to the same losses as one rank: for 20 steps the
+// loss matches the single-rank run (fp32: 1e-5 relative) and, after the first step, every
+// gradient element a rank holds matches the single-rank gradient of the parameter with the same
+// name (layers keep their global index; TP shards are cut from the reference; with the
+// distributed optimizer only owned slices are compared). Also: 1F1B keeps at most PP - stage
+// micro-batches of activations, a failing stage makes every rank exit with an error, and the log
+// line comes once, from the last stage, with the global loss. Ranks are forked processes over
+// Gloo; the reference runs in a forked child too (no OpenMP in this process before forking).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "comm/multiprocess.h"
+#include "comm/socket.h"
+#include "core/log.h"
+#include "parallel/process_groups.h"
+#include "training/trainer.h"
+
+namespace mt {
+namespace {
+
+constexpr int kSteps = 20;
+constexpr int32_t kVocab = 64;
+
+class PatternSource : public data::SampleSource {
+ public:
+  // `fail_rank`/`fail_at`: that world rank throws when it reads sample `fail_at` (a failing stage).
+  PatternSource(int64_t n, int64_t S, int fail_rank = -1, int64_t fail_at = 0)
+      : n_(n), S_(S), fail_rank_(fail_rank), fail_at_(fail_at) {}
+  int64_t size() const override { return n_; }
+  int64_t seq_length() const override { return S_; }
+  void get(int64_t index, int32_t* t) const override {
+    if (fail_rank_ >= 0 && index >= fail_at_ && std::atoi(std::getenv("RANK")) == fail_rank_)
+      throw Error("injected failure reading sample " + std::to_string(index));
+    for (int64_t i = 0; i <= S_; ++i)
+      t[i] = static_cast<int32_t>((index * 7 + i * 3 + (i % 4 == 0 ? index * index : 0)) % (kVocab - 3));
+  }
+
+ private:
+  int64_t n_, S_;
+  int fail_rank_;
+  int64_t fail_at_;
+};
+
+enum class Shape { Llama, Gpt };  // Llama: untied head, RMSNorm, RoPE; GPT: tied embeddings, LayerNorm, biases
+
+struct Layout {
+  Shape shape = Shape::Llama;
+  int world = 1, tp = 1, pp = 1;
+  int64_t vpp = 0;              // --num-virtual-stages-per-pipeline-rank
+  int64_t first = 0, last = 0;  // --decoder-first/last-pipeline-num-layers
+  bool sp = false, dist_opt = false, overlap_grad = false;
+  int64_t bucket = 0;
+  int64_t mbs = 2;  // the global batch is 8 whatever the layout
+};
+
+Arguments make_args(const Layout& l) {
+  Arguments a;
+  auto& m = a.model;
+  m.num_layers = 4;
+  m.hidden_size = 32;
+  m.num_attention_heads = 8;
+  m.seq_length = 16;
+  m.ffn_hidden_size = 64;
+  m.attention_dropout = 0.f;
+  m.hidden_dropout = 0.f;
+  if (l.shape == Shape::Llama) {
+    a.group_query_attention = true;
+    a.given = {"--num-query-groups"};
+    m.num_query_groups = 4;
+    m.normalization = "RMSNorm";
+    m.swiglu = true;
+    m.position_embedding_type = "rope";
+    m.add_bias_linear = false;
+    m.add_qkv_bias = false;
+    m.untie_embeddings_and_output_weights = true;
+  }
+  a.make_vocab_size_divisible_by = 16;
+  a.data.mock = true;
+  a.micro_batch_size = l.mbs;
+  a.global_batch_size = 8;
+  a.train_iters = kSteps;
+  a.optimizer.lr = 3e-3f;
+  a.lr_warmup_iters = 2;
+  a.lr_decay_style = "cosine";
+  a.min_lr = 3e-4;
+  a.eval_iters = 0;
+  a.log_progress_bar = false;
+  a.world_size = l.world;
+  a.tensor_model_parallel_size = l.tp;
+  a.pipeline_model_parallel_size = l.pp;
+  a.num_virtual_stages_per_pipeline_rank = l.vpp;
+  a.decoder_first_pipeline_num_layers = l.first;
+  a.decoder_last_pipeline_num_layers = l.last;
+  a.sequence_parallel = l.sp;
+  a.use_distributed_optimizer = l.dist_opt;
+  a.overlap_grad_reduce = l.overlap_grad;
+  a.ddp_bucket_size = l.bucket;
+  validate_args(a, kVocab);
+  return a;
+}
+
+std::string tmp_dir() {
+  static std::string d = [] {
+    std::string p = "/tmp/mt_pipeline_" + std::to_string(::getpid());
+    if (std::system(("mkdir -p " + p).c_str()) != 0) throw Error("mkdir " + p);
+    return p;
+  }();
+  return d;
+}
+
+parallel::ProcessGroups groups_for(comm::World& w, const Layout& l) {
+  parallel::RankGrid grid(w.size(), l.tp, l.pp);
+  return w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
+}
+
+// Full gradients by name, as the single-rank reference writes them.
+using GradMap = std::map<std::string, std::vector<float>>;
+
+void write_grads(const std::string& path, model::ParamStore& ps) {
+  std::ofstream f(path, std::ios::binary);
+  for (auto& p : ps.params()) {
+    const uint64_t len = p.name.size(), n = static_cast<uint64_t>(p.numel());
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f.write(p.name.data(), static_cast<std::streamsize>(len));
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f.write(reinterpret_cast<const char*>(p.grad.data<float>()), static_cast<std::streamsize>(n * 4));
+  }
+}
+
+GradMap read_grads(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  GradMap out;
+  for (uint64_t len = 0; f.read(reinterpret_cast<char*>(&len), 8);) {
+    std::string name(len, '\0');
+    uint64_t n = 0;
+    f.read(name.data(), static_cast<std::streamsize>(len));
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::vector<float> g(n);
+    f.read(reinterpret_cast<char*>(g.data()), static_cast<std::streamsize>(n * 4));
+    out[name] = std::move(g);
+  }
+  return out;
+}
+
+// Every gradient element this rank holds (and owns, under the distributed optimizer) against the
+// reference's element at the same position of the same-named parameter.
+void compare_grads(Trainer& t, const GradMap& ref, int rank) {
+  auto& ps = t.model().params();
+  auto owned = t.data_parallel().owned_ranges();
+  double max_err = 0, max_ref = 0;
+  std::string worst;
+  for (auto& p : ps.params()) {
+    auto it = ref.find(p.name);
+    if (it == ref.end())
+      throw Error(fmt::format("rank {}: {} is not a parameter of the single-rank model", rank, p.name));
+    std::vector<float> mine(static_cast<size_t>(p.numel()));
+    model::extract_shard(p, it->second.data(), mine.data());
+    const float* g = p.grad.data<float>();
+    for (int64_t e = 0; e < p.numel(); ++e) {
+      bool is_owned = false;
+      for (auto [lo, hi] : owned) is_owned |= p.offset + e >= lo && p.offset + e < hi;
+      if (!is_owned) continue;
+      const double want = mine[static_cast<size_t>(e)], d = std::fabs(static_cast<double>(g[e]) - want);
+      max_ref = std::max(max_ref, std::fabs(want));
+      if (d > max_err) max_err = d, worst = p.name;
+    }
+  }
+  if (max_err > 2e-6 * max_ref + 1e-9)
+    throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", rank, max_err,
+                            max_ref, worst));
+}
+
+void train_rank(comm::World& w, const Layout& l, const std::string& out, const std::string& ref) {
+  Arguments a = make_args(l);
+  Trainer t(a, nullptr, groups_for(w, l));
+  t.set_data(std::make_unique<PatternSource>(100000, a.model.seq_length), nullptr);
+  const int stage = t.groups().pp->rank();
+  const int64_t M = a.global_batch_size / (a.micro_batch_size * a.data_parallel_size);
+  std::vector<double> losses;
+  for (int i = 0; i < kSteps; ++i) {
+    auto r = t.train_step();
+    losses.push_back(r.loss_sum / r.tokens);
+    // 1F1B: stage s keeps at most PP - s micro-batches of activations.
+    if (a.virtual_pipeline_model_parallel_size == 1 &&
+        t.pipeline().max_in_flight() > std::min<int64_t>(l.pp - stage, M))
+      throw Error(fmt::format("stage {} held {} micro-batches at once", stage, t.pipeline().max_in_flight()));
+    if (i != 0) continue;
+    if (ref.empty())
+      write_grads(out + ".grads", t.model().params());
+    else
+      compare_grads(t, read_grads(ref + ".grads"), w.rank());
+  }
+  if (w.rank() == 0) {  // the loss is global on every rank; rank 0 (first stage) writes it
+    std::ofstream f(out + ".loss");
+    f.precision(17);
+    for (double x : losses) f << x << "\n";
+  }
+}
+
+std::vector<double> read_losses(const std::string& path) {
+  std::ifstream f(path + ".loss");
+  std::vector<double> v;
+  for (double x; f >> x;) v.push_back(x);
+  return v;
+}
+
+const std::string& reference(Shape shape) {
+  static std::string paths[2];
+  std::string& p = paths[static_cast<int>(shape)];
+  if (p.empty()) {
+    std::string out = tmp_dir() + (shape == Shape::Llama ? "/ref_llama" : "/ref_gpt");
+    auto res = testing::run_ranks(1, [&](comm::World& w) { train_rank(w, Layout{.shape = shape}, out, ""); });
+    if (res.size() != 1 || res[0].exit_code != 0) throw Error("reference run failed: " + res[0].stderr_text);
+    p = out;
+  }
+  return p;
+}
+
+void expect_same_as_single_rank(const Layout& l) {
+  const std::string ref = reference(l.shape);
+  const std::string out = tmp_dir() + "/run";
+  std::remove((out + ".loss").c_str());
+  testing::RankOptions o;
+  o.env = {{"OMP_NUM_THREADS", "1"}};
+  auto res = testing::run_ranks(
+      l.world, [&](comm::World& w) { train_rank(w, l, out, ref); }, o);
+  ASSERT_EQ(res.size(), static_cast<size_t>(l.world));
+  for (size_t r = 0; r < res.size(); ++r) ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
+  auto want = read_losses(ref), got = read_losses(out);
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double rel = std::fabs(got[i] - want[i]) / std::fabs(want[i]);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, 1e-5) << "step " << i + 1 << ": " << got[i] << " vs single rank " << want[i];
+  }
+  EXPECT_LT(want.back(), want.front());  // it trains
+  std::printf(
+      "[ layout ] %s world %d tp %d pp %d vpp %ld first %ld last %ld%s%s: max relative loss difference over "
+      "%d steps %.2e\n",
+      l.shape == Shape::Llama ? "llama" : "gpt", l.world, l.tp, l.pp, static_cast<long>(l.vpp),
+      static_cast<long>(l.first), static_cast<long>(l.last), l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "", kSteps,
+      worst);
+}
+
+TEST(Pipeline, PP2) { expect_same_as_single_rank({.world = 2, .pp = 2}); }
+TEST(Pipeline, PP4TiedEmbeddings) { expect_same_as_single_rank({.shape = Shape::Gpt, .world = 4, .pp = 4}); }
+TEST(Pipeline, PP2TwoVirtualStages) { expect_same_as_single_rank({.world = 2, .pp = 2, .vpp = 2}); }
+TEST(Pipeline, PP3UnevenStages) { expect_same_as_single_rank({.world = 3, .pp = 3, .first = 1, .last = 1}); }
+TEST(Pipeline, PP2xTP2SequenceParallel) { expect_same_as_single_rank({.world = 4, .tp = 2, .pp = 2, .sp = true}); }
+TEST(Pipeline, PP2xDP2DistributedOptimizerTied) {
+  expect_same_as_single_rank(
+      {.shape = Shape::Gpt, .world = 4, .pp = 2, .dist_opt = true, .overlap_grad = true, .bucket = 3000});
+}
+TEST(Pipeline, PP2TiedEmbeddings) { expect_same_as_single_rank({.shape = Shape::Gpt, .world = 2, .pp = 2}); }
+
+TEST(Pipeline, FailingStageStopsEveryRank) {
+  Layout l{.world = 2, .pp = 2};
+  testing::RankOptions o;
+  o.env = {{"OMP_NUM_THREADS", "1"}};
+  o.comm_timeout = std::chrono::milliseconds(20000);
+  o.deadline = std::chrono::seconds(60);
+  // The last stage fails while reading the third global batch; the first stage is then waiting
+  // for its gradients.
+  auto res = testing::run_ranks(
+      2,
+      [&](comm::World& w) {
+        Arguments a = make_args(l);
+        Trainer t(a, nullptr, groups_for(w, l));
+        t.set_data(std::make_unique<PatternSource>(100000, a.model.seq_length, 1, 16), nullptr);
+        for (int i = 0; i < 5; ++i) t.train_step();
+      },
+      o);
+  ASSERT_EQ(res.size(), 2u);
+  EXPECT_EQ(res[1].exit_code, 2) << res[1].stderr_text;
+  EXPECT_NE(res[1].stderr_text.find("injected failure"), std::string::npos) << res[1].stderr_text;
+  EXPECT_EQ(res[0].exit_code, 2) << res[0].stderr_text;
+  EXPECT_NE(res[0].stderr_text.find("world rank 1"), std::string::npos) << res[0].stderr_text;  // names the peer
+  EXPECT_LT(res[0].seconds, 20.0);  // well inside the timeout
+}
+
+// Trainer::run with PP = 2: the iteration and validation lines come only from the last stage,
+// with the loss of the single-rank run.
+std::string run_and_capture(const Layout& l, int rank_to_read) {
+  const std::string dir = tmp_dir();
+  auto res = testing::run_ranks(l.world, [&](comm::World& w) {
+    std::fflush(stdout);
+    if (!std::freopen((dir + "/log" + std::to_string(w.rank())).c_str(), "w", stdout)) throw Error("freopen");
+    set_log_rank(w.rank());
+    Arguments a = make_args(l);
+    a.train_iters = 4;
+    a.log_interval = 1;
+    a.eval_iters = 1;
+    a.eval_interval = 2;
+    Trainer t(a, nullptr, groups_for(w, l));
+    t.set_data(std::make_unique<PatternSource>(100000, a.model.seq_length),
+               std::make_unique<PatternSource>(1000, a.model.seq_length));
+    t.run();
+    std::fflush(stdout);
+  });
+  for (auto& r : res) EXPECT_EQ(r.exit_code, 0) << r.stderr_text;
+  std::ifstream f(dir + "/log" + std::to_string(rank_to_read));
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::vector<double> values_after(const std::string& text, const std::string& key) {
+  std::vector<double> v;
+  for (size_t p = text.find(key); p != std::string::npos; p = text.find(key, p + 1))
+    v.push_back(std::strtod(text.c_str() + p + key.size(), nullptr));
+  return v;
+}
+
+TEST(Pipeline, LogLineComesFromTheLastStageWithTheGlobalLoss) {
+  const std::string single = run_and_capture({}, 0);
+  const std::string first = run_and_capture({.world = 2, .pp = 2}, 0);
+  const std::string last = run_and_capture({.world = 2, .pp = 2}, 1);
+  EXPECT_EQ(first.find("lm loss"), std::string::npos) << first;  // the first stage prints neither line
+  for (const char* key : {"| lm loss: ", "lm loss value: "}) {
+    auto want = values_after(single, key), got = values_after(last, key);
+    ASSERT_EQ(got.size(), want.size()) << key << "\n" << last;
+    ASSERT_FALSE(want.empty()) << single;
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << key << i;
+  }
+  EXPECT_EQ(values_after(last, "| lm loss: ").size(), 4u);
+}
+
+TEST(Pipeline, CommandLineRunWithLauncher) {
+  int port = 0;
+  ::close(comm::listen_on("127.0.0.1", 0, &port));
+  const std::string out = tmp_dir() + "/cli.log";
+  const std::string cmd =
+      std::string(MT_BINARY_DIR) + "/bin/megatron launch --nproc-per-node 2 --master-port " + std::to_string(port) +
+      " -- pretrain --mock-data --vocab-size 60 --num-layers 4 --hidden-size 16 --num-attention-heads 2 "
+      "--seq-length 8 --micro-batch-size 1 --global-batch-size 4 --train-iters 3 --lr 1e-3 --log-interval 1 "
+      "--eval-iters 0 --make-vocab-size-divisible-by 16 --no-progress-bar --distributed-timeout-minutes 1 "
+      "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 > " +
+      out + " 2>&1";
+  const int rc = std::system(("OMP_NUM_THREADS=1 " + cmd).c_str());
+  std::ifstream f(out);
+  std::stringstream s;
+  s << f.rdbuf();
+  const std::string text = s.str();
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("pipeline-parallel 2 (2 virtual stages per rank"), std::string::npos) << text;
+  EXPECT_EQ(values_after(text, "| lm loss: ").size(), 3u) << text;  // printed once per iteration
+}
+
+}  // namespace
+}  // namespace mt
