@@ -68,6 +68,8 @@ class DataParallel final : public model::ParamHooks {
   void before_use(const model::Param& p) override;
   void grad_ready(const model::Param& p) override;
   bool needs_hooks() const { return opts_.overlap_grad_reduce || gathers_pending(); }
+  // An all-gather of updated parameters is still writing into the model's buffers.
+  bool param_gather_pending() const { return gathers_pending(); }
   bool sharded() const { return opts_.use_distributed_optimizer && dp_->size() > 1; }
 
  private:

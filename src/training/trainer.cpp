@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -177,6 +178,23 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
     lc.wd_incr_steps = args_.train_samples;
   }
   schedule_ = std::make_unique<optim::LRSchedule>(lc);
+}
+
+Trainer::~Trainer() {
+  if (!ddp_ || !model_ || !ddp_->param_gather_pending()) return;
+  // --overlap-param-gather: the last step's all-gather may still write into the model's
+  // buffers, so it must land before they are freed. When unwinding from a failure a dead peer
+  // could make that wait block instead; the process is on its way out, so the buffers are
+  // left to it.
+  if (std::uncaught_exceptions() > 0) {
+    (void)model_.release();
+    return;
+  }
+  try {
+    ddp_->finish_param_gather();
+  } catch (const std::exception&) {
+    (void)model_.release();
+  }
 }
 
 void Trainer::set_data(std::unique_ptr<data::SampleSource> train, std::unique_ptr<data::SampleSource> valid) {

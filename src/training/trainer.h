@@ -31,6 +31,7 @@ class Trainer {
   // its slice of every global batch; loss, grad norm and the log line are global.
   Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer,
           parallel::ProcessGroups groups = parallel::local_process_groups());
+  ~Trainer();
   // Runs training to the end; returns the process exit code.
   int run();
 

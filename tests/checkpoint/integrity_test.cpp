@@ -14,6 +14,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
+#include "kernels/cpu/threads.h"
 #include "model/gpt_model.h"
 #include "training/trainer.h"
 
@@ -110,6 +111,7 @@ TEST(AsyncSave, KillDuringSaveLeavesThePreviousCheckpointLatest) {
   fs::remove(marker);
   pid_t pid = ::fork();
   if (pid == 0) {
+    cpu::set_num_threads(1);  // OpenMP teams do not survive fork(): stay on this thread
     try {
       Arguments a = tiny();
       model::GPTModel m(a.model);

@@ -13,6 +13,7 @@
 #include "checkpoint/hf_config.h"
 #include "comm/multiprocess.h"
 #include "core/error.h"
+#include "kernels/cpu/threads.h"
 #include "parallel/process_groups.h"
 #include "training/convert.h"
 #include "training/trainer.h"
@@ -101,6 +102,9 @@ void run(const Layout& l, int steps, const std::string& save, const std::string&
   auto res = testing::run_ranks(
       l.world,
       [&](comm::World& w) {
+        // One thread in the forked ranks: when this process already ran OpenMP regions (all
+        // tests in one process), a child's OpenMP team of several threads would never start.
+        cpu::set_num_threads(1);
         Arguments a = make_args(l, save, load);
         parallel::RankGrid grid(w.size(), l.tp, l.pp);
         auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
@@ -209,6 +213,7 @@ TEST(Reshard, HuggingFaceQwen3LoadsUnderTP2AndTrainsLikeOneRank) {
   const std::string hf = std::string(MT_SOURCE_DIR) + "/tests/checkpoint/fixtures/qwen3";
   auto train = [&](int tp, const std::string& out) {
     auto res = testing::run_ranks(tp, [&](comm::World& w) {
+      cpu::set_num_threads(1);  // see run()
       Arguments a;
       a.load = hf;
       apply_hf_config(a, checkpoint::read_hf_config(hf), hf);
