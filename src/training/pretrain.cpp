@@ -58,8 +58,6 @@ void resolve_device(Arguments& a) {
   if (!a.model.bf16) fail("--device cuda trains in bf16: add --bf16");
   if (a.tensor_model_parallel_size > 1 || a.pipeline_model_parallel_size > 1 || a.world_size > 1)
     fail("--device cuda: multi-GPU training needs the NCCL backend, which is not implemented yet; use one GPU");
-  if (!a.save.empty() || !a.load.empty())
-    fail("--device cuda: --save/--load are not implemented for GPU training yet; train on the CPU to checkpoint");
 }
 
 std::string gpu_name() {

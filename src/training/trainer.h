@@ -70,6 +70,8 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optimizer_;
 #ifdef MT_HAVE_CUDA
   std::unique_ptr<ops::gpu::AdamW> gpu_adam_;  // --device cuda
+  void gpu_optimizer_to_host();  // for checkpoints: the host optimizer's arrays mirror the GPU's
+  void host_optimizer_to_gpu();
 #endif
   std::unique_ptr<optim::LRSchedule> schedule_;
   std::unique_ptr<data::SampleSource> train_, valid_;

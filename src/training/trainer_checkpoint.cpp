@@ -8,6 +8,8 @@
 #include "core/log.h"
 #include "training/trainer.h"
 
+#include <chrono>
+
 namespace mt {
 
 checkpoint::RankInfo Trainer::rank_info() const {
@@ -32,8 +34,8 @@ std::vector<std::pair<int64_t, int64_t>> Trainer::optimizer_ranges() const {
 
 void Trainer::save() {
 #ifdef MT_HAVE_CUDA
-  if (gpu_adam_ && !args_.no_save_optim)
-    fail("--device cuda: the GPU optimizer's state is not saved yet; add --no-save-optim (weights are saved)");
+  // GPU AdamW state goes through the host optimizer's arrays, so the format is the CPU one.
+  if (gpu_adam_ && !args_.no_save_optim) gpu_optimizer_to_host();
 #endif
   ddp_->finish_param_gather();
   checkpoint::TrainingState st = state_;
@@ -64,6 +66,7 @@ void Trainer::maybe_load() {
     log_warn("--load {}: no latest_checkpointed_iteration.txt, training from scratch", args_.load);
     return;
   }
+  const auto load_start = std::chrono::steady_clock::now();
   checkpoint::LoadOptions o;
   o.load_optim = !args_.no_load_optim && !args_.finetune;
   o.load_rng = !args_.no_load_rng && !args_.finetune;
@@ -71,6 +74,9 @@ void Trainer::maybe_load() {
   if (o.load_optim) os = checkpoint::optimizer_state(*optimizer_, optimizer_ranges(), ddp_->sharded());
   auto st = checkpoint::load_checkpoint(args_.load, *it, rank_info(), model_->params(), os ? &*os : nullptr, o);
   if (o.load_optim) optimizer_->set_step_count(st.optimizer_steps);
+#ifdef MT_HAVE_CUDA
+  if (gpu_adam_ && o.load_optim) host_optimizer_to_gpu();
+#endif
   if (args_.finetune) {
     log_info("loaded weights from {} iteration {} (--finetune: starting at iteration 0)", args_.load, *it);
     return;
@@ -87,7 +93,37 @@ void Trainer::maybe_load() {
     dropout_rng_.offset = st.rng_offset;
     if (st.has_tp_rng) tp_rng_.offset = st.tp_rng_offset;
   }
-  log_info("loaded checkpoint from {} at iteration {}", args_.load, *it);
+  log_info("loaded checkpoint from {} at iteration {} in {:.2f} s", args_.load, *it,
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
 }
+
+
+#ifdef MT_HAVE_CUDA
+namespace {
+std::vector<float>* state_array(optim::Optimizer& opt, const char* name) {
+  for (auto& [n, v] : opt.state())
+    if (n == name) return v;
+  fail("internal: the host optimizer has no '{}' state", name);
+}
+}  // namespace
+
+void Trainer::gpu_optimizer_to_host() {
+  const int64_t n = model_->params().numel();
+  device_copy(state_array(*optimizer_, "exp_avg")->data(), Device::CPU, gpu_adam_->exp_avg(), Device::CUDA,
+              static_cast<size_t>(n) * 4);
+  device_copy(state_array(*optimizer_, "exp_avg_sq")->data(), Device::CPU, gpu_adam_->exp_avg_sq(), Device::CUDA,
+              static_cast<size_t>(n) * 4);
+  optimizer_->set_step_count(gpu_adam_->step_count());
+}
+
+void Trainer::host_optimizer_to_gpu() {
+  const int64_t n = model_->params().numel();
+  device_copy(gpu_adam_->exp_avg(), Device::CUDA, state_array(*optimizer_, "exp_avg")->data(), Device::CPU,
+              static_cast<size_t>(n) * 4);
+  device_copy(gpu_adam_->exp_avg_sq(), Device::CUDA, state_array(*optimizer_, "exp_avg_sq")->data(), Device::CPU,
+              static_cast<size_t>(n) * 4);
+  gpu_adam_->set_step_count(optimizer_->step_count());
+}
+#endif
 
 }  // namespace mt
