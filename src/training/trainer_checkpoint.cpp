@@ -33,6 +33,7 @@ std::vector<std::pair<int64_t, int64_t>> Trainer::optimizer_ranges() const {
 }
 
 void Trainer::save() {
+  const auto t0 = std::chrono::steady_clock::now();
 #ifdef MT_HAVE_CUDA
   // GPU AdamW state goes through the host optimizer's arrays, so the format is the CPU one.
   if (gpu_adam_ && !args_.no_save_optim) gpu_optimizer_to_host();
@@ -51,6 +52,10 @@ void Trainer::save() {
   o.async = args_.async_save;
   o.retain_interval = args_.save_retain_interval;
   saver_->save(args_.save, st, model_->params(), os ? &*os : nullptr, o);
+  // What an async save costs the training loop: the copies to host memory before writing starts.
+  if (o.async)
+    log_info("async save of iteration {}: training paused {:.2f} s to stage the state in host memory",
+             state_.iteration, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void Trainer::maybe_load() {
