@@ -296,18 +296,16 @@ IterationResult Trainer::train_step() {
       gpu_adam_->step(ps.main_buffer().data<float>(), grads, ps.model_buffer().data<uint16_t>(), schedule_->lr(steps),
                       schedule_->weight_decay(steps));
       state_.optimizer_steps = gpu_adam_->step_count();
-      state_.iteration++;
-      state_.consumed_train_samples += gbs;
-      last_lr_ = schedule_->lr(state_.consumed_train_samples);
-      return r;
-    }
+    } else
 #endif
-    if (args_.clip_grad > 0) optim::clip_grads(grads, ps.numel(), r.grad_norm, args_.clip_grad);
-    optimizer_->step(ps.main_buffer().data<float>(), grads, static_cast<float>(schedule_->lr(steps)),
-                     static_cast<float>(schedule_->weight_decay(steps)));
-    if (ddp_->sharded()) ddp_->start_param_gather();  // refreshes the compute copy per bucket
-    else ps.sync_model_from_main();
-    state_.optimizer_steps = optimizer_->step_count();
+    {
+      if (args_.clip_grad > 0) optim::clip_grads(grads, ps.numel(), r.grad_norm, args_.clip_grad);
+      optimizer_->step(ps.main_buffer().data<float>(), grads, static_cast<float>(schedule_->lr(steps)),
+                       static_cast<float>(schedule_->weight_decay(steps)));
+      if (ddp_->sharded()) ddp_->start_param_gather();  // refreshes the compute copy per bucket
+      else ps.sync_model_from_main();
+      state_.optimizer_steps = optimizer_->step_count();
+    }
   }
   state_.iteration++;
   state_.consumed_train_samples += gbs;
