@@ -7,10 +7,15 @@
 
 #include "comm/gloo_communicator.h"
 #include "comm/local_communicator.h"
+#include "comm/nccl_communicator.h"
 
 namespace mt::comm {
 
-World::World(const DistEnv& env, std::chrono::milliseconds timeout) : env_(env), timeout_(timeout) {
+World::World(const DistEnv& env, std::chrono::milliseconds timeout, DeviceComm dev)
+    : env_(env), timeout_(timeout), dev_(dev) {
+#ifndef MT_HAVE_NCCL
+  if (dev_.nccl) throw Error("this build has no NCCL backend (built without CUDA): GPU ranks cannot communicate");
+#endif
   if (env_.world_size == 1) {
     world_ = std::make_shared<LocalCommunicator>("world", 0);
     return;
@@ -47,7 +52,13 @@ CommPtr World::new_group(const std::string& name, const std::vector<int>& ranks)
   // instances (tp of ranks 0,1 vs tp of ranks 2,3) distinct.
   std::string key = "pg/" + name + "/" + fmt::format("{}", fmt::join(ranks, ","));
   auto store = std::make_shared<PrefixStore>(key, store_);
-  return std::make_shared<GlooCommunicator>(name, ranks, my, store, device_, timeout_);
+  CommPtr host = std::make_shared<GlooCommunicator>(name, ranks, my, store, device_, timeout_);
+#ifdef MT_HAVE_NCCL
+  if (dev_.nccl)
+    return std::make_shared<NcclCommunicator>(name, ranks, my, std::make_shared<PrefixStore>("nccl", store), host,
+                                              dev_.compute_stream, dev_.device, timeout_);
+#endif
+  return host;
 }
 
 void World::shutdown() {

@@ -18,10 +18,18 @@ class Device;
 
 namespace mt::comm {
 
+// GPU ranks: every group also gets an NCCL communicator for device buffers (host buffers keep
+// going through Gloo). `compute_stream` is the cudaStream_t the model runs on.
+struct DeviceComm {
+  bool nccl = false;
+  void* compute_stream = nullptr;
+  int device = 0;
+};
+
 class World {
  public:
   // `timeout` bounds every rendezvous and collective (--distributed-timeout-minutes).
-  World(const DistEnv& env, std::chrono::milliseconds timeout);
+  World(const DistEnv& env, std::chrono::milliseconds timeout, DeviceComm dev = {});
   ~World();
   World(const World&) = delete;
   World& operator=(const World&) = delete;
@@ -42,6 +50,7 @@ class World {
  private:
   DistEnv env_;
   std::chrono::milliseconds timeout_;
+  DeviceComm dev_;
   std::unique_ptr<TcpStoreServer> server_;
   std::shared_ptr<Store> store_;
   std::shared_ptr<gloo::transport::Device> device_;

@@ -5,6 +5,9 @@
 #include <limits>
 
 #include "core/error.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/dispatch.h"
+#endif
 
 namespace mt::parallel {
 
@@ -131,6 +134,15 @@ std::vector<std::pair<int64_t, int64_t>> DataParallel::owned_ranges() const {
   return out;
 }
 
+std::vector<optim::ParamSpan> spans_within(const std::vector<optim::ParamSpan>& spans, int64_t lo, int64_t hi) {
+  std::vector<optim::ParamSpan> local;
+  for (const auto& s : spans) {
+    const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel);
+    if (a < b) local.push_back({a - lo, b - a, s.weight_decay});
+  }
+  return local;
+}
+
 namespace {
 // Adam (or SGD) on a set of disjoint flat ranges, each with its own state: the distributed
 // optimizer's shard. Elementwise updates make this identical to stepping the full buffer.
@@ -138,14 +150,7 @@ class ShardedOptimizer final : public optim::Optimizer {
  public:
   ShardedOptimizer(const optim::OptimizerConfig& cfg, const std::vector<std::pair<int64_t, int64_t>>& ranges,
                    const std::vector<optim::ParamSpan>& spans) {
-    for (auto [lo, hi] : ranges) {
-      std::vector<optim::ParamSpan> local;
-      for (const auto& s : spans) {
-        const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel);
-        if (a < b) local.push_back({a - lo, b - a, s.weight_decay});
-      }
-      parts_.push_back({lo, hi, optim::make_optimizer(cfg, hi - lo, std::move(local))});
-    }
+    for (auto [lo, hi] : ranges) parts_.push_back({lo, hi, optim::make_optimizer(cfg, hi - lo, spans_within(spans, lo, hi))});
   }
   void step(float* params, const float* grads, float lr, float wd) override {
     for (auto& p : parts_) p.opt->step(params + p.lo, grads + p.lo, lr, wd);
@@ -213,14 +218,29 @@ void DataParallel::before_use(const model::Param& p) {
 double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& owned, int tp_rank,
                         comm::Communicator& mp, comm::Communicator* dp_if_sharded) {
   const float* g = ps.grad_buffer().data<float>();
-  double sq = 0;
+  std::vector<std::pair<int64_t, int64_t>> counted;  // flat ranges, in buffer order per parameter
   for (const auto& p : ps.params()) {
     if (!p.tp.sharded() && tp_rank != 0) continue;  // a TP-replicated parameter counts once
     if (p.replica) continue;                         // a tied embedding counts on the first stage
     for (auto [lo, hi] : owned) {
       const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
-      if (a < b) sq += optim::grad_norm_squared(g + a, b - a);
+      if (a < b) counted.emplace_back(a, b);
     }
+  }
+  double sq = 0;
+  if (ps.grad_buffer().device() == Device::CPU) {
+    for (auto [a, b] : counted) sq += optim::grad_norm_squared(g + a, b - a);
+  } else {
+#ifdef MT_HAVE_CUDA
+    // One pass over the merged ranges (adjacent parameters form one run).
+    std::sort(counted.begin(), counted.end());
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (auto r : counted) {
+      if (!runs.empty() && runs.back().second >= r.first) runs.back().second = std::max(runs.back().second, r.second);
+      else runs.push_back(r);
+    }
+    sq = ops::gpu::grad_norm_squared(g, runs);
+#endif
   }
   sq = mp.all_reduce_value(sq);
   if (dp_if_sharded) sq = dp_if_sharded->all_reduce_value(sq);
@@ -229,6 +249,17 @@ double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64
 
 void all_reduce_sequence_parallel_grads(model::ParamStore& ps, comm::Communicator& tp) {
   if (tp.size() == 1) return;
+  if (ps.grad_buffer().device() != Device::CPU) {
+    // On the GPU: reduce each one in place (NCCL on device memory, no host copy); the
+    // sequence-parallel parameters are the small norm weights and biases.
+    std::vector<comm::WorkHandle> work;
+    for (auto& p : ps.params())
+      if (p.sequence_parallel)
+        work.push_back(tp.all_reduce_async(p.grad.raw(), static_cast<size_t>(p.numel()), comm::DataType::F32,
+                                           comm::ReduceOp::Sum));
+    for (auto& w : work) w->wait();
+    return;
+  }
   std::vector<float> buf;
   for (const auto& p : ps.params())
     if (p.sequence_parallel) buf.insert(buf.end(), p.grad.data<float>(), p.grad.data<float>() + p.numel());

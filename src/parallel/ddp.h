@@ -88,6 +88,10 @@ class DataParallel final : public model::ParamHooks {
   bool last_microbatch_ = true;
 };
 
+// The parameter spans that fall inside the flat range [lo, hi), with offsets relative to lo: an
+// optimizer over one owned slice of the distributed optimizer.
+std::vector<optim::ParamSpan> spans_within(const std::vector<optim::ParamSpan>& spans, int64_t lo, int64_t hi);
+
 // Sum of squares of the gradients this rank is responsible for, reduced to the global value:
 // tensor-parallel shards count on every TP rank, replicated parameters on TP rank 0 only, a
 // tied embedding's pipeline replica not at all; with the distributed optimizer only the owned

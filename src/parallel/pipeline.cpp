@@ -123,8 +123,9 @@ class Exchange {
       const Incoming& in = peer.incoming[peer.next_post++];
       const model::Batch& b = batches_[static_cast<size_t>(in.consumer.microbatch)];
       Posted p;
-      p.buf =
-          Tensor::empty({model_.activation_rows(b.B, b.S), model_.config().hidden_size}, DType::F32, model_.device());
+      // Hidden states travel in the compute precision: fp32 on the CPU, bf16 on the GPU.
+      const DType dt = model_.device() == Device::CPU ? DType::F32 : DType::BF16;
+      p.buf = Tensor::empty({model_.activation_rows(b.B, b.S), model_.config().hidden_size}, dt, model_.device());
       p.sent_after = in.sent_after;
       p.work = guarded("receiving from", from, [&] {
         return pp_.recv_async(p.buf.raw(), static_cast<size_t>(p.buf.numel()), comm_type(p.buf), from);

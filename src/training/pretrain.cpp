@@ -56,9 +56,21 @@ void resolve_device(Arguments& a) {
 #endif
     );
   if (!a.model.bf16) fail("--device cuda trains in bf16: add --bf16");
-  if (a.tensor_model_parallel_size > 1 || a.pipeline_model_parallel_size > 1 || a.world_size > 1)
-    fail("--device cuda: multi-GPU training needs the NCCL backend, which is not implemented yet; use one GPU");
 }
+
+#ifdef MT_HAVE_CUDA
+// Several GPU ranks: each takes the GPU of its local rank (CUDA_VISIBLE_DEVICES applies) and
+// talks NCCL on device buffers.
+comm::DeviceComm pick_gpu(const comm::DistEnv& env) {
+  const int n = ops::gpu::device_count();
+  if (env.local_world_size > n)
+    fail("--device cuda: {} ranks on this node but {} GPU(s) visible; start one rank per GPU (--nproc-per-node {}) "
+         "or check CUDA_VISIBLE_DEVICES",
+         env.local_world_size, n, n);
+  ops::gpu::init(env.local_rank);
+  return comm::DeviceComm{env.world_size > 1, ops::gpu::compute_stream(), env.local_rank};
+}
+#endif
 
 std::string gpu_name() {
 #ifdef MT_HAVE_CUDA
@@ -114,7 +126,11 @@ int pretrain_main(const std::vector<std::string>& argv) {
 
 namespace {
 int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEnv& env, int threads) {
-  comm::World world(env, std::chrono::minutes(a.distributed_timeout_minutes));
+  comm::DeviceComm dev;
+#ifdef MT_HAVE_CUDA
+  if (a.device == "cuda") dev = pick_gpu(env);
+#endif
+  comm::World world(env, std::chrono::minutes(a.distributed_timeout_minutes), dev);
   parallel::RankGrid grid(env.world_size, static_cast<int>(a.tensor_model_parallel_size),
                           static_cast<int>(a.pipeline_model_parallel_size), static_cast<int>(a.context_parallel_size),
                           static_cast<int>(a.expert_model_parallel_size));

@@ -131,15 +131,18 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   ddp_->attach(ps);
   saver_ = std::make_unique<checkpoint::Saver>(rank_info());
   args_.optimizer.weight_decay = static_cast<float>(args_.start_weight_decay);
-  optimizer_ = ddp_->make_optimizer(args_.optimizer);
+  if (args_.device != "cuda") optimizer_ = ddp_->make_optimizer(args_.optimizer);
 #ifdef MT_HAVE_CUDA
   if (args_.device == "cuda") {
-    // One GPU: parameters, grads and AdamW state live on the device; the host keeps the loop.
+    // Parameters, grads and AdamW state live on the device; the host keeps the loop.
     if (args_.optimizer.type != "adam") fail("--device cuda supports --optimizer adam only for now");
-    ops::gpu::init();
+    ops::gpu::init();  // a multi-GPU launch picked this rank's device before (pretrain)
     model_->to_device(Device::CUDA);
-    gpu_adam_ = std::make_unique<ops::gpu::AdamW>(ps.numel(), ps.spans(), args_.optimizer.adam_beta1,
-                                                  args_.optimizer.adam_beta2, args_.optimizer.adam_eps);
+    for (auto [lo, hi] : optimizer_ranges())
+      gpu_adam_.push_back({lo, hi,
+                           std::make_unique<ops::gpu::AdamW>(hi - lo, parallel::spans_within(ps.spans(), lo, hi),
+                                                             args_.optimizer.adam_beta1, args_.optimizer.adam_beta2,
+                                                             args_.optimizer.adam_eps)});
   }
 #endif
   if (ddp_->sharded()) {
@@ -178,6 +181,11 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
     lc.wd_incr_steps = args_.train_samples;
   }
   schedule_ = std::make_unique<optim::LRSchedule>(lc);
+}
+
+optim::Optimizer& Trainer::host_optimizer() {
+  if (!optimizer_) optimizer_ = ddp_->make_optimizer(args_.optimizer);
+  return *optimizer_;
 }
 
 Trainer::~Trainer() {
@@ -272,13 +280,8 @@ IterationResult Trainer::train_step() {
   r.loss_sum = sums[0];
   r.tokens = sums[1];
   float* grads = ps.grad_buffer().data<float>();
-#ifdef MT_HAVE_CUDA
-  if (gpu_adam_)
-    r.grad_norm = std::sqrt(ops::gpu::grad_norm_squared(grads, ps.numel()));
-  else
-#endif
-    r.grad_norm = parallel::global_grad_norm(ps, ddp_->owned_ranges(), pg_.tp_rank(), *pg_.mp,
-                                             ddp_->sharded() ? pg_.dp.get() : nullptr);
+  r.grad_norm = parallel::global_grad_norm(ps, ddp_->owned_ranges(), pg_.tp_rank(), *pg_.mp,
+                                           ddp_->sharded() ? pg_.dp.get() : nullptr);
   const double loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0.0;
   if (!std::isfinite(loss) || !std::isfinite(r.grad_norm)) {
     // Never continue silently on NaN/Inf: skip the update and report it with the iteration.
@@ -290,12 +293,16 @@ IterationResult Trainer::train_step() {
   } else {
     const int64_t steps = state_.consumed_train_samples;  // the scheduler counts samples
 #ifdef MT_HAVE_CUDA
-    if (gpu_adam_) {
+    if (!gpu_adam_.empty()) {
       if (args_.clip_grad > 0) ops::gpu::clip_grads(grads, ps.numel(), r.grad_norm, args_.clip_grad);
-      // The update also writes the bf16 compute copy: no separate sync pass.
-      gpu_adam_->step(ps.main_buffer().data<float>(), grads, ps.model_buffer().data<uint16_t>(), schedule_->lr(steps),
-                      schedule_->weight_decay(steps));
-      state_.optimizer_steps = gpu_adam_->step_count();
+      // The update also writes the bf16 compute copy of the owned ranges: no separate sync pass.
+      float* main = ps.main_buffer().data<float>();
+      uint16_t* model16 = ps.model_buffer().data<uint16_t>();
+      for (auto& part : gpu_adam_)
+        part.opt->step(main + part.lo, grads + part.lo, model16 + part.lo, schedule_->lr(steps),
+                       schedule_->weight_decay(steps));
+      if (ddp_->sharded()) ddp_->start_param_gather();  // the other ranks' slices
+      state_.optimizer_steps = gpu_adam_.front().opt->step_count();
     } else
 #endif
     {
@@ -432,7 +439,7 @@ int Trainer::run() {
   if (!args_.save.empty() && (args_.save_interval == 0 || state_.iteration % args_.save_interval != 0)) save();
   saver_->wait();  // exit only after an async save completed
 #ifdef MT_HAVE_CUDA
-  if (gpu_adam_)
+  if (!gpu_adam_.empty())
     log_info("peak GPU memory: {:.2f} GiB ({})", static_cast<double>(ops::gpu::peak_memory_bytes()) / (1 << 30),
              ops::gpu::device_name());
 #endif

@@ -67,9 +67,18 @@ class Trainer {
   std::unique_ptr<model::GPTModel> model_;
   std::unique_ptr<parallel::PipelineRunner> pipeline_;  // runs the micro-batches (any PP, also 1)
   int log_rank_ = 0;                                     // prints the iteration and validation lines
+  // The host optimizer: steps on the CPU; on the GPU only the staging area of checkpoints, so it
+  // is made (with its full-size fp32 arrays) the first time a checkpoint needs it.
   std::unique_ptr<optim::Optimizer> optimizer_;
+  optim::Optimizer& host_optimizer();
 #ifdef MT_HAVE_CUDA
-  std::unique_ptr<ops::gpu::AdamW> gpu_adam_;  // --device cuda
+  // --device cuda: AdamW on the device over this rank's optimizer ranges (the whole buffer, or
+  // the owned slices with the distributed optimizer), in optimizer_ranges() order.
+  struct GpuAdamPart {
+    int64_t lo = 0, hi = 0;
+    std::unique_ptr<ops::gpu::AdamW> opt;
+  };
+  std::vector<GpuAdamPart> gpu_adam_;
   void gpu_optimizer_to_host();  // for checkpoints: the host optimizer's arrays mirror the GPU's
   void host_optimizer_to_gpu();
 #endif

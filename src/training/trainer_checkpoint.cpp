@@ -36,7 +36,7 @@ void Trainer::save() {
   const auto t0 = std::chrono::steady_clock::now();
 #ifdef MT_HAVE_CUDA
   // GPU AdamW state goes through the host optimizer's arrays, so the format is the CPU one.
-  if (gpu_adam_ && !args_.no_save_optim) gpu_optimizer_to_host();
+  if (!gpu_adam_.empty() && !args_.no_save_optim) gpu_optimizer_to_host();
 #endif
   ddp_->finish_param_gather();
   checkpoint::TrainingState st = state_;
@@ -47,7 +47,7 @@ void Trainer::save() {
   st.tp_rng_offset = tp_rng_.offset;
   st.args = model_args_json();
   std::optional<checkpoint::OptimizerState> os;
-  if (!args_.no_save_optim) os = checkpoint::optimizer_state(*optimizer_, optimizer_ranges(), ddp_->sharded());
+  if (!args_.no_save_optim) os = checkpoint::optimizer_state(host_optimizer(), optimizer_ranges(), ddp_->sharded());
   checkpoint::SaveOptions o;
   o.async = args_.async_save;
   o.retain_interval = args_.save_retain_interval;
@@ -76,11 +76,11 @@ void Trainer::maybe_load() {
   o.load_optim = !args_.no_load_optim && !args_.finetune;
   o.load_rng = !args_.no_load_rng && !args_.finetune;
   std::optional<checkpoint::OptimizerState> os;
-  if (o.load_optim) os = checkpoint::optimizer_state(*optimizer_, optimizer_ranges(), ddp_->sharded());
+  if (o.load_optim) os = checkpoint::optimizer_state(host_optimizer(), optimizer_ranges(), ddp_->sharded());
   auto st = checkpoint::load_checkpoint(args_.load, *it, rank_info(), model_->params(), os ? &*os : nullptr, o);
-  if (o.load_optim) optimizer_->set_step_count(st.optimizer_steps);
+  if (o.load_optim) host_optimizer().set_step_count(st.optimizer_steps);
 #ifdef MT_HAVE_CUDA
-  if (gpu_adam_ && o.load_optim) host_optimizer_to_gpu();
+  if (!gpu_adam_.empty() && o.load_optim) host_optimizer_to_gpu();
 #endif
   if (args_.finetune) {
     log_info("loaded weights from {} iteration {} (--finetune: starting at iteration 0)", args_.load, *it);
@@ -105,29 +105,38 @@ void Trainer::maybe_load() {
 
 #ifdef MT_HAVE_CUDA
 namespace {
-std::vector<float>* state_array(optim::Optimizer& opt, const char* name) {
+// The host optimizer's arrays of one kind, one per optimizer range in order (the distributed
+// optimizer keeps one AdamW per owned slice).
+std::vector<std::vector<float>*> state_arrays(optim::Optimizer& opt, const char* name, size_t parts) {
+  std::vector<std::vector<float>*> out;
   for (auto& [n, v] : opt.state())
-    if (n == name) return v;
-  fail("internal: the host optimizer has no '{}' state", name);
+    if (n == name) out.push_back(v);
+  MT_CHECK(out.size() == parts, "internal: the host optimizer has {} '{}' arrays for {} GPU optimizer ranges",
+           out.size(), name, parts);
+  return out;
 }
 }  // namespace
 
 void Trainer::gpu_optimizer_to_host() {
-  const int64_t n = model_->params().numel();
-  device_copy(state_array(*optimizer_, "exp_avg")->data(), Device::CPU, gpu_adam_->exp_avg(), Device::CUDA,
-              static_cast<size_t>(n) * 4);
-  device_copy(state_array(*optimizer_, "exp_avg_sq")->data(), Device::CPU, gpu_adam_->exp_avg_sq(), Device::CUDA,
-              static_cast<size_t>(n) * 4);
-  optimizer_->set_step_count(gpu_adam_->step_count());
+  auto m = state_arrays(host_optimizer(), "exp_avg", gpu_adam_.size());
+  auto v = state_arrays(host_optimizer(), "exp_avg_sq", gpu_adam_.size());
+  for (size_t i = 0; i < gpu_adam_.size(); ++i) {
+    const size_t bytes = static_cast<size_t>(gpu_adam_[i].hi - gpu_adam_[i].lo) * 4;
+    device_copy(m[i]->data(), Device::CPU, gpu_adam_[i].opt->exp_avg(), Device::CUDA, bytes);
+    device_copy(v[i]->data(), Device::CPU, gpu_adam_[i].opt->exp_avg_sq(), Device::CUDA, bytes);
+  }
+  host_optimizer().set_step_count(gpu_adam_.front().opt->step_count());
 }
 
 void Trainer::host_optimizer_to_gpu() {
-  const int64_t n = model_->params().numel();
-  device_copy(gpu_adam_->exp_avg(), Device::CUDA, state_array(*optimizer_, "exp_avg")->data(), Device::CPU,
-              static_cast<size_t>(n) * 4);
-  device_copy(gpu_adam_->exp_avg_sq(), Device::CUDA, state_array(*optimizer_, "exp_avg_sq")->data(), Device::CPU,
-              static_cast<size_t>(n) * 4);
-  gpu_adam_->set_step_count(optimizer_->step_count());
+  auto m = state_arrays(host_optimizer(), "exp_avg", gpu_adam_.size());
+  auto v = state_arrays(host_optimizer(), "exp_avg_sq", gpu_adam_.size());
+  for (size_t i = 0; i < gpu_adam_.size(); ++i) {
+    const size_t bytes = static_cast<size_t>(gpu_adam_[i].hi - gpu_adam_[i].lo) * 4;
+    device_copy(gpu_adam_[i].opt->exp_avg(), Device::CUDA, m[i]->data(), Device::CPU, bytes);
+    device_copy(gpu_adam_[i].opt->exp_avg_sq(), Device::CUDA, v[i]->data(), Device::CPU, bytes);
+    gpu_adam_[i].opt->set_step_count(host_optimizer().step_count());
+  }
 }
 #endif
 

@@ -35,6 +35,8 @@ struct RankOptions {
   std::chrono::milliseconds comm_timeout{30000};
   std::chrono::seconds deadline{120};  // parent kills every child still running after this
   std::vector<std::pair<std::string, std::string>> env;  // extra environment for the children
+  // GPU ranks: called in each child before its World exists (picks the GPU, returns NCCL setup).
+  std::function<comm::DeviceComm(int rank)> device;
 };
 
 inline std::vector<RankResult> run_ranks(int n, const std::function<void(comm::World&)>& fn,
@@ -61,7 +63,7 @@ inline std::vector<RankResult> run_ranks(int n, const std::function<void(comm::W
       for (auto& [k, v] : opt.env) ::setenv(k.c_str(), v.c_str(), 1);
       int code = 0;
       try {
-        comm::World world(comm::detect_dist_env(), opt.comm_timeout);
+        comm::World world(comm::detect_dist_env(), opt.comm_timeout, opt.device ? opt.device(r) : comm::DeviceComm{});
         fn(world);
         world.shutdown();
       } catch (const std::exception& e) {

@@ -62,6 +62,12 @@ void init(int device) {
 }
 
 void synchronize() { MT_CUDA_CHECK(cudaStreamSynchronize(st())); }
+int device_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+void* compute_stream() { return st(); }
+int current_device() { return ctx().device; }
 size_t peak_memory_bytes() { return ctx().alloc ? ctx().alloc->peak_bytes() : 0; }
 void reset_peak_memory() {
   if (ctx().alloc) ctx().alloc->reset_peak();
@@ -252,6 +258,14 @@ void cast(const Tensor& src, Tensor& dst) {
 
 double grad_norm_squared(const float* grads, int64_t n) {
   return cuda::grad_norm_squared_host({cuda::GradSpan{const_cast<float*>(grads), n}}, st());
+}
+
+double grad_norm_squared(const float* grads, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  std::vector<cuda::GradSpan> spans;
+  for (auto [lo, hi] : ranges)
+    if (hi > lo) spans.push_back(cuda::GradSpan{const_cast<float*>(grads) + lo, hi - lo});
+  if (spans.empty()) return 0.0;
+  return cuda::grad_norm_squared_host(spans, st());
 }
 
 void clip_grads(float* grads, int64_t n, double total_norm, double max_norm) {

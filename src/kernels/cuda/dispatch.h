@@ -17,6 +17,10 @@ namespace mt::ops::gpu {
 bool available();
 void init(int device = 0);
 void synchronize();
+int device_count();
+// The compute stream (a cudaStream_t) that every op runs on: communication waits for it.
+void* compute_stream();
+int current_device();
 size_t peak_memory_bytes();
 void reset_peak_memory();
 std::string device_name();
@@ -57,6 +61,8 @@ void cast(const Tensor& src, Tensor& dst);  // f32 <-> bf16, same numel, both on
 
 // Optimizer-side helpers on flat fp32 device buffers.
 double grad_norm_squared(const float* grads, int64_t n);
+// Sum of squares over the [begin, end) ranges of `grads` (one pass, one host sync).
+double grad_norm_squared(const float* grads, const std::vector<std::pair<int64_t, int64_t>>& ranges);
 void clip_grads(float* grads, int64_t n, double total_norm, double max_norm);
 struct AdamWState;
 // AdamW over the spans of a flat buffer, writing the bf16 compute copy in the same pass.

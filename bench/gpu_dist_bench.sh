@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Multi-GPU checks and benchmarks on a 2-GPU machine, from the repository root:
+#   scripts/device_prep.sh (here), then on the device: bash bench/gpu_dist_bench.sh [parts]
+# parts (default all): build, tests, smoke, dp, pp, tp, single. Prints one JSON line per
+# benchmark (DESIGN.md) plus the derived figures: DP scaling against twice the one-GPU rate,
+# pipeline bubble against (PP-1)/(M+PP-1), 1F1B against interleaved. Logs go to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
+B=${MT_DEVICE_BUILD:-/tmp/mt_build}
+PARTS=${1:-build,tests,smoke,single,dp,pp,tp}
+has() { [[ ",$PARTS," == *",$1,"* ]]; }
+[ -d third_party_carry/gloo/lib ] && export LD_LIBRARY_PATH="$PWD/third_party_carry/gloo/lib:${LD_LIBRARY_PATH:-}"
+ITERS=${MT_BENCH_ITERS:-12}
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+NGPU=$(nvidia-smi -L | grep -c '^GPU')
+echo "device: ${NGPU}x $GPU, commit $COMMIT"
+if has build; then
+  t0=$(date +%s)
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DMT_WERROR=OFF \
+    >"$OUT/configure.txt" 2>&1 || { echo "configure failed"; grep -A8 "CMake Error" "$OUT/configure.txt" | head -40; exit 1; }
+  cmake --build "$B" -j"$(nproc)" >"$OUT/build.txt" 2>&1 ||
+    { echo "build failed"; grep -E "error|FAILED" "$OUT/build.txt" | head -30; exit 1; }
+  echo "built in $(( $(date +%s) - t0 )) s"
+fi
+M="$B/bin/megatron"
+
+if has tests; then
+  t0=$(date +%s)
+  (cd "$B" && timeout ${MT_CTEST_TIMEOUT:-420} ctest -L gpu ${MT_CTEST_ARGS:-} --output-on-failure >"$OUT/ctest.txt" 2>&1)
+  echo "ctest -L gpu ($(( $(date +%s) - t0 )) s): $(grep -E 'tests passed|tests failed' "$OUT/ctest.txt")"
+  grep -E "^\s*[0-9]+/[0-9]+ Test.*(Failed|Timeout|Exception)" "$OUT/ctest.txt" | head -20
+  grep -E "\[ gpu layout \]" "$OUT/ctest.txt"
+fi
+
+COMMON=(--mock-data --bf16 --device cuda --log-interval 1 --eval-iters 0 --no-progress-bar --lr 1e-4 --clip-grad 1.0
+        --attention-dropout 0 --hidden-dropout 0 --data-cache-path /tmp/mt_cache)
+# run NAME NPROC ARGS...: trains, prints the JSON line, leaves "median tokens/s" in $TOK.
+run() {
+  local name=$1 n=$2; shift 2
+  local t0; t0=$(date +%s)
+  if [ "$n" = 1 ]; then "$M" pretrain "$@" "${COMMON[@]}" >"$OUT/$name.txt" 2>&1
+  else timeout 400 "$M" launch --nproc-per-node "$n" -- pretrain "$@" "${COMMON[@]}" >"$OUT/$name.txt" 2>&1; fi
+  local rc=$?
+  TOK=0
+  [ $rc -ne 0 ] && { echo "$name failed (rc $rc)"; grep -iE "error|fail" "$OUT/$name.txt" | head -5; tail -3 "$OUT/$name.txt"; return; }
+  grep '^ iteration' "$OUT/$name.txt" | tail -n +4 |
+    sed -E 's/.*iteration \(ms\): ([0-9.]+).*TFLOP\/s\/GPU\): ([0-9.]+).*tokens per second: ([0-9]+).*/\1 \2 \3/' |
+    sort -n >"$OUT/$name.ms"
+  local k; k=$(wc -l <"$OUT/$name.ms")
+  read -r ms tf tok < <(sed -n "$(( (k + 1) / 2 ))p" "$OUT/$name.ms")
+  TOK=$tok; MS=$ms
+  local mem; mem=$(grep -oE 'peak GPU memory: [0-9.]+' "$OUT/$name.txt" | awk '{print $4}' | sort -n | tail -1)
+  printf '{"bench":"%s","device":"%sx %s","gpus":%s,"tokens_per_s":%s,"model_tflops_per_gpu":%s,"mfu_pct":%.1f,"peak_mem_gib":%s,"step_time_median_ms":%s,"iters":%s,"wall_s":%s,"commit":"%s"}\n' \
+    "$name" "$n" "$GPU" "$n" "$tok" "$tf" "$(echo "$tf" | awk '{print 100 * $1 / 989}')" "${mem:-null}" "$ms" "$ITERS" \
+    "$(( $(date +%s) - t0 ))" "$COMMIT"
+  grep -E "time in ops|op time" "$OUT/$name.txt" | head -2
+}
+
+if has smoke; then  # the CLI path through megatron launch: DP=2, TP=2, PP=2 on a tiny model
+  TINY=(--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --max-position-embeddings 256
+        --vocab-size 1000 --micro-batch-size 2 --global-batch-size 16 --train-iters 30 --normalization RMSNorm --swiglu
+        --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights --seed 3)
+  for lay in "" "--tensor-model-parallel-size 2 --sequence-parallel" "--pipeline-model-parallel-size 2" \
+             "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"; do
+    # shellcheck disable=SC2086
+    timeout 120 "$M" launch --nproc-per-node 2 -- pretrain "${TINY[@]}" "${COMMON[@]}" $lay >"$OUT/smoke.txt" 2>&1
+    echo "smoke [${lay:-dp2}] rc $? | $(grep '^ iteration' "$OUT/smoke.txt" | sed -n '1p;$p' | grep -oE 'lm loss: [0-9.E+-]+' | tr '\n' ' ')"
+    grep -iE "error" "$OUT/smoke.txt" | head -3
+  done
+fi
+
+LLAMA=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query-attention --num-query-groups 8
+       --ffn-hidden-size 8192 --seq-length 2048 --max-position-embeddings 2048 --normalization RMSNorm --swiglu
+       --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
+       --vocab-size 128255 --micro-batch-size 4 --train-iters "$ITERS")
+ONE=0
+if has single || has dp || has pp; then
+  run llama-1.5b-1gpu 1 "${LLAMA[@]}" --global-batch-size 32; ONE=$TOK
+fi
+if has dp; then
+  run llama-1.5b-dp2-overlap 2 "${LLAMA[@]}" --global-batch-size 64 --overlap-grad-reduce
+  echo "DP=2 scaling with --overlap-grad-reduce: $(awk -v a="$TOK" -v b="$ONE" 'BEGIN{printf "%.1f%%", b > 0 ? 100*a/(2*b) : 0}') of 2x one GPU"
+  run llama-1.5b-dp2-distopt 2 "${LLAMA[@]}" --global-batch-size 64 --overlap-grad-reduce --use-distributed-optimizer \
+    --overlap-param-gather
+  echo "DP=2 scaling with the distributed optimizer: $(awk -v a="$TOK" -v b="$ONE" 'BEGIN{printf "%.1f%%", b > 0 ? 100*a/(2*b) : 0}') of 2x one GPU"
+fi
+if has pp; then
+  # Bubble: the measured rate against two GPUs' worth of the one-GPU rate (the same
+  # micro-batches, so everything missing is pipeline bubble and transfer cost).
+  for mb in 4 8 16; do
+    run "llama-1.5b-pp2-m$mb" 2 "${LLAMA[@]}" --pipeline-model-parallel-size 2 --global-batch-size $((4 * mb))
+    echo "PP=2 M=$mb 1F1B: measured bubble $(awk -v a="$TOK" -v b="$ONE" 'BEGIN{printf "%.1f%%", b > 0 ? 100*(1-a/(2*b)) : 0}'), theory (PP-1)/(M+PP-1) = $(awk -v m=$mb 'BEGIN{printf "%.1f%%", 100/(m+1)}')"
+    run "llama-1.5b-pp2-vpp2-m$mb" 2 "${LLAMA[@]}" --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 \
+      --global-batch-size $((4 * mb))
+    echo "PP=2 VPP=2 M=$mb interleaved: measured bubble $(awk -v a="$TOK" -v b="$ONE" 'BEGIN{printf "%.1f%%", b > 0 ? 100*(1-a/(2*b)) : 0}'), theory (PP-1)/(V*M+PP-1) = $(awk -v m=$mb 'BEGIN{printf "%.1f%%", 100/(2*m+1)}')"
+  done
+fi
+if has tp; then
+  LLAMA8=(--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-query-attention --num-query-groups 8
+          --ffn-hidden-size 14336 --seq-length 4096 --max-position-embeddings 4096 --normalization RMSNorm --swiglu
+          --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
+          --vocab-size 128255 --micro-batch-size 1 --global-batch-size 8 --train-iters 8)
+  run llama-8b-tp2-sp 2 "${LLAMA8[@]}" --tensor-model-parallel-size 2 --sequence-parallel
+fi

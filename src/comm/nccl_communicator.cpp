@@ -1,0 +1,321 @@
+// NCCL communicator (see the header). Built only with the CUDA backend (MT_HAVE_NCCL).
+#ifdef MT_HAVE_NCCL
+#include "comm/nccl_communicator.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <fmt/ranges.h>
+
+#include "core/log.h"
+
+namespace mt::comm {
+
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw CommError(fmt::format("CUDA error in {}: {}", what, cudaGetErrorString(e)));
+}
+
+ncclDataType_t nccl_type(DataType t) {
+  switch (t) {
+    case DataType::F32: return ncclFloat32;
+    case DataType::F64: return ncclFloat64;
+    case DataType::BF16: return ncclBfloat16;
+    case DataType::I32: return ncclInt32;
+    case DataType::I64: return ncclInt64;
+    case DataType::U8: return ncclUint8;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+// A completion event shared by a Work handle and the watchdog.
+struct Event {
+  cudaEvent_t ev = nullptr;
+  Event() { check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"); }
+  ~Event() {
+    if (ev) cudaEventDestroy(ev);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  bool done() const { return cudaEventQuery(ev) == cudaSuccess; }
+};
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<Event> e, cudaStream_t compute) : e_(std::move(e)), compute_(compute) {}
+  // The consumer is the compute stream: it waits on the device, the host goes on.
+  void wait() override { check_cuda(cudaStreamWaitEvent(compute_, e_->ev, 0), "cudaStreamWaitEvent"); }
+  bool done() const override { return e_->done(); }
+
+ private:
+  std::shared_ptr<Event> e_;
+  cudaStream_t compute_;
+};
+
+}  // namespace
+
+bool is_device_pointer(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // plain host memory on old drivers
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+// One NCCL communicator with its stream: the group's, or a point-to-point direction's.
+struct Channel {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+struct NcclState {
+  std::string name;
+  std::vector<int> world_ranks;
+  int rank = 0;
+  int device = 0;
+  std::shared_ptr<Store> store;
+  cudaStream_t compute = nullptr;
+  std::chrono::milliseconds timeout{};
+  Channel group;
+  std::map<int, Channel> send_to, recv_from;  // by peer group rank
+
+  // Outstanding operations, oldest first, for the watchdog.
+  struct Pending {
+    std::shared_ptr<Event> e;
+    std::chrono::steady_clock::time_point t0;
+    std::string what;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Pending> pending;
+  bool stop = false;
+  std::thread watchdog;
+
+  [[noreturn]] void die(const std::string& msg) {
+    std::string who;
+    try {
+      auto lost = store ? store->lost_ranks() : std::vector<int>{};
+      if (!lost.empty()) who = fmt::format("; world rank {} exited or crashed", lost[0]);
+      else who = "; no rank has exited, so one is stuck or slower than --distributed-timeout-minutes allows";
+    } catch (const std::exception&) {
+      who = "; the rendezvous store is unreachable too, so world rank 0 (its host) or the launcher has exited";
+    }
+    std::fflush(stdout);
+    std::fprintf(stderr, "megatron: error: [group %s of world ranks %s] %s%s\n", name.c_str(),
+                 fmt::format("{}", fmt::join(world_ranks, ",")).c_str(), msg.c_str(), who.c_str());
+    std::fflush(stderr);
+    // A collective stuck on the device cannot be unwound: leave at once, as NCCL's own
+    // watchdog in PyTorch does (the peers' watchdogs or sockets end them too).
+    std::_Exit(2);
+  }
+
+  void watch() {
+    (void)cudaSetDevice(device);
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stop) {
+      cv.wait_for(lock, std::chrono::milliseconds(500));
+      while (!pending.empty() && pending.front().e->done()) pending.pop_front();
+      ncclResult_t async = ncclSuccess;
+      if (group.comm && ncclCommGetAsyncError(group.comm, &async) == ncclSuccess && async != ncclSuccess)
+        die(fmt::format("NCCL reported an asynchronous error: {}", ncclGetErrorString(async)));
+      if (pending.empty()) continue;
+      const auto age = std::chrono::steady_clock::now() - pending.front().t0;
+      const std::string what = pending.front().what;
+      if (age > timeout)
+        die(fmt::format("NCCL {} did not complete within {} s (--distributed-timeout-minutes)", what,
+                        std::chrono::duration_cast<std::chrono::seconds>(timeout).count()));
+      if (age < std::chrono::seconds(5) || !store) continue;
+      // A peer that died leaves our transfers waiting forever: ask the store (without holding
+      // the lock, so new operations are not held up meanwhile).
+      lock.unlock();
+      std::vector<int> lost;
+      bool reachable = true;
+      try {
+        lost = store->lost_ranks();
+      } catch (const std::exception&) {
+        reachable = false;
+      }
+      if (!reachable || !lost.empty()) die(fmt::format("NCCL {} cannot complete", what));
+      lock.lock();
+    }
+  }
+
+  // Runs `issue` on `ch` after the compute stream's earlier work; returns the completion handle.
+  template <typename F>
+  WorkHandle launch(Channel& ch, const std::string& what, F&& issue) {
+    auto before = std::make_shared<Event>();
+    check_cuda(cudaEventRecord(before->ev, compute), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(ch.stream, before->ev, 0), "cudaStreamWaitEvent");
+    const ncclResult_t r = issue(ch);
+    if (r != ncclSuccess && r != ncclInProgress)
+      throw CommError(fmt::format("NCCL {} on group '{}' failed: {}", what, name, ncclGetErrorString(r)));
+    auto after = std::make_shared<Event>();
+    check_cuda(cudaEventRecord(after->ev, ch.stream), "cudaEventRecord");
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      pending.push_back({after, std::chrono::steady_clock::now(), what});
+    }
+    return std::make_shared<NcclWork>(after, compute);
+  }
+
+  // Joins an NCCL communicator of `n` ranks whose id rank 0 publishes under `key`.
+  Channel join(const std::string& key, int n, int my) {
+    ncclUniqueId id{};
+    if (my == 0) {
+      if (ncclGetUniqueId(&id) != ncclSuccess) throw CommError("ncclGetUniqueId failed");
+      store->set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+    } else {
+      const std::string v = store->get(key);  // bounded by the store's timeout
+      MT_CHECK(v.size() == sizeof(id), "malformed NCCL id under '{}'", key);
+      std::copy(v.begin(), v.end(), reinterpret_cast<char*>(&id));
+    }
+    Channel ch;
+    const ncclResult_t r = ncclCommInitRank(&ch.comm, n, id, my);
+    if (r != ncclSuccess)
+      throw CommError(fmt::format("joining NCCL communicator '{}' of group '{}' failed: {}", key, name,
+                                  ncclGetErrorString(r)));
+    check_cuda(cudaStreamCreateWithFlags(&ch.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    return ch;
+  }
+
+  Channel& p2p(bool sending, int peer) {
+    auto& chans = sending ? send_to : recv_from;
+    auto it = chans.find(peer);
+    if (it != chans.end()) return it->second;
+    const int from = sending ? rank : peer, to = sending ? peer : rank;
+    // The sender is rank 0 of the direction's communicator and publishes its id.
+    return chans[peer] = join(fmt::format("p2p/{}>{}", from, to), 2, sending ? 0 : 1);
+  }
+
+  static void release(Channel& ch) {
+    if (ch.comm) ncclCommDestroy(ch.comm);
+    if (ch.stream) cudaStreamDestroy(ch.stream);
+    ch = Channel{};
+  }
+};
+
+NcclCommunicator::NcclCommunicator(std::string name, std::vector<int> world_ranks, int rank,
+                                   std::shared_ptr<Store> store, CommPtr host, void* compute_stream, int device,
+                                   std::chrono::milliseconds timeout)
+    : name_(std::move(name)), world_ranks_(std::move(world_ranks)), rank_(rank), host_(std::move(host)),
+      st_(std::make_unique<NcclState>()) {
+  st_->name = name_;
+  st_->world_ranks = world_ranks_;
+  st_->rank = rank_;
+  st_->device = device;
+  st_->store = std::move(store);
+  st_->compute = static_cast<cudaStream_t>(compute_stream);
+  st_->timeout = timeout;
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  st_->group = st_->join("group", size(), rank_);
+  st_->watchdog = std::thread([s = st_.get()] { s->watch(); });
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    st_->stop = true;
+  }
+  st_->cv.notify_all();
+  if (st_->watchdog.joinable()) st_->watchdog.join();
+  // Work still queued must finish before its communicator goes (nothing is pending in a clean exit).
+  if (st_->group.stream) (void)cudaStreamSynchronize(st_->group.stream);
+  for (auto* chans : {&st_->send_to, &st_->recv_from})
+    for (auto& [p, ch] : *chans) NcclState::release(ch);
+  NcclState::release(st_->group);
+}
+
+namespace {
+// Both buffers of one call live in the same kind of memory.
+bool device_pair(const void* a, const void* b, const char* op, const std::string& group) {
+  const bool da = is_device_pointer(a), db = is_device_pointer(b);
+  MT_CHECK(da == db, "{} on group '{}' mixes host and device buffers", op, group);
+  return da;
+}
+}  // namespace
+
+WorkHandle NcclCommunicator::all_reduce_async(void* buf, size_t count, DataType t, ReduceOp op) {
+  if (!is_device_pointer(buf)) return host_->all_reduce_async(buf, count, t, op);
+  return st_->launch(st_->group, fmt::format("all-reduce of {} {}", count, data_type_name(t)), [&](Channel& ch) {
+    return ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), ch.comm, ch.stream);
+  });
+}
+
+WorkHandle NcclCommunicator::reduce_scatter_async(const void* in, void* out, size_t count, DataType t, ReduceOp op) {
+  if (!device_pair(in, out, "reduce-scatter", name_)) return host_->reduce_scatter_async(in, out, count, t, op);
+  return st_->launch(st_->group, fmt::format("reduce-scatter of {} x {} {}", size(), count, data_type_name(t)),
+                     [&](Channel& ch) {
+                       return ncclReduceScatter(in, out, count, nccl_type(t), nccl_op(op), ch.comm, ch.stream);
+                     });
+}
+
+WorkHandle NcclCommunicator::all_gather_async(const void* in, void* out, size_t count, DataType t) {
+  if (!device_pair(in, out, "all-gather", name_)) return host_->all_gather_async(in, out, count, t);
+  return st_->launch(st_->group, fmt::format("all-gather of {} x {} {}", size(), count, data_type_name(t)),
+                     [&](Channel& ch) { return ncclAllGather(in, out, count, nccl_type(t), ch.comm, ch.stream); });
+}
+
+WorkHandle NcclCommunicator::broadcast_async(void* buf, size_t count, DataType t, int root) {
+  if (!is_device_pointer(buf)) return host_->broadcast_async(buf, count, t, root);
+  return st_->launch(st_->group, fmt::format("broadcast of {} {}", count, data_type_name(t)), [&](Channel& ch) {
+    return ncclBroadcast(buf, buf, count, nccl_type(t), root, ch.comm, ch.stream);
+  });
+}
+
+WorkHandle NcclCommunicator::all_to_all_async(const void* in, void* out, size_t count, DataType t) {
+  if (!device_pair(in, out, "all-to-all", name_)) return host_->all_to_all_async(in, out, count, t);
+  const size_t bytes = count * data_type_size(t);
+  return st_->launch(st_->group, fmt::format("all-to-all of {} x {} {}", size(), count, data_type_name(t)),
+                     [&](Channel& ch) {
+                       ncclResult_t r = ncclGroupStart();
+                       for (int p = 0; p < size() && r == ncclSuccess; ++p) {
+                         const size_t off = static_cast<size_t>(p) * bytes;
+                         r = ncclSend(static_cast<const char*>(in) + off, count, nccl_type(t), p, ch.comm, ch.stream);
+                         if (r == ncclSuccess)
+                           r = ncclRecv(static_cast<char*>(out) + off, count, nccl_type(t), p, ch.comm, ch.stream);
+                       }
+                       const ncclResult_t e = ncclGroupEnd();
+                       return r != ncclSuccess ? r : e;
+                     });
+}
+
+WorkHandle NcclCommunicator::send_async(const void* buf, size_t count, DataType t, int peer) {
+  MT_CHECK(peer >= 0 && peer < size() && peer != rank_, "send to rank {} in group '{}' of {}", peer, name_, size());
+  if (!is_device_pointer(buf)) return host_->send_async(buf, count, t, peer);
+  Channel& ch = st_->p2p(true, peer);
+  return st_->launch(ch, fmt::format("send of {} {} to group rank {}", count, data_type_name(t), peer),
+                     [&](Channel& c) { return ncclSend(buf, count, nccl_type(t), 1, c.comm, c.stream); });
+}
+
+WorkHandle NcclCommunicator::recv_async(void* buf, size_t count, DataType t, int peer) {
+  MT_CHECK(peer >= 0 && peer < size() && peer != rank_, "recv from rank {} in group '{}' of {}", peer, name_, size());
+  if (!is_device_pointer(buf)) return host_->recv_async(buf, count, t, peer);
+  Channel& ch = st_->p2p(false, peer);
+  return st_->launch(ch, fmt::format("receive of {} {} from group rank {}", count, data_type_name(t), peer),
+                     [&](Channel& c) { return ncclRecv(buf, count, nccl_type(t), 0, c.comm, c.stream); });
+}
+
+// A barrier is a host-side agreement: Gloo's (device work is ordered by the streams).
+WorkHandle NcclCommunicator::barrier_async() { return host_->barrier_async(); }
+
+}  // namespace mt::comm
+#endif  // MT_HAVE_NCCL

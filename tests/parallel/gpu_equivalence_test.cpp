@@ -1,0 +1,286 @@
+// The parallel layouts on GPUs over NCCL train the same model as one GPU: for 20 steps the
+// loss follows the single-GPU run and the step-1 gradients match it element by element (TP
+// shards cut from the reference with the same split; the distributed optimizer's owned slices
+// only). Both sides train in bf16, so the bounds are bf16-sized where the layout changes the
+// arithmetic (TP splits GEMM reductions) and fp32-sized where it only changes the order in which
+// fp32 gradients are summed (DP, PP). Ranks are forked processes, one GPU each; the parent
+// never touches CUDA (a forked child cannot use a CUDA context made before the fork).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include "comm/multiprocess.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/dispatch.h"
+#endif
+#include "parallel/process_groups.h"
+#include "training/trainer.h"
+
+namespace mt {
+namespace {
+
+constexpr int kSteps = 20;
+constexpr int32_t kVocab = 512;
+
+int visible_gpus() {
+  // Counted by nvidia-smi, not CUDA: the test process must not create a CUDA context.
+  FILE* p = ::popen("nvidia-smi -L 2>/dev/null | grep -c '^GPU'", "r");
+  if (!p) return 0;
+  int n = 0;
+  if (std::fscanf(p, "%d", &n) != 1) n = 0;
+  ::pclose(p);
+  return n;
+}
+
+class PatternSource : public data::SampleSource {
+ public:
+  PatternSource(int64_t n, int64_t S) : n_(n), S_(S) {}
+  int64_t size() const override { return n_; }
+  int64_t seq_length() const override { return S_; }
+  void get(int64_t index, int32_t* t) const override {
+    for (int64_t i = 0; i <= S_; ++i)
+      t[i] = static_cast<int32_t>((index * 7 + i * 3 + (i % 4 == 0 ? index * index : 0)) % (kVocab - 3));
+  }
+
+ private:
+  int64_t n_, S_;
+};
+
+struct Layout {
+  int world = 1, tp = 1, pp = 1, vpp = 0;
+  bool sp = false, dist_opt = false, overlap_grad = false, overlap_param = false, gpt = false;
+  int64_t bucket = 0;
+  double grad_tol = 1e-3, loss_tol = 2e-3;  // relative to the largest gradient / to the loss
+};
+
+Arguments make_args(const Layout& l) {
+  Arguments a;
+  auto& m = a.model;
+  m.num_layers = 4;
+  m.hidden_size = 256;
+  m.num_attention_heads = 4;  // head dim 64, the GPU attention's shape
+  m.seq_length = 128;
+  m.ffn_hidden_size = 512;
+  m.attention_dropout = 0.f;
+  m.hidden_dropout = 0.f;
+  m.bf16 = true;
+  if (!l.gpt) {
+    a.group_query_attention = true;
+    a.given = {"--num-query-groups"};
+    m.num_query_groups = 2;
+    m.normalization = "RMSNorm";
+    m.swiglu = true;
+    m.position_embedding_type = "rope";
+    m.add_bias_linear = false;
+    m.add_qkv_bias = false;
+    m.untie_embeddings_and_output_weights = true;
+  } else {
+    m.position_embedding_type = "learned_absolute";  // tied embeddings, LayerNorm, biases, GELU
+  }
+  a.device = "cuda";
+  a.make_vocab_size_divisible_by = 16;
+  a.data.mock = true;
+  a.micro_batch_size = 2;
+  a.global_batch_size = 8;
+  a.train_iters = kSteps;
+  a.optimizer.lr = 1e-3f;
+  a.lr_warmup_iters = 2;
+  a.lr_decay_style = "cosine";
+  a.min_lr = 1e-4;
+  a.eval_iters = 0;
+  a.log_progress_bar = false;
+  a.world_size = l.world;
+  a.tensor_model_parallel_size = l.tp;
+  a.pipeline_model_parallel_size = l.pp;
+  a.num_virtual_stages_per_pipeline_rank = l.vpp;
+  a.sequence_parallel = l.sp;
+  a.use_distributed_optimizer = l.dist_opt;
+  a.overlap_grad_reduce = l.overlap_grad;
+  a.overlap_param_gather = l.overlap_param;
+  a.ddp_bucket_size = l.bucket;
+  validate_args(a, kVocab);
+  return a;
+}
+
+std::string tmp_dir() {
+  static std::string d = [] {
+    std::string p = "/tmp/mt_gpu_equiv_" + std::to_string(::getpid());
+    if (std::system(("mkdir -p " + p).c_str()) != 0) throw Error("mkdir " + p);
+    return p;
+  }();
+  return d;
+}
+
+std::vector<float> host_grad(const model::Param& p) {
+  Tensor h = p.grad.to_device(Device::CPU);
+  return std::vector<float>(h.data<float>(), h.data<float>() + p.numel());
+}
+
+void train_rank(comm::World& w, const Layout& l, const std::string& out, const std::string& ref) {
+  Arguments a = make_args(l);
+  parallel::RankGrid grid(w.size(), l.tp, l.pp);
+  auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
+  Trainer t(a, nullptr, pg);
+  t.set_data(std::make_unique<PatternSource>(100000, a.model.seq_length), nullptr);
+  std::vector<double> losses;
+  for (int i = 0; i < kSteps; ++i) {
+    auto r = t.train_step();
+    losses.push_back(r.loss_sum / r.tokens);
+    if (i != 0) continue;
+    auto& ps = t.model().params();
+    if (ref.empty()) {  // the reference: full gradients by name
+      std::ofstream f(out + ".grads", std::ios::binary);
+      for (auto& p : ps.params()) {
+        auto g = host_grad(p);
+        const uint64_t len = p.name.size(), n = g.size();
+        f.write(reinterpret_cast<const char*>(&len), 8);
+        f.write(p.name.data(), static_cast<std::streamsize>(len));
+        f.write(reinterpret_cast<const char*>(&n), 8);
+        f.write(reinterpret_cast<const char*>(g.data()), static_cast<std::streamsize>(n * 4));
+      }
+      continue;
+    }
+    std::map<std::string, std::vector<float>> want;
+    {
+      std::ifstream f(ref + ".grads", std::ios::binary);
+      uint64_t len = 0, n = 0;
+      while (f.read(reinterpret_cast<char*>(&len), 8)) {
+        std::string name(len, '\0');
+        f.read(name.data(), static_cast<std::streamsize>(len));
+        f.read(reinterpret_cast<char*>(&n), 8);
+        std::vector<float> v(n);
+        f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * 4));
+        want[name] = std::move(v);
+      }
+    }
+    auto owned = t.data_parallel().owned_ranges();
+    double max_err = 0, max_ref = 0;
+    std::string worst;
+    int compared = 0;
+    for (auto& p : ps.params()) {
+      auto it = want.find(p.name);
+      if (p.replica || it == want.end()) continue;  // a tied embedding's copy on the last stage
+      std::vector<float> mine(static_cast<size_t>(p.numel()));
+      model::extract_shard(p, it->second.data(), mine.data());
+      auto g = host_grad(p);
+      for (int64_t e = 0; e < p.numel(); ++e) {
+        const int64_t flat = p.offset + e;
+        bool is_owned = false;
+        for (auto [lo, hi] : owned) is_owned |= flat >= lo && flat < hi;
+        if (!is_owned) continue;
+        const double d = std::fabs(static_cast<double>(g[static_cast<size_t>(e)]) - mine[static_cast<size_t>(e)]);
+        max_ref = std::max(max_ref, std::fabs(static_cast<double>(mine[static_cast<size_t>(e)])));
+        if (d > max_err) {
+          max_err = d;
+          worst = p.name;
+        }
+      }
+      ++compared;
+    }
+    std::fprintf(stderr, "rank %d: step-1 gradients: max difference %.3e, largest gradient %.3e (%d tensors)\n",
+                 w.rank(), max_err, max_ref, compared);
+    if (compared == 0 || max_err > l.grad_tol * max_ref)
+      throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", w.rank(), max_err,
+                              max_ref, worst));
+  }
+  // The loss is known on the last pipeline stage (its first TP/DP rank writes it).
+  if (t.groups().pp->rank() == t.groups().pp->size() - 1 && t.groups().dp_rank() == 0 && t.groups().tp_rank() == 0) {
+    std::ofstream f(out + ".loss");
+    f.precision(17);
+    for (double x : losses) f << x << "\n";
+  }
+}
+
+std::vector<double> read_losses(const std::string& path) {
+  std::ifstream f(path + ".loss");
+  std::vector<double> v;
+  for (double x; f >> x;) v.push_back(x);
+  return v;
+}
+
+testing::RankOptions gpu_ranks() {
+  testing::RankOptions o;
+  o.deadline = std::chrono::seconds(300);
+  o.comm_timeout = std::chrono::milliseconds(120000);
+#ifdef MT_HAVE_CUDA
+  o.device = [](int rank) {
+    ops::gpu::init(rank);
+    return comm::DeviceComm{true, ops::gpu::compute_stream(), rank};
+  };
+#endif
+  return o;
+}
+
+const std::string& reference(bool gpt) {
+  static std::string paths[2];
+  std::string& p = paths[gpt ? 1 : 0];
+  if (p.empty()) {
+    std::string out = tmp_dir() + (gpt ? "/ref_gpt" : "/ref_llama");
+    Layout one;
+    one.gpt = gpt;
+    auto res = testing::run_ranks(1, [&](comm::World& w) { train_rank(w, one, out, ""); }, gpu_ranks());
+    if (res.size() != 1 || res[0].exit_code != 0)
+      throw Error("single-GPU reference run failed: " + (res.empty() ? std::string() : res[0].stderr_text));
+    p = out;
+  }
+  return p;
+}
+
+void expect_same_as_one_gpu(const Layout& l) {
+#ifndef MT_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#endif
+  if (visible_gpus() < l.world) GTEST_SKIP() << "needs " << l.world << " GPUs";
+  const std::string ref = reference(l.gpt);
+  const std::string out = tmp_dir() + "/run";
+  std::remove((out + ".loss").c_str());
+  auto res = testing::run_ranks(l.world, [&](comm::World& w) { train_rank(w, l, out, ref); }, gpu_ranks());
+  ASSERT_EQ(res.size(), static_cast<size_t>(l.world));
+  for (size_t r = 0; r < res.size(); ++r) {
+    ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
+    std::printf("%s", res[r].stderr_text.c_str());
+  }
+  auto want = read_losses(ref), got = read_losses(out);
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double rel = std::fabs(got[i] - want[i]) / std::fabs(want[i]);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, l.loss_tol) << "step " << i + 1 << ": " << got[i] << " vs one GPU " << want[i];
+  }
+  EXPECT_LT(want.back(), want.front() - 0.5);  // it trains
+  std::printf("[ gpu layout ] world %d tp %d pp %d vpp %d%s%s%s%s%s: loss %.4f -> %.4f, max relative loss difference "
+              "over %d steps %.2e\n",
+              l.world, l.tp, l.pp, l.vpp, l.gpt ? " gpt" : " llama", l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
+              l.overlap_grad ? " overlap-grad" : "", l.overlap_param ? " overlap-param" : "", want.front(), want.back(),
+              kSteps, worst);
+}
+
+// Data parallel: the same arithmetic per micro-batch, fp32 sums in another order.
+TEST(GpuEquivalence, DP2) { expect_same_as_one_gpu({.world = 2}); }
+TEST(GpuEquivalence, DP2OverlapSmallBuckets) {
+  expect_same_as_one_gpu({.world = 2, .overlap_grad = true, .gpt = true, .bucket = 200000});
+}
+TEST(GpuEquivalence, DP2DistributedOptimizerOverlap) {
+  expect_same_as_one_gpu(
+      {.world = 2, .dist_opt = true, .overlap_grad = true, .overlap_param = true, .bucket = 300000});
+}
+// Tensor parallel: GEMM reductions split across GPUs and summed in bf16, as Megatron does.
+TEST(GpuEquivalence, TP2) { expect_same_as_one_gpu({.world = 2, .tp = 2, .grad_tol = 5e-2, .loss_tol = 1e-2}); }
+TEST(GpuEquivalence, TP2SequenceParallel) {
+  expect_same_as_one_gpu({.world = 2, .tp = 2, .sp = true, .grad_tol = 5e-2, .loss_tol = 1e-2});
+}
+TEST(GpuEquivalence, TP2SequenceParallelGpt) {
+  expect_same_as_one_gpu({.world = 2, .tp = 2, .sp = true, .gpt = true, .grad_tol = 5e-2, .loss_tol = 1e-2});
+}
+// Pipeline parallel: the same layers, activations passed on in bf16 unchanged.
+TEST(GpuEquivalence, PP2) { expect_same_as_one_gpu({.world = 2, .pp = 2}); }
+TEST(GpuEquivalence, PP2Interleaved) { expect_same_as_one_gpu({.world = 2, .pp = 2, .vpp = 2}); }
+TEST(GpuEquivalence, PP2TiedEmbeddings) { expect_same_as_one_gpu({.world = 2, .pp = 2, .gpt = true}); }
+
+}  // namespace
+}  // namespace mt
