@@ -11,7 +11,7 @@ B=${MT_DEVICE_BUILD:-/tmp/mt_build}
 # Libraries carried by scripts/device_prep.sh for images that lack them (Gloo's dependencies).
 [ -d third_party_carry/gloo/lib ] && export LD_LIBRARY_PATH="$PWD/third_party_carry/gloo/lib:${LD_LIBRARY_PATH:-}"
 ITERS=${MT_BENCH_ITERS:-25}
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+COMMIT=${MT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "device: $GPU, commit $COMMIT"
 t0=$(date +%s)
@@ -57,7 +57,7 @@ bench() {  # bench NAME ARGS...
   local mem; mem=$(grep -oE 'peak GPU memory: [0-9.]+' "$OUT/$name.txt" | awk '{print $4}')
   printf '{"bench":"%s","device":"%s","tokens_per_s":%s,"model_tflops":%s,"mfu_pct":%.1f,"peak_mem_gib":%s,"step_time_median_ms":%s,"iters":%s,"commit":"%s"}\n' \
     "$name" "$GPU" "$tok" "$tf" "$(echo "$tf" | awk '{print 100 * $1 / 989}')" "${mem:-null}" "$ms" "$ITERS" "$COMMIT"
-  grep "time in ops" "$OUT/$name.txt"
+  grep "time breakdown" "$OUT/$name.txt"
 }
 
 LLAMA=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query-attention --num-query-groups 8

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Multi-GPU checks and benchmarks on a 2-GPU machine, from the repository root:
 #   scripts/device_prep.sh (here), then on the device: bash bench/gpu_dist_bench.sh [parts]
-# parts (default all): build, tests, smoke, dp, pp, tp, single. Prints one JSON line per
+# parts (default all): build, tests, smoke, single, breakdown, dp, pp, tp. Prints one JSON line per
 # benchmark (DESIGN.md) plus the derived figures: DP scaling against twice the one-GPU rate,
 # pipeline bubble against (PP-1)/(M+PP-1), 1F1B against interleaved. Logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
 B=${MT_DEVICE_BUILD:-/tmp/mt_build}
-PARTS=${1:-build,tests,smoke,single,dp,pp,tp}
+PARTS=${1:-build,tests,smoke,single,breakdown,dp,pp,tp}
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
 [ -d third_party_carry/gloo/lib ] && export LD_LIBRARY_PATH="$PWD/third_party_carry/gloo/lib:${LD_LIBRARY_PATH:-}"
 ITERS=${MT_BENCH_ITERS:-12}
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+COMMIT=${MT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 NGPU=$(nvidia-smi -L | grep -c '^GPU')
 echo "device: ${NGPU}x $GPU, commit $COMMIT"
@@ -55,7 +55,7 @@ run() {
   printf '{"bench":"%s","device":"%sx %s","gpus":%s,"tokens_per_s":%s,"model_tflops_per_gpu":%s,"mfu_pct":%.1f,"peak_mem_gib":%s,"step_time_median_ms":%s,"iters":%s,"wall_s":%s,"commit":"%s"}\n' \
     "$name" "$n" "$GPU" "$n" "$tok" "$tf" "$(echo "$tf" | awk '{print 100 * $1 / 989}')" "${mem:-null}" "$ms" "$ITERS" \
     "$(( $(date +%s) - t0 ))" "$COMMIT"
-  grep -E "time in ops|op time" "$OUT/$name.txt" | head -2
+  grep -E "time breakdown" "$OUT/$name.txt" | head -2
 }
 
 if has smoke; then  # the CLI path through megatron launch: DP=2, TP=2, PP=2 on a tiny model
@@ -78,6 +78,9 @@ LLAMA=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query
 ONE=0
 if has single || has dp || has pp; then
   run llama-1.5b-1gpu 1 "${LLAMA[@]}" --global-batch-size 32; ONE=$TOK
+fi
+if has breakdown; then  # per-op GPU time (CUDA events cost a little, so a run of its own)
+  run llama-1.5b-1gpu-timed 1 "${LLAMA[@]}" --global-batch-size 32 --timing-log-level 1
 fi
 if has dp; then
   run llama-1.5b-dp2-overlap 2 "${LLAMA[@]}" --global-batch-size 64 --overlap-grad-reduce

@@ -70,6 +70,10 @@ class Communicator {
   virtual WorkHandle send_async(const void* buf, size_t count, DataType t, int peer) = 0;
   virtual WorkHandle recv_async(void* buf, size_t count, DataType t, int peer) = 0;
   virtual WorkHandle barrier_async() = 0;
+  // Collective with the members: readies point-to-point transfers with these group ranks before
+  // the first one (NCCL builds a communicator per direction, which cannot be done safely while
+  // transfers are in flight). A no-op for backends that need nothing.
+  virtual void prepare_p2p(const std::vector<int>& peers) { (void)peers; }
 
   // Blocking forms.
   void all_reduce(void* buf, size_t count, DataType t, ReduceOp op = ReduceOp::Sum) {

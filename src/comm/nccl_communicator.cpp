@@ -197,13 +197,48 @@ struct NcclState {
     return ch;
   }
 
+  // Both directions with every peer, in one NCCL group so that the setups proceed together
+  // whatever order the peers call in. The sender of a direction is rank 0 of its communicator
+  // and publishes its id.
+  void make_p2p(const std::vector<int>& peers) {
+    std::vector<std::pair<ncclUniqueId, std::pair<Channel*, int>>> todo;  // id, (channel, my rank in it)
+    for (int p : peers) {
+      MT_CHECK(p >= 0 && p < static_cast<int>(world_ranks.size()) && p != rank, "p2p peer {} in group '{}'", p, name);
+      if (!send_to.count(p)) {
+        ncclUniqueId id{};
+        if (ncclGetUniqueId(&id) != ncclSuccess) throw CommError("ncclGetUniqueId failed");
+        store->set(fmt::format("p2p/{}>{}", rank, p), std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+        todo.push_back({id, {&send_to[p], 0}});
+      }
+    }
+    for (int p : peers) {
+      if (recv_from.count(p)) continue;
+      const std::string v = store->get(fmt::format("p2p/{}>{}", p, rank));
+      MT_CHECK(v.size() == sizeof(ncclUniqueId), "malformed NCCL id from group rank {}", p);
+      ncclUniqueId id{};
+      std::copy(v.begin(), v.end(), reinterpret_cast<char*>(&id));
+      todo.push_back({id, {&recv_from[p], 1}});
+    }
+    if (todo.empty()) return;
+    ncclResult_t r = ncclGroupStart();
+    for (auto& [id, ch] : todo)
+      if (r == ncclSuccess) r = ncclCommInitRank(&ch.first->comm, 2, id, ch.second);
+    const ncclResult_t e = ncclGroupEnd();
+    if (r != ncclSuccess || e != ncclSuccess)
+      throw CommError(fmt::format("setting up NCCL point-to-point channels of group '{}' failed: {}", name,
+                                  ncclGetErrorString(r != ncclSuccess ? r : e)));
+    for (auto& [id, ch] : todo)
+      check_cuda(cudaStreamCreateWithFlags(&ch.first->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+
   Channel& p2p(bool sending, int peer) {
     auto& chans = sending ? send_to : recv_from;
     auto it = chans.find(peer);
-    if (it != chans.end()) return it->second;
-    const int from = sending ? rank : peer, to = sending ? peer : rank;
-    // The sender is rank 0 of the direction's communicator and publishes its id.
-    return chans[peer] = join(fmt::format("p2p/{}>{}", from, to), 2, sending ? 0 : 1);
+    if (it == chans.end())
+      throw Error(fmt::format("{} group rank {} on group '{}' without prepare_p2p({{{}}}) first (collective, before "
+                              "any transfer)",
+                              sending ? "send to" : "receive from", peer, name, peer));
+    return it->second;
   }
 
   static void release(Channel& ch) {
@@ -312,6 +347,11 @@ WorkHandle NcclCommunicator::recv_async(void* buf, size_t count, DataType t, int
   Channel& ch = st_->p2p(false, peer);
   return st_->launch(ch, fmt::format("receive of {} {} from group rank {}", count, data_type_name(t), peer),
                      [&](Channel& c) { return ncclRecv(buf, count, nccl_type(t), 0, c.comm, c.stream); });
+}
+
+void NcclCommunicator::prepare_p2p(const std::vector<int>& peers) {
+  host_->prepare_p2p(peers);
+  st_->make_p2p(peers);
 }
 
 // A barrier is a host-side agreement: Gloo's (device work is ordered by the streams).

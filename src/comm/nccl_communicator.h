@@ -13,8 +13,10 @@
 // Point-to-point: NCCL matches sends and receives per communicator in issue order, and a
 // receive blocks its stream until the data arrives. A send and a receive between the same two
 // ranks on one stream could then wait for each other; so every direction (this rank -> peer,
-// peer -> this rank) gets a two-rank communicator and a stream of its own, created when first
-// used (both ends create it: the k-th message in a direction is the k-th on its channel).
+// peer -> this rank) gets a two-rank communicator and a stream of its own (the k-th message in
+// a direction is the k-th on its channel). They are made together by prepare_p2p before any
+// transfer: NCCL's setup synchronises the device, which would wait forever on a receive whose
+// sender is itself blocked setting up another direction.
 //
 // Failures: a watchdog thread checks outstanding operations; one that does not complete within
 // --distributed-timeout-minutes, or an asynchronous NCCL error, ends the process with an error
@@ -54,6 +56,7 @@ class NcclCommunicator final : public Communicator {
   WorkHandle send_async(const void* buf, size_t count, DataType t, int peer) override;
   WorkHandle recv_async(void* buf, size_t count, DataType t, int peer) override;
   WorkHandle barrier_async() override;
+  void prepare_p2p(const std::vector<int>& peers) override;
 
  private:
   std::string name_;

@@ -53,6 +53,7 @@ void SelfAttention::build(ParamStore& ps, const std::string& prefix, const Trans
                           const RopeTables* r, const TensorParallel* tp) {
   cfg = c;
   rope = r;
+  recompute_core = c.recompute_selective();
   // Whole query groups go to each TP rank; linear_qkv packs per group [q heads; k; v], so a
   // rank's groups are one contiguous block of its rows, and its heads a contiguous block of
   // linear_proj's input columns. `cfg` keeps this rank's head and group counts.
@@ -84,56 +85,96 @@ Tensor head_norm_forward(const Norm& n, const Tensor& x, Norm::Saved& s, PassCon
 Tensor head_norm_backward(const Norm& n, const Tensor& dy, Norm::Saved& s, PassContext& ctx) {
   return n.backward(dy.view({-1, dy.dim(-1)}), s, ctx).view(dy.shape());
 }
-}  // namespace
 
+// The attention core's parameters for this rank's heads, with the dropout this pass drew.
+cpu::AttnParams core_params(const TransformerConfig& cfg, int64_t S, int64_t B, const SelfAttention::Saved& s) {
+  const int64_t D = cfg.kv_channels;
+  cpu::AttnParams p{B, cfg.num_attention_heads, cfg.num_query_groups, S, D, 1.0f / std::sqrt(static_cast<float>(D))};
+  p.dropout_p = s.dropout_p;
+  p.seed = s.seed;
+  p.offset = s.offset;
+  return p;
+}
+}  // namespace
 
 Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   const int64_t G = cfg.num_query_groups, qpg = cfg.q_per_group(), D = cfg.kv_channels, Hq = cfg.num_attention_heads;
   s.x = x;
   Tensor packed = qkv.forward(x, ctx);
-  ScopedOpTimer t(ctx.times, &OpTimes::attention);
-  ops::qkv_split(packed, s.q, s.k, s.v, S, B, G, qpg, D);
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+    ops::qkv_split(packed, s.q, s.k, s.v, S, B, G, qpg, D);
+  }
+  packed = Tensor();
   if (cfg.qk_layernorm) {
     s.q = head_norm_forward(q_norm, s.q, s.qn, ctx);
     s.k = head_norm_forward(k_norm, s.k, s.kn, ctx);
   }
   if (rope) {
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::rope_forward(s.q, rope->cos, rope->sin, rope->rot_dim);
     ops::rope_forward(s.k, rope->cos, rope->sin, rope->rot_dim);
   }
-  cpu::AttnParams p{B, Hq, G, S, D, 1.0f / std::sqrt(static_cast<float>(D))};
-  p.dropout_p = ctx.training ? cfg.attention_dropout : 0.f;
-  if (p.dropout_p > 0.f) {
+  s.dropout_p = ctx.training ? cfg.attention_dropout : 0.f;
+  if (s.dropout_p > 0.f) {
     RngState* rng = ctx.region_rng(true);  // a TP region: each rank's heads get their own masks
-    p.seed = s.seed = rng->seed;
-    p.offset = s.offset = rng->next_offset(1);
+    s.seed = rng->seed;
+    s.offset = rng->next_offset(1);
   }
-  ops::attention_forward(p, s.q, s.k, s.v, s.out, s.lse);
-  s.ctx = ops::heads_to_rows(s.out, S, B, Hq, D);
-  return proj.forward(s.ctx, ctx);
+  Tensor out, lse;
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::attention);
+    ops::attention_forward(core_params(cfg, S, B, s), s.q, s.k, s.v, out, lse);
+  }
+  Tensor c;
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+    c = ops::heads_to_rows(out, S, B, Hq, D);
+  }
+  // Selective recomputation drops the core's outputs (out, its row-layout copy for linear_proj,
+  // and lse); backward rebuilds them from q, k, v and the recorded dropout offset.
+  if (!recompute_core) {
+    s.out = std::move(out);
+    s.lse = std::move(lse);
+    s.ctx = c;
+  }
+  return proj.forward(c, ctx);
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   const int64_t G = cfg.num_query_groups, qpg = cfg.q_per_group(), D = cfg.kv_channels, Hq = cfg.num_attention_heads;
+  const cpu::AttnParams p = core_params(cfg, S, B, s);
+  if (!s.out.defined()) {  // selective recomputation: the same kernel, inputs and dropout mask
+    {
+      ScopedOpTimer t(ctx.times, &OpTimes::attention);
+      ops::attention_forward(p, s.q, s.k, s.v, s.out, s.lse);
+    }
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+    s.ctx = ops::heads_to_rows(s.out, S, B, Hq, D);
+  }
   Tensor dctx = proj.backward(dy, s.ctx, ctx);
-  Tensor dx;
+  s.ctx = Tensor();
+  Tensor dout, dq, dk, dv, dx;
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+    dout = ops::rows_to_heads(dctx, S, B, Hq, D);
+  }
+  dctx = Tensor();
   {
     ScopedOpTimer t(ctx.times, &OpTimes::attention);
-    Tensor dout = ops::rows_to_heads(dctx, S, B, Hq, D);
-    cpu::AttnParams p{B, Hq, G, S, D, 1.0f / std::sqrt(static_cast<float>(D))};
-    p.dropout_p = ctx.training ? cfg.attention_dropout : 0.f;
-    p.seed = s.seed;
-    p.offset = s.offset;
-    Tensor dq, dk, dv;
     ops::attention_backward(p, s.q, s.k, s.v, s.out, s.lse, dout, dq, dk, dv);
-    if (rope) {
-      ops::rope_backward(dq, rope->cos, rope->sin, rope->rot_dim);
-      ops::rope_backward(dk, rope->cos, rope->sin, rope->rot_dim);
-    }
-    if (cfg.qk_layernorm) {
-      dq = head_norm_backward(q_norm, dq, s.qn, ctx);
-      dk = head_norm_backward(k_norm, dk, s.kn, ctx);
-    }
+  }
+  if (rope) {
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+    ops::rope_backward(dq, rope->cos, rope->sin, rope->rot_dim);
+    ops::rope_backward(dk, rope->cos, rope->sin, rope->rot_dim);
+  }
+  if (cfg.qk_layernorm) {
+    dq = head_norm_backward(q_norm, dq, s.qn, ctx);
+    dk = head_norm_backward(k_norm, dk, s.kn, ctx);
+  }
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     dx = ops::qkv_merge(dq, dk, dv, S, B, G, qpg, D);
   }
   Tensor dxin = qkv.backward(dx, s.x, ctx);

@@ -39,6 +39,13 @@ struct TransformerConfig {
   float hidden_dropout = 0.1f;
   bool bf16 = false;                 // bf16 model params/activations, fp32 main params & grads
   uint64_t seed = 1234;
+  // Activation recomputation (Megatron's --recompute-*; validated by the training layer).
+  // "full": layers keep only their input and re-run forward in backward, grouped per model
+  // chunk by `recompute_method` ("uniform": groups of N layers; "block": the first N layers,
+  // one at a time). "selective": only the attention core is re-run in backward.
+  std::string recompute_granularity;  // "" (off) | full | selective
+  std::string recompute_method;       // "" | uniform | block (full only)
+  int64_t recompute_num_layers = 0;   // N (full only)
 
   int64_t head_dim() const { return kv_channels; }
   int64_t groups() const { return num_query_groups; }
@@ -48,6 +55,8 @@ struct TransformerConfig {
   int64_t rotary_dim() const;
   bool rope() const { return position_embedding_type == "rope"; }
   bool rmsnorm() const { return normalization == "RMSNorm"; }
+  bool recompute_full() const { return recompute_granularity == "full"; }
+  bool recompute_selective() const { return recompute_granularity == "selective"; }
 
   // Fills defaults that depend on other fields, then validates; throws mt::Error naming the flag.
   void finalize();

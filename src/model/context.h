@@ -1,18 +1,16 @@
 #pragma once
 // Per-micro-batch state shared by the modules of one forward/backward pass: whether we are
 // training (dropout on), where dropout draws its Philox numbers, and op timers.
-#include <chrono>
 #include <cstdint>
+#include <memory>
 
 #include "core/philox.h"
+#include "model/op_times.h"
 
 namespace mt::model {
 
-struct OpTimes {
-  double gemm = 0, attention = 0, norm = 0, elementwise = 0, loss = 0;
-};
-
 struct Param;
+struct RecomputeGroup;  // transformer_layer.cpp
 
 // Callbacks the data-parallel layer hangs on a pass: a parameter is about to be read (its
 // all-gather under --overlap-param-gather must be done), and a parameter's gradient for this
@@ -34,6 +32,9 @@ struct PassContext {
   RngState* tp_rng = nullptr;
   OpTimes* times = nullptr;
   ParamHooks* hooks = nullptr;
+  // Full activation recomputation: the group of layers whose forward is running (set by its
+  // first layer, joined by the next ones, closed by its last; never spans two chunks).
+  std::shared_ptr<RecomputeGroup> recompute_group;
   uint64_t dropout_offset(uint64_t n) { return rng ? rng->next_offset(n) : 0; }
   RngState* region_rng(bool tp_region) const { return tp_region && tp_rng ? tp_rng : rng; }
   void before_use(const Param* p) {
@@ -44,20 +45,21 @@ struct PassContext {
   }
 };
 
-// Adds the wall time of a scope to one OpTimes field (when timing is on).
+// Charges the time of a scope to one OpTimes category (host clock or GPU events, see
+// op_times.h); nested scopes are exclusive. A null OpTimes costs one branch.
 class ScopedOpTimer {
  public:
-  ScopedOpTimer(OpTimes* t, double OpTimes::*field) : t_(t), field_(field) {
-    if (t_) start_ = std::chrono::steady_clock::now();
+  ScopedOpTimer(OpTimes* t, double OpTimes::*field) : t_(t) {
+    if (t_) t_->begin(field);
   }
   ~ScopedOpTimer() {
-    if (t_) t_->*field_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    if (t_) t_->end();
   }
+  ScopedOpTimer(const ScopedOpTimer&) = delete;
+  ScopedOpTimer& operator=(const ScopedOpTimer&) = delete;
 
  private:
   OpTimes* t_;
-  double OpTimes::*field_;
-  std::chrono::steady_clock::time_point start_;
 };
 
 }  // namespace mt::model

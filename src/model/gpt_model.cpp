@@ -1,10 +1,14 @@
 #include "model/gpt_model.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "model/vocab_parallel.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/loss_head.h"
+#endif
 
 namespace mt::model {
 
@@ -39,6 +43,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
              c + 1 == ranges.size() && part.last_stage};
     for (int64_t i = ranges[c].first; i < ranges[c].second; ++i)  // global index in the name
       layers_[k++].build(params_, "decoder.layers." + std::to_string(i), cfg_, cfg_.rope() ? &rope_ : nullptr, &tp_);
+    configure_recompute(&layers_[ch.first], ch.last - ch.first, cfg_);  // per chunk, as Megatron's blocks
     chunks_.push_back(ch);
   }
   if (part.last_stage) {
@@ -74,11 +79,13 @@ Tensor GPTModel::embed(const std::vector<int32_t>& ids_sb, int64_t S, int64_t B,
   ctx.before_use(pos_emb_);
   if (pos_emb_ && S > cfg_.max_position_embeddings)
     fail("sequence of {} tokens exceeds --max-position-embeddings {}", S, cfg_.max_position_embeddings);
+  s.ids = upload(ids_sb);
   Tensor x;
   if (tp_.on()) {
     // Vocab-parallel lookup, summed over TP (reduce-scattered to this rank's sequence shard
-    // under SP); position embeddings are then added to the rows this rank holds.
-    x = vocab_parallel_embedding_forward(ids_sb, word_emb_->value, tp_);
+    // under SP); position embeddings are then added to the rows this rank holds. On the GPU the
+    // sum is in bf16, exact here: each row is non-zero on one rank only.
+    x = vocab_parallel_embedding_forward(s.ids, word_emb_->value, tp_);
     if (tp_.sp()) x = reduce_scatter_rows(x, tp_);
     else all_reduce_tp(x, tp_);
     if (pos_emb_) {
@@ -87,7 +94,6 @@ Tensor GPTModel::embed(const std::vector<int32_t>& ids_sb, int64_t S, int64_t B,
     }
   } else {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    s.ids = to_model_device(Tensor::from_vector(ids_sb, {n}));
     x = ops::embedding_forward(s.ids, word_emb_->value);
     if (pos_emb_) ops::add_position_embedding(x, pos_emb_->value, S, B);
   }
@@ -159,15 +165,21 @@ LossSums GPTModel::head_forward(const Tensor& x, Saved& s, PassContext& ctx) {
   s.final_x = final_norm_.forward(x, s.final_norm, ctx);
   s.logits = output_linear().forward(s.final_x, ctx);
   ScopedOpTimer t(ctx.times, &OpTimes::loss);
+  s.labels = upload(s.labels_sb);
   Tensor losses;
-  if (tp_.on()) {
-    vocab_parallel_cross_entropy_forward(s.logits, s.labels_sb, tp_, losses, s.lse);
-  } else {
-    s.labels = to_model_device(Tensor::from_vector(s.labels_sb, {n}));
-    ops::cross_entropy_forward(s.logits, s.labels, losses, s.lse);
-  }
-  if (losses.device() != Device::CPU) losses = losses.to_device(Device::CPU);  // per-token losses for the sums
+  if (tp_.on()) vocab_parallel_cross_entropy_forward(s.logits, s.labels, tp_, losses, s.lse);
+  else ops::cross_entropy_forward(s.logits, s.labels, losses, s.lse);
   LossSums r;
+  if (device_ != Device::CPU) {
+    // The loss sum stays on the device until collect_device_loss(); the token count comes from
+    // the host mask. Nothing here waits for the device.
+#ifdef MT_HAVE_CUDA
+    s.mask = upload(s.mask_sb);
+    ops::gpu::accumulate_masked_loss(losses, s.mask, loss_acc_);
+#endif
+    for (int64_t i = 0; i < n; ++i) r.tokens += s.mask_sb[static_cast<size_t>(i)];
+    return r;
+  }
   const float* l = losses.data<float>();
   for (int64_t i = 0; i < n; ++i) {  // fixed order: deterministic
     r.loss_sum += static_cast<double>(l[i]) * s.mask_sb[static_cast<size_t>(i)];
@@ -195,11 +207,18 @@ Tensor GPTModel::head_backward(Saved& s, float loss_grad_scale, PassContext& ctx
   Tensor dlogits;
   {
     ScopedOpTimer t(ctx.times, &OpTimes::loss);
-    std::vector<float> dloss(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) dloss[static_cast<size_t>(i)] = s.mask_sb[static_cast<size_t>(i)] * loss_grad_scale;
-    dlogits = tp_.on() ? vocab_parallel_cross_entropy_backward(s.logits, s.labels_sb, s.lse, dloss, tp_)
-                       : ops::cross_entropy_backward(s.logits, s.labels, s.lse,
-                                                     to_model_device(Tensor::from_vector(dloss, {n})));
+    Tensor dloss;
+    if (device_ != Device::CPU) {
+#ifdef MT_HAVE_CUDA
+      dloss = ops::gpu::scaled_mask(s.mask, loss_grad_scale);  // from the mask uploaded in forward
+#endif
+    } else {
+      std::vector<float> d(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) d[static_cast<size_t>(i)] = s.mask_sb[static_cast<size_t>(i)] * loss_grad_scale;
+      dloss = Tensor::from_vector(d, {n});
+    }
+    dlogits = tp_.on() ? vocab_parallel_cross_entropy_backward(s.logits, s.labels, s.lse, dloss, tp_)
+                       : ops::cross_entropy_backward(s.logits, s.labels, s.lse, dloss);
   }
   s.logits = Tensor();
   Tensor dx = output_linear().backward(dlogits, s.final_x, ctx);
@@ -217,7 +236,7 @@ void GPTModel::embedding_backward(const Tensor& dx_in, Saved& s, PassContext& ct
       ops::position_embedding_backward(dx, pg, s_local, B);
     }
     Tensor dfull = tp_.sp() ? all_gather_rows(dx, tp_) : dx;
-    vocab_parallel_embedding_backward(s.ids_sb, dfull, word_emb_->grad, tp_);
+    vocab_parallel_embedding_backward(s.ids, dfull, word_emb_->grad, tp_);
   } else {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::embedding_backward(s.ids, dx, word_emb_->grad);
@@ -250,16 +269,36 @@ Tensor GPTModel::logits(const std::vector<int32_t>& tokens, int64_t B, int64_t S
 
 void GPTModel::to_device(Device d) {
   if (d == device_) return;
-  MT_CHECK(!tp_.on(), "tensor parallelism on the GPU needs the NCCL backend");
   params_.to_device(d);
   if (rope_.cos.defined()) {
     rope_.cos = rope_.cos.to_device(d);
     rope_.sin = rope_.sin.to_device(d);
   }
+  loss_acc_ = d == Device::CPU ? Tensor() : Tensor::zeros({1}, DType::I64, d);
   device_ = d;
 }
 
-Tensor GPTModel::to_model_device(const Tensor& t) const { return device_ == Device::CPU ? t : t.to_device(device_); }
+double GPTModel::collect_device_loss() {
+  if (device_ == Device::CPU || !loss_acc_.defined()) return 0.0;
+  double v = 0.0;
+  // The copy hook waits for the compute stream, where the accumulating kernels ran; the zeroing
+  // is ordered on that stream before any later head forward.
+  device_copy(&v, Device::CPU, loss_acc_.raw(), loss_acc_.device(), sizeof v);
+  device_zero(loss_acc_.raw(), loss_acc_.device(), sizeof v);
+  return v;
+}
+
+template <typename T>
+Tensor GPTModel::upload(const std::vector<T>& v) const {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, int32_t>, "uploads are f32 or i32");
+  const int64_t n = static_cast<int64_t>(v.size());
+  if (device_ == Device::CPU) return Tensor::from_vector(v, {n});
+#ifdef MT_HAVE_CUDA
+  return ops::gpu::upload_async(v.data(), {n}, std::is_same_v<T, float> ? DType::F32 : DType::I32);
+#else
+  return Tensor::from_vector(v, {n}).to_device(device_);
+#endif
+}
 
 Linear GPTModel::output_linear() const {
   Linear l{output_, nullptr, cfg_.hidden_size, cfg_.vocab_size};

@@ -64,10 +64,12 @@ class GPTModel {
     std::vector<TransformerLayer::Saved> layers;
     Norm::Saved final_norm;
     Tensor ids, labels;  // I32 [S*B] on the model's device
+    Tensor mask;         // F32 [S*B] loss mask, GPU only (the CPU path reads mask_sb)
     Tensor final_x, logits, lse;
   };
 
-  // The whole model (one chunk with embedding and head): loss sums of a micro-batch.
+  // The whole model (one chunk with embedding and head): loss sums of a micro-batch. On the
+  // GPU loss_sum is 0 and the sum is kept on the device instead: see collect_device_loss().
   LossSums forward(const Batch& batch, Saved& s, PassContext& ctx);
   // Backward of sum_t(mask_t * loss_t) * loss_grad_scale; accumulates into the main grads.
   void backward(Saved& s, float loss_grad_scale, PassContext& ctx);
@@ -88,6 +90,11 @@ class GPTModel {
   // Inference logits [B*S, V] in (b, s) row order for tokens [B, S] (no dropout, nothing kept).
   Tensor logits(const std::vector<int32_t>& tokens, int64_t B, int64_t S);
 
+  // On the GPU, head forwards add sum_t(mask_t * loss_t) to a device fp64 accumulator rather
+  // than return it, so no micro-batch waits for the device. Returns the sum since the last call
+  // (one device sync) and zeroes it; 0 on the CPU, where LossSums.loss_sum carries the sum.
+  double collect_device_loss();
+
   // Moves parameters (and RoPE tables) to device d; batches are then uploaded per pass.
   void to_device(Device d);
   Device device() const { return device_; }
@@ -107,7 +114,9 @@ class GPTModel {
   void embedding_backward(const Tensor& dx, Saved& s, PassContext& ctx);
   Linear output_linear() const;
 
-  Tensor to_model_device(const Tensor& t) const;
+  // Host values as an [n] tensor on the model's device (on the GPU without waiting for it).
+  template <typename T>
+  Tensor upload(const std::vector<T>& v) const;
 
   TransformerConfig cfg_;
   Device device_ = Device::CPU;
@@ -121,6 +130,7 @@ class GPTModel {
   std::vector<Chunk> chunks_;
   Norm final_norm_;
   RopeTables rope_;
+  Tensor loss_acc_;  // GPU: one fp64 (in an 8-byte I64 cell) summing head losses; see collect_device_loss
 };
 
 }  // namespace mt::model

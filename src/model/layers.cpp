@@ -16,11 +16,16 @@ void Linear::build(ParamStore& ps, const std::string& prefix, int64_t in_f, int6
   bias = with_bias ? &ps.add(prefix + ".bias", {out}, Init::Zeros, false, bsplit) : nullptr;
 }
 
+Tensor Linear::gather_rows(const Tensor& x, PassContext& ctx) const {
+  ScopedOpTimer t(ctx.times, &OpTimes::communication);
+  return all_gather_rows(x, *tp);
+}
+
 Tensor Linear::forward(const Tensor& x, PassContext& ctx) const {
   ctx.before_use(weight);
   ctx.before_use(bias);
   if (mode == ParallelMode::Column) {
-    Tensor xf = tp->sp() ? all_gather_rows(x, *tp) : x;
+    Tensor xf = tp->sp() ? gather_rows(x, ctx) : x;
     ScopedOpTimer t(ctx.times, &OpTimes::gemm);
     return ops::linear_forward(xf, weight->value, bias ? &bias->value : nullptr);
   }
@@ -31,6 +36,7 @@ Tensor Linear::forward(const Tensor& x, PassContext& ctx) const {
       // The bias joins the sum once, from TP rank 0.
       y = ops::linear_forward(x, weight->value, bias && tp->rank() == 0 ? &bias->value : nullptr);
     }
+    ScopedOpTimer t(ctx.times, &OpTimes::communication);
     if (tp->sp()) return reduce_scatter_rows(y, *tp);
     all_reduce_tp(y, *tp);
     return y;
@@ -43,17 +49,18 @@ Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx) con
   Tensor dx;
   if (mode == ParallelMode::Column) {
     // Re-gather the sequence-sharded input rather than keeping the gathered copy (as Megatron).
-    Tensor xf = tp->sp() ? all_gather_rows(x, *tp) : x;
+    Tensor xf = tp->sp() ? gather_rows(x, ctx) : x;
     {
       ScopedOpTimer t(ctx.times, &OpTimes::gemm);
       dx = ops::linear_backward(dy, xf, weight->value, weight->grad, bias ? &bias->grad : nullptr);
     }
+    ScopedOpTimer t(ctx.times, &OpTimes::communication);
     if (tp->sp()) dx = reduce_scatter_rows(dx, *tp);
     else all_reduce_tp(dx, *tp);
   } else if (mode == ParallelMode::Row) {
     // The full output gradient (gathered from sequence shards under SP) gives every rank the
     // complete bias gradient, so the replicated bias stays identical without a TP reduction.
-    Tensor dyf = tp->sp() ? all_gather_rows(dy, *tp) : dy;
+    Tensor dyf = tp->sp() ? gather_rows(dy, ctx) : dy;
     ScopedOpTimer t(ctx.times, &OpTimes::gemm);
     dx = ops::linear_backward(dyf, x, weight->value, weight->grad, bias ? &bias->grad : nullptr);
   } else {
@@ -104,8 +111,9 @@ Tensor Dropout::forward(const Tensor& x, Saved& s, PassContext& ctx) const {
   return ops::dropout_forward(x, p, s.seed, s.offset);
 }
 
-Tensor Dropout::backward(const Tensor& dy, const Saved& s) const {
+Tensor Dropout::backward(const Tensor& dy, const Saved& s, OpTimes* times) const {
   if (!s.active) return dy;
+  ScopedOpTimer t(times, &OpTimes::elementwise);
   return ops::dropout_backward(dy, p, s.seed, s.offset);
 }
 

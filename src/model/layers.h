@@ -31,6 +31,7 @@ struct Linear {
   // Whether grad_ready hooks fire for the weight (off for the output layer when it shares the
   // word embedding, whose gradient is complete only after the embedding's backward).
   bool report_weight_grad = true;
+  Tensor gather_rows(const Tensor& x, PassContext& ctx) const;  // SP all-gather, timed as communication
 };
 
 struct Norm {
@@ -58,7 +59,7 @@ struct Dropout {
     bool active = false;
   };
   Tensor forward(const Tensor& x, Saved& s, PassContext& ctx) const;  // may return x itself
-  Tensor backward(const Tensor& dy, const Saved& s) const;
+  Tensor backward(const Tensor& dy, const Saved& s, OpTimes* times = nullptr) const;
 };
 
 // Rounds activations to bf16 precision in place when the model runs in bf16.

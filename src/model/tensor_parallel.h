@@ -6,6 +6,7 @@
 //               output is summed over TP (forward: all-reduce).
 //   with SP:    column-parallel input is all-gathered along the sequence (backward:
 //               reduce-scatter); row-parallel output is reduce-scattered along the sequence.
+// Tensors are fp32, or bf16 on the GPU (communicated in bf16, as Megatron does for activations).
 #include "comm/communicator.h"
 #include "core/tensor.h"
 #include "model/params.h"

@@ -1,5 +1,10 @@
 #include "model/transformer_layer.h"
 
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "core/error.h"
 #include "kernels/ops.h"
 
 namespace mt::model {
@@ -18,7 +23,76 @@ void TransformerLayer::build(ParamStore& ps, const std::string& prefix, const Tr
   attn_drop.tp_region = mlp_drop.tp_region = tp && tp->sp();
 }
 
+// What a full-recomputation group keeps from its forward to its backward.
+struct RecomputeGroup {
+  Tensor input;  // the group's first layer's input; moved into its rebuilt Saved
+  bool training = true;
+  // The dropout streams as the group's forward found them, and their offsets when it ended:
+  // the re-run draws from copies of the former and must end at the latter.
+  std::optional<RngState> rng, tp_rng;
+  uint64_t rng_end = 0, tp_rng_end = 0;
+  std::vector<const TransformerLayer*> layers;  // in forward order
+  std::vector<TransformerLayer::Saved> saved;   // rebuilt, handed out one by one in backward
+  bool rebuilt = false;
+
+  void rebuild(int64_t S, int64_t B, PassContext& ctx) {
+    RngState r = rng.value_or(RngState{}), tr = tp_rng.value_or(RngState{});
+    PassContext rc;
+    rc.training = training;
+    rc.rng = rng ? &r : nullptr;
+    rc.tp_rng = tp_rng ? &tr : nullptr;
+    rc.times = ctx.times;
+    rc.hooks = ctx.hooks;  // before_use: the parameters are read again
+    saved.resize(layers.size());
+    Tensor x = std::move(input);
+    for (size_t j = 0; j < layers.size(); ++j) x = layers[j]->forward_layer(x, S, B, saved[j], rc);
+    MT_CHECK((!rng || r.offset == rng_end) && (!tp_rng || tr.offset == tp_rng_end),
+             "recomputed forward drew other dropout offsets than the first forward");
+    rebuilt = true;
+  }
+};
+
 Tensor TransformerLayer::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
+  if (!recompute) return forward_layer(x, S, B, s, ctx);
+  if (recompute_group_start) {
+    auto g = std::make_shared<RecomputeGroup>();
+    g->input = x;
+    g->training = ctx.training;
+    if (ctx.rng) g->rng = *ctx.rng;
+    if (ctx.tp_rng) g->tp_rng = *ctx.tp_rng;
+    ctx.recompute_group = std::move(g);
+  }
+  MT_CHECK(ctx.recompute_group != nullptr, "a recomputed layer's forward outside its recompute group");
+  RecomputeGroup& g = *ctx.recompute_group;
+  s.group = ctx.recompute_group;
+  s.group_index = g.layers.size();
+  g.layers.push_back(this);
+  Tensor y;
+  {
+    Saved scratch;  // what backward would need: freed as soon as the layer is done
+    y = forward_layer(x, S, B, scratch, ctx);
+  }
+  if (recompute_group_end) {
+    if (ctx.rng) g.rng_end = ctx.rng->offset;
+    if (ctx.tp_rng) g.tp_rng_end = ctx.tp_rng->offset;
+    ctx.recompute_group.reset();
+  }
+  return y;
+}
+
+Tensor TransformerLayer::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
+  if (s.group) {
+    // Keeps the group alive to the end of this call: the first layer's backward frees it.
+    const std::shared_ptr<RecomputeGroup> g = std::move(s.group);
+    const size_t i = s.group_index;
+    if (!g->rebuilt) g->rebuild(S, B, ctx);
+    MT_CHECK(i < g->layers.size() && g->layers[i] == this, "recompute group does not hold this layer");
+    s = std::move(g->saved[i]);
+  }
+  return backward_layer(dy, S, B, s, ctx);
+}
+
+Tensor TransformerLayer::forward_layer(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   Tensor a = attn.forward(input_norm.forward(x, s.n1, ctx), S, B, s.attn, ctx);
   Tensor h = attn_drop.forward(a, s.d1, ctx);
   if (h.raw() == a.raw()) h = a;  // dropout off: reuse the buffer
@@ -37,13 +111,58 @@ Tensor TransformerLayer::forward(const Tensor& x, int64_t S, int64_t B, Saved& s
   return y;
 }
 
-Tensor TransformerLayer::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
+Tensor TransformerLayer::backward_layer(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   // dy flows to h directly (residual) and through mlp_drop -> mlp -> pre_mlp_norm.
-  Tensor dh = pre_mlp_norm.backward(mlp.backward(mlp_drop.backward(dy, s.d2), s.mlp, ctx), s.n2, ctx);
-  ops::add_inplace(dh, dy);
-  Tensor dx = input_norm.backward(attn.backward(attn_drop.backward(dh, s.d1), S, B, s.attn, ctx), s.n1, ctx);
+  Tensor dh = pre_mlp_norm.backward(mlp.backward(mlp_drop.backward(dy, s.d2, ctx.times), s.mlp, ctx), s.n2, ctx);
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+    ops::add_inplace(dh, dy);
+  }
+  Tensor dx = input_norm.backward(attn.backward(attn_drop.backward(dh, s.d1, ctx.times), S, B, s.attn, ctx), s.n1, ctx);
+  ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
   ops::add_inplace(dx, dh);
   return dx;
+}
+
+size_t TransformerLayer::saved_bytes(const Saved& s) {
+  std::vector<const void*> seen;
+  size_t total = 0;
+  auto add = [&](const Tensor& t) {
+    if (!t.defined() || t.numel() == 0) return;
+    const void* p = t.raw();
+    if (std::find(seen.begin(), seen.end(), p) != seen.end()) return;  // same storage, counted
+    seen.push_back(p);
+    total += t.nbytes();
+  };
+  for (const Norm::Saved* n : {&s.n1, &s.n2, &s.attn.qn, &s.attn.kn})
+    for (const Tensor* t : {&n->x, &n->mean, &n->rstd}) add(*t);
+  const auto& a = s.attn;
+  for (const Tensor* t : {&a.x, &a.q, &a.k, &a.v, &a.out, &a.lse, &a.ctx}) add(*t);
+  for (const Tensor* t : {&s.mlp.x, &s.mlp.h, &s.mlp.a}) add(*t);
+  if (s.group && s.group_index == 0) add(s.group->input);
+  return total;
+}
+
+void configure_recompute(TransformerLayer* layers, size_t n, const TransformerConfig& c) {
+  const bool full = c.recompute_full();
+  const bool uniform = c.recompute_method == "uniform";
+  if (full)
+    MT_CHECK((uniform || c.recompute_method == "block") && c.recompute_num_layers >= 1,
+             "full recomputation needs method uniform or block and num_layers >= 1 (got '{}', {})",
+             c.recompute_method, c.recompute_num_layers);
+  const size_t N = full ? static_cast<size_t>(c.recompute_num_layers) : 0;
+  for (size_t j = 0; j < n; ++j) {
+    TransformerLayer& l = layers[j];
+    if (!full) {
+      l.recompute = l.recompute_group_start = l.recompute_group_end = false;
+    } else if (uniform) {  // every layer, in groups of N from the chunk's first layer
+      l.recompute = true;
+      l.recompute_group_start = j % N == 0;
+      l.recompute_group_end = j % N == N - 1 || j + 1 == n;
+    } else {  // block: the first N layers, each its own group; the rest keep their activations
+      l.recompute = l.recompute_group_start = l.recompute_group_end = j < N;
+    }
+  }
 }
 
 }  // namespace mt::model

@@ -173,7 +173,14 @@ class Exchange {
 }  // namespace
 
 PipelineRunner::PipelineRunner(model::GPTModel& model, comm::CommPtr pp, int64_t group)
-    : model_(model), pp_(std::move(pp)), group_(group) {}
+    : model_(model), pp_(std::move(pp)), group_(group) {
+  // Collective over the pipeline group: messages go to the previous and next stage only.
+  const int P = pp_->size(), r = pp_->rank();
+  if (P == 1) return;
+  std::vector<int> peers{(r + P - 1) % P};
+  if ((r + 1) % P != peers[0]) peers.push_back((r + 1) % P);
+  pp_->prepare_p2p(peers);
+}
 
 model::LossSums PipelineRunner::train(const std::vector<model::Batch>& batches, float loss_grad_scale,
                                       const model::PassContext& ctx, DataParallel* ddp) {

@@ -16,6 +16,7 @@ namespace {
 struct Registered {
   FlagParser parser{"pretrain"};
   bool fp16 = false, disable_bias_linear = false, add_qkv_bias = false, use_rotary = false;
+  bool recompute_activations = false;
 };
 
 void register_flags(FlagParser& p, Arguments& a, Registered& r) {
@@ -120,6 +121,9 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   // Run control, logging, evaluation, checkpoints.
   p.value("--seed", &a.seed, "random seed (default 1234)");
   p.value("--log-interval", &a.log_interval, "iterations between log lines (default 100)");
+  p.value("--timing-log-level", &a.timing_log_level,
+          "0: no per-op timing on the GPU (default); 1 or 2: time op categories with CUDA events and print the "
+          "breakdown at the end");
   p.value("--eval-interval", &a.eval_interval, "iterations between evaluations (default 1000)");
   p.value("--eval-iters", &a.eval_iters, "iterations per evaluation (default 100; 0 disables)");
   p.value("--save", &a.save, "checkpoint directory to save to");
@@ -188,6 +192,15 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.custom("--calculate-per-token-loss", false, [](const std::string&) {},
            "accepted: the loss is always the token-weighted mean");
 
+  // Activation recomputation (validate_recompute_args holds Megatron's rules).
+  p.value("--recompute-granularity", &m.recompute_granularity,
+          "activation recomputation: full (whole layers) or selective (the attention core)", {"full", "selective"});
+  p.store_true("--recompute-activations", &r.recompute_activations, "same as --recompute-granularity selective");
+  p.value("--recompute-method", &m.recompute_method,
+          "full recomputation: uniform (groups of N layers) or block (the first N layers of each stage)",
+          {"uniform", "block"});
+  p.value("--recompute-num-layers", &m.recompute_num_layers, "N for --recompute-method");
+
   // Megatron-LM flags that are known but not implemented yet: rejected by name.
   p.unsupported("--pipeline-model-parallel-layout", "give the split with --decoder-first-pipeline-num-layers / "
                 "--decoder-last-pipeline-num-layers and --num-virtual-stages-per-pipeline-rank");
@@ -195,8 +208,8 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
     p.unsupported(f, "mixture-of-experts models are not implemented yet");
   for (const char* f : {"--fp8-format", "--fp8-recipe", "--fp8-amax-history-len"})
     p.unsupported(f, "FP8 arrives with the CUDA backend");
-  for (const char* f : {"--recompute-granularity", "--recompute-method", "--recompute-num-layers"})
-    p.unsupported(f, "activation recomputation arrives with the CUDA backend");
+  p.unsupported("--distribute-saved-activations", "saved activations are not split over TP ranks yet");
+  p.unsupported("--recompute-modules", "selective recomputation always recomputes the attention core (core_attn)");
   for (const char* f : {"--reset-position-ids", "--reset-attention-mask", "--apply-layernorm-1p",
                         "--apply-residual-connection-post-layernorm", "--tensorboard-dir",
                         "--wandb-project", "--loss-scale", "--initial-loss-scale", "--exit-signal-handler"})
@@ -215,6 +228,12 @@ Arguments parse_pretrain_args(const std::vector<std::string>& argv) {
   a.given = r.parser.given_names();
   if (r.fp16) fail("--fp16 is not supported by the CPU engine yet; use --bf16 or fp32 (no flag)");
   if (r.use_rotary) a.model.position_embedding_type = "rope";
+  if (r.recompute_activations) {
+    if (a.model.recompute_granularity == "full")
+      fail("--recompute-activations means --recompute-granularity selective; it cannot be combined with "
+           "--recompute-granularity full");
+    a.model.recompute_granularity = "selective";
+  }
   a.model.add_bias_linear = !r.disable_bias_linear;
   a.model.add_qkv_bias = a.model.add_bias_linear || r.add_qkv_bias;
   return a;
@@ -258,6 +277,42 @@ void validate_parallel_args(Arguments& a) {
 }
 
 namespace {
+// Megatron's activation-recomputation rules, after the pipeline split is known (N is bounded
+// by the layers a pipeline stage holds).
+void validate_recompute_args(Arguments& a, const std::function<bool(const char*)>& given) {
+  auto& m = a.model;
+  const std::string& g = m.recompute_granularity;
+  if (g.empty()) {
+    if (given("--recompute-method") || given("--recompute-num-layers"))
+      fail("--recompute-method and --recompute-num-layers need --recompute-granularity full");
+    return;
+  }
+  if (g == "selective") {
+    if (given("--recompute-method"))
+      fail("--recompute-method is not supported with --recompute-granularity selective (it recomputes the attention "
+           "core of every layer); drop it, or use --recompute-granularity full");
+    if (given("--recompute-num-layers"))
+      fail("--recompute-num-layers is not supported with --recompute-granularity selective; drop it, or use "
+           "--recompute-granularity full");
+    return;
+  }
+  if (m.recompute_method.empty())
+    fail("--recompute-granularity full needs --recompute-method uniform or block");
+  if (!given("--recompute-num-layers"))
+    fail("--recompute-granularity full needs --recompute-num-layers N (uniform: layers per recomputed group; "
+         "block: layers recomputed on each pipeline stage)");
+  const parallel::PipelineLayout layout(m.num_layers, pipeline_options(a));
+  int64_t per_stage = 0;
+  for (int r = 0; r < layout.pp(); ++r) {
+    int64_t n = 0;
+    for (auto [b, e] : layout.chunks(r)) n += e - b;
+    per_stage = std::max(per_stage, n);
+  }
+  if (m.recompute_num_layers < 1 || m.recompute_num_layers > per_stage)
+    fail("--recompute-num-layers must be between 1 and the layers per pipeline stage ({}); got {}", per_stage,
+         m.recompute_num_layers);
+}
+
 // Megatron's pipeline rules: the layer split (PipelineLayout) and, for the interleaved
 // schedule, the micro-batch count.
 void validate_pipeline_args(Arguments& a, const std::function<bool(const char*)>& given) {
@@ -307,6 +362,8 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
     fail("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples cannot be used together");
   if (a.optimizer.lr <= 0) fail("--lr must be positive (got {})", a.optimizer.lr);
   if (a.log_interval <= 0) fail("--log-interval must be positive (got {})", a.log_interval);
+  if (a.timing_log_level < 0 || a.timing_log_level > 2)
+    fail("--timing-log-level must be 0, 1 or 2 (got {})", a.timing_log_level);
   if (a.eval_interval <= 0) fail("--eval-interval must be positive (got {})", a.eval_interval);
   if (a.eval_iters < 0) fail("--eval-iters must be >= 0 (got {})", a.eval_iters);
   if (a.save_interval < 0) fail("--save-interval must be >= 0 (got {})", a.save_interval);
@@ -342,6 +399,7 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   if (a.tensor_model_parallel_size > 1)
     model::check_tensor_parallel(a.model, a.tensor_model_parallel_size, a.sequence_parallel);
   validate_pipeline_args(a, given);
+  validate_recompute_args(a, given);
 }
 
 parallel::PipelineOptions pipeline_options(const Arguments& a) {

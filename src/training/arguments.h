@@ -46,6 +46,9 @@ struct Arguments {
   // Logging, evaluation, checkpoints.
   uint64_t seed = 1234;
   int64_t log_interval = 100;
+  // Megatron's --timing-log-level: >= 1 times every op category on the GPU too (CUDA events;
+  // a few percent of step time), printed as a breakdown at the end. The CPU always times.
+  int64_t timing_log_level = 0;
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
   std::string save, load;

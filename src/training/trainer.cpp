@@ -138,6 +138,8 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
     if (args_.optimizer.type != "adam") fail("--device cuda supports --optimizer adam only for now");
     ops::gpu::init();  // a multi-GPU launch picked this rank's device before (pretrain)
     model_->to_device(Device::CUDA);
+    time_ops_ = args_.timing_log_level >= 1;
+    if (time_ops_) op_times_.set_device(Device::CUDA);
     for (auto [lo, hi] : optimizer_ranges())
       gpu_adam_.push_back({lo, hi,
                            std::make_unique<ops::gpu::AdamW>(hi - lo, parallel::spans_within(ps.spans(), lo, hi),
@@ -235,6 +237,8 @@ model::Batch Trainer::make_batch(data::SampleSource& src, int64_t first, int64_t
 }
 
 IterationResult Trainer::train_step() {
+  const double t_start = now_s();
+  model::OpTimes* times = time_ops_ ? &op_times_ : nullptr;
   const int64_t gbs = args_.global_batch_size, mbs = args_.micro_batch_size, dp = pg_.dp->size();
   const int64_t nmb = gbs / (mbs * dp);
   // Megatron's pretraining sampler: the global batch is read in chunks of mbs x DP samples and
@@ -257,10 +261,11 @@ IterationResult Trainer::train_step() {
   ctx.training = true;
   ctx.rng = &dropout_rng_;
   ctx.tp_rng = pg_.tp->size() > 1 ? &tp_rng_ : nullptr;
-  ctx.times = &op_times_;
+  ctx.times = times;
   // Every stage reads the micro-batches (tokens on the first, labels on the last, the token
   // count everywhere); the schedule interleaves their passes (F0 B0 F1 B1 ... without PP).
   model::LossSums ls = pipeline_->train(mbatches, scale, ctx, ddp_.get());
+  ls.loss_sum += model_->collect_device_loss();  // on the GPU the sum stays on the device until here
   if (pg_.pp->size() > 1) {
     // A stage draws dropout offsets for its own layers only: move every stage's streams to the
     // furthest position, so they advance alike on all ranks and one saved offset resumes any.
@@ -269,9 +274,13 @@ IterationResult Trainer::train_step() {
     dropout_rng_.offset = static_cast<uint64_t>(off[0]);
     tp_rng_.offset = static_cast<uint64_t>(off[1]);
   }
-  ddp_->finish_grad_sync();
-  parallel::all_reduce_embedding_grads(ps, *pg_.embedding);
-  parallel::all_reduce_sequence_parallel_grads(ps, *pg_.tp);
+  {
+    // The part of the gradient reduction that backward did not hide.
+    model::ScopedOpTimer t(times, &model::OpTimes::communication);
+    ddp_->finish_grad_sync();
+    parallel::all_reduce_embedding_grads(ps, *pg_.embedding);
+    parallel::all_reduce_sequence_parallel_grads(ps, *pg_.tp);
+  }
   // The loss is on the last stage: summed over DP, then over PP (zeros elsewhere), so every
   // rank has the global value and takes the same NaN/skip decision.
   double sums[2] = {ls.loss_sum, ls.tokens};
@@ -291,6 +300,7 @@ IterationResult Trainer::train_step() {
     log_warn("iteration {}: {} is {} - update skipped", state_.iteration + 1,
              std::isfinite(loss) ? "grad norm" : "loss", std::isfinite(loss) ? r.grad_norm : loss);
   } else {
+    model::ScopedOpTimer t(times, &model::OpTimes::optimizer);
     const int64_t steps = state_.consumed_train_samples;  // the scheduler counts samples
 #ifdef MT_HAVE_CUDA
     if (!gpu_adam_.empty()) {
@@ -317,6 +327,7 @@ IterationResult Trainer::train_step() {
   state_.iteration++;
   state_.consumed_train_samples += gbs;
   last_lr_ = schedule_->lr(state_.consumed_train_samples);
+  train_time_ += now_s() - t_start;
   return r;
 }
 
@@ -331,6 +342,7 @@ double Trainer::evaluate(data::SampleSource& source, int64_t& consumed, int64_t 
     model::PassContext ctx;
     ctx.training = false;
     model::LossSums s = pipeline_->evaluate(mbatches, ctx);
+    s.loss_sum += model_->collect_device_loss();
     sums[0] += s.loss_sum;
     sums[1] += s.tokens;
     consumed += args_.global_batch_size;
@@ -443,11 +455,7 @@ int Trainer::run() {
     log_info("peak GPU memory: {:.2f} GiB ({})", static_cast<double>(ops::gpu::peak_memory_bytes()) / (1 << 30),
              ops::gpu::device_name());
 #endif
-  const double total = op_times_.gemm + op_times_.attention + op_times_.norm + op_times_.elementwise + op_times_.loss;
-  if (total > 0)
-    log_info("time in ops: GEMM {:.1f}% | attention {:.1f}% | norms {:.1f}% | elementwise {:.1f}% | loss {:.1f}%",
-             100 * op_times_.gemm / total, 100 * op_times_.attention / total, 100 * op_times_.norm / total,
-             100 * op_times_.elementwise / total, 100 * op_times_.loss / total);
+  if (time_ops_) log_info("{}", model::format_op_breakdown(op_times_, train_time_));
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include "data/sample_source.h"
 #include "data/tokenizer.h"
 #include "model/gpt_model.h"
+#include "model/op_times.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "parallel/ddp.h"
@@ -88,6 +89,8 @@ class Trainer {
   std::unique_ptr<checkpoint::Saver> saver_;
   RngState dropout_rng_;
   model::OpTimes op_times_;
+  bool time_ops_ = true;   // on the GPU only with --timing-log-level >= 1
+  double train_time_ = 0;  // wall time inside train_step, what the op breakdown is a share of
   int64_t total_iters_ = 0;
   // Accumulated over a log interval, as Megatron averages the logged loss.
   double interval_loss_sum_ = 0, interval_tokens_ = 0, interval_time_ = 0;

@@ -38,6 +38,15 @@ expect_error "--load: directory '$TMP/missing' does not exist" pretrain "${BASE[
 expect_error "--load DIR is required" generate --prompt hi
 expect_error "--lr must be positive" pretrain "${BASE[@]}" --lr 0
 expect_error "--seq-length (16) exceeds --max-position-embeddings (8)" pretrain "${BASE[@]}" --max-position-embeddings 8
+expect_error "--recompute-granularity got 'partial'" pretrain "${BASE[@]}" --recompute-granularity partial
+expect_error "--recompute-granularity full needs --recompute-method uniform or block" pretrain "${BASE[@]}" --recompute-granularity full
+expect_error "--recompute-granularity full needs --recompute-num-layers N" pretrain "${BASE[@]}" --recompute-granularity full --recompute-method uniform
+expect_error "--recompute-num-layers must be between 1 and the layers per pipeline stage (2); got 3" pretrain "${BASE[@]}" --recompute-granularity full --recompute-method block --recompute-num-layers 3
+expect_error "--recompute-num-layers must be between 1 and the layers per pipeline stage (2); got 0" pretrain "${BASE[@]}" --recompute-granularity full --recompute-method uniform --recompute-num-layers 0
+expect_error "--recompute-method is not supported with --recompute-granularity selective" pretrain "${BASE[@]}" --recompute-granularity selective --recompute-method block
+expect_error "--recompute-num-layers is not supported with --recompute-granularity selective" pretrain "${BASE[@]}" --recompute-granularity selective --recompute-num-layers 1
+expect_error "--recompute-method and --recompute-num-layers need --recompute-granularity full" pretrain "${BASE[@]}" --recompute-method uniform --recompute-num-layers 1
+expect_error "--recompute-activations means --recompute-granularity selective" pretrain "${BASE[@]}" --recompute-activations --recompute-granularity full
 mkdir -p "$TMP/ck" && echo "abc" >"$TMP/ck/latest_checkpointed_iteration.txt"
 expect_error "should hold an iteration number" pretrain "${BASE[@]}" --load "$TMP/ck"
 

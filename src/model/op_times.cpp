@@ -1,0 +1,116 @@
+#include "model/op_times.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/op_timer.h"
+#endif
+
+namespace mt::model {
+namespace {
+
+constexpr double OpTimes::* kFields[] = {&OpTimes::gemm,      &OpTimes::attention, &OpTimes::norm,
+                                         &OpTimes::elementwise, &OpTimes::loss,      &OpTimes::optimizer,
+                                         &OpTimes::communication};
+constexpr int kCategories = static_cast<int>(std::size(kFields));
+constexpr const char* kNames[kCategories] = {"GEMM", "attention", "norms", "elementwise", "loss", "optimizer",
+                                             "communication"};
+
+int category_of(double OpTimes::*f) {
+  for (int i = 0; i < kCategories; ++i)
+    if (kFields[i] == f) return i;
+  fail("OpTimes: unknown category field");
+}
+
+}  // namespace
+
+#ifdef MT_HAVE_CUDA
+struct OpTimes::DeviceSpans {
+  ops::gpu::EventTimeline timeline{kCategories};
+};
+#else
+struct OpTimes::DeviceSpans {};
+#endif
+
+OpTimes::OpTimes() = default;
+OpTimes::~OpTimes() = default;
+
+void OpTimes::set_device(Device d) {
+  MT_CHECK(open_.empty(), "OpTimes::set_device while {} timing scopes are open", open_.size());
+  if ((d == Device::CUDA) == on_device()) return;
+  if (d == Device::CPU) {
+    resolve();
+    dev_.reset();
+    return;
+  }
+#ifdef MT_HAVE_CUDA
+  dev_ = std::make_unique<DeviceSpans>();
+#else
+  fail("GPU op timing needs a build with the CUDA backend");
+#endif
+}
+
+void OpTimes::mark() noexcept {
+  const int top = open_.empty() ? -1 : open_.back();
+#ifdef MT_HAVE_CUDA
+  if (dev_) {
+    dev_->timeline.mark(top);
+    return;
+  }
+#endif
+  const auto now = std::chrono::steady_clock::now();
+  if (top >= 0) this->*kFields[top] += std::chrono::duration<double>(now - last_).count();
+  last_ = now;
+}
+
+void OpTimes::begin(double OpTimes::*field) {
+  const int c = category_of(field);
+  mark();  // closes the enclosing scope's span (if any) here
+  open_.push_back(static_cast<int8_t>(c));
+}
+
+void OpTimes::end() noexcept {
+  if (open_.empty()) return;
+  mark();  // charges the span since the last boundary to this scope
+  open_.pop_back();
+}
+
+void OpTimes::resolve() {
+#ifdef MT_HAVE_CUDA
+  if (dev_) {
+    double s[kCategories] = {};
+    dev_->timeline.resolve(s);
+    for (int i = 0; i < kCategories; ++i) this->*kFields[i] += s[i];
+  }
+#endif
+}
+
+void OpTimes::reset() {
+  resolve();
+  for (auto f : kFields) this->*f = 0;
+}
+
+double OpTimes::sum() const {
+  double s = 0;
+  for (auto f : kFields) s += this->*f;
+  return s;
+}
+
+std::string format_op_breakdown(OpTimes& t, double total_seconds) {
+  t.resolve();
+  const double timed = t.sum();
+  const double total = total_seconds > 0 ? total_seconds : timed;
+  const double other = std::max(0.0, total - timed);
+  auto pct = [&](double v) { return total > 0 ? 100.0 * v / total : 0.0; };
+  std::string out = fmt::format("time breakdown over {:.2f} s:", total);
+  for (int i = 0; i < kCategories; ++i) out += fmt::format(" {} {:.1f}% |", kNames[i], pct(t.*kFields[i]));
+  out += fmt::format(" other {:.1f}%", pct(other));
+  // Timed spans longer than the step mean the caller's step time misses part of the work.
+  if (timed > total * 1.001) out += fmt::format(" (timed ops exceed the step time by {:.1f}%)", pct(timed - total));
+  return out;
+}
+
+}  // namespace mt::model
