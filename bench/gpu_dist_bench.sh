@@ -41,7 +41,7 @@ run() {
   local name=$1 n=$2; shift 2
   local t0; t0=$(date +%s)
   if [ "$n" = 1 ]; then "$M" pretrain "$@" "${COMMON[@]}" >"$OUT/$name.txt" 2>&1
-  else timeout 400 "$M" launch --nproc-per-node "$n" -- pretrain "$@" "${COMMON[@]}" >"$OUT/$name.txt" 2>&1; fi
+  else timeout ${MT_RUN_TIMEOUT:-400} "$M" launch --nproc-per-node "$n" -- pretrain "$@" "${COMMON[@]}" >"$OUT/$name.txt" 2>&1; fi
   local rc=$?
   TOK=0
   [ $rc -ne 0 ] && { echo "$name failed (rc $rc)"; grep -iE "error|fail" "$OUT/$name.txt" | head -5; tail -3 "$OUT/$name.txt"; return; }
@@ -92,7 +92,7 @@ fi
 if has pp; then
   # Bubble: the measured rate against two GPUs' worth of the one-GPU rate (the same
   # micro-batches, so everything missing is pipeline bubble and transfer cost).
-  for mb in 4 8 16; do
+  for mb in ${MT_PP_M:-4 8 16}; do
     run "llama-1.5b-pp2-m$mb" 2 "${LLAMA[@]}" --pipeline-model-parallel-size 2 --global-batch-size $((4 * mb))
     echo "PP=2 M=$mb 1F1B: measured bubble $(awk -v a="$TOK" -v b="$ONE" 'BEGIN{printf "%.1f%%", b > 0 ? 100*(1-a/(2*b)) : 0}'), theory (PP-1)/(M+PP-1) = $(awk -v m=$mb 'BEGIN{printf "%.1f%%", 100/(m+1)}')"
     run "llama-1.5b-pp2-vpp2-m$mb" 2 "${LLAMA[@]}" --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 \
