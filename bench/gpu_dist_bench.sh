@@ -75,8 +75,8 @@ LLAMA=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query
        --ffn-hidden-size 8192 --seq-length 2048 --max-position-embeddings 2048 --normalization RMSNorm --swiglu
        --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
        --vocab-size 128255 --micro-batch-size 4 --train-iters "$ITERS")
-ONE=0
-if has single || has dp || has pp; then
+ONE=${MT_ONE_GPU_TOKS:-0}  # a one-GPU rate measured earlier, to skip re-measuring it
+if has single || { [ "$ONE" = 0 ] && { has dp || has pp; }; }; then
   run llama-1.5b-1gpu 1 "${LLAMA[@]}" --global-batch-size 32; ONE=$TOK
 fi
 if has breakdown; then  # per-op GPU time (CUDA events cost a little, so a run of its own)

@@ -229,6 +229,27 @@ struct NcclState {
                                   ncclGetErrorString(r != ncclSuccess ? r : e)));
     for (auto& [id, ch] : todo)
       check_cuda(cudaStreamCreateWithFlags(&ch.first->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    // Connect now with one transfer per direction, all in one group. NCCL otherwise connects a
+    // pair at its first transfer, on the host, waiting for the peer and for the device; in the
+    // middle of a pipeline schedule the device may be busy with a receive whose sender is
+    // itself waiting in such a connect, and neither ever returns.
+    constexpr size_t kWarm = size_t{8} << 20;  // large enough to use every p2p channel
+    void* warm[2] = {nullptr, nullptr};
+    check_cuda(cudaMalloc(&warm[0], kWarm), "cudaMalloc");
+    check_cuda(cudaMalloc(&warm[1], kWarm), "cudaMalloc");
+    r = ncclGroupStart();
+    for (auto& [id, ch] : todo) {
+      if (r != ncclSuccess) break;
+      r = ch.second == 0 ? ncclSend(warm[0], kWarm, ncclUint8, 1, ch.first->comm, ch.first->stream)
+                         : ncclRecv(warm[1], kWarm, ncclUint8, 0, ch.first->comm, ch.first->stream);
+    }
+    const ncclResult_t e2 = ncclGroupEnd();
+    for (auto& [id, ch] : todo) check_cuda(cudaStreamSynchronize(ch.first->stream), "connecting p2p channels");
+    cudaFree(warm[0]);
+    cudaFree(warm[1]);
+    if (r != ncclSuccess || e2 != ncclSuccess)
+      throw CommError(fmt::format("connecting NCCL point-to-point channels of group '{}' failed: {}", name,
+                                  ncclGetErrorString(r != ncclSuccess ? r : e2)));
   }
 
   Channel& p2p(bool sending, int peer) {
@@ -261,7 +282,21 @@ NcclCommunicator::NcclCommunicator(std::string name, std::vector<int> world_rank
   st_->compute = static_cast<cudaStream_t>(compute_stream);
   st_->timeout = timeout;
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  // Connect collectives at setup rather than at first use (the same reason as for p2p below;
+  // a user's own setting wins).
+  ::setenv("NCCL_RUNTIME_CONNECT", "0", 0);
   st_->group = st_->join("group", size(), rank_);
+  {
+    constexpr size_t kWarm = size_t{1} << 20;
+    float* warm = nullptr;
+    check_cuda(cudaMalloc(&warm, kWarm * 4), "cudaMalloc");
+    check_cuda(cudaMemset(warm, 0, kWarm * 4), "cudaMemset");
+    const ncclResult_t r = ncclAllReduce(warm, warm, kWarm, ncclFloat32, ncclSum, st_->group.comm, st_->group.stream);
+    check_cuda(cudaStreamSynchronize(st_->group.stream), "connecting the NCCL group");
+    cudaFree(warm);
+    if (r != ncclSuccess)
+      throw CommError(fmt::format("first NCCL all-reduce on group '{}' failed: {}", name_, ncclGetErrorString(r)));
+  }
   st_->watchdog = std::thread([s = st_.get()] { s->watch(); });
 }
 
