@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -309,8 +310,20 @@ NcclCommunicator::~NcclCommunicator() {
   if (st_->watchdog.joinable()) st_->watchdog.join();
   // Work still queued must finish before its communicator goes (nothing is pending in a clean exit).
   if (st_->group.stream) (void)cudaStreamSynchronize(st_->group.stream);
-  for (auto* chans : {&st_->send_to, &st_->recv_from})
-    for (auto& [p, ch] : *chans) NcclState::release(ch);
+  // Point-to-point channels: ncclCommDestroy waits until the peer destroys the same channel, so
+  // two ranks destroying their two directions in opposite orders wait forever (seen at the end
+  // of PP=2 runs). Their transfers are all done here (streams synchronised), so they are
+  // released locally with ncclCommAbort, in one global order (sender, receiver) all the same.
+  std::vector<std::pair<std::pair<int, int>, Channel*>> p2p;
+  for (auto& [p, ch] : st_->send_to) p2p.push_back({{rank_, p}, &ch});
+  for (auto& [p, ch] : st_->recv_from) p2p.push_back({{p, rank_}, &ch});
+  std::sort(p2p.begin(), p2p.end());
+  for (auto& [key, ch] : p2p) {
+    if (ch->stream) (void)cudaStreamSynchronize(ch->stream);
+    if (ch->comm) ncclCommAbort(ch->comm);
+    if (ch->stream) cudaStreamDestroy(ch->stream);
+    *ch = Channel{};
+  }
   NcclState::release(st_->group);
 }
 
