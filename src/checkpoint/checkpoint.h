@@ -29,6 +29,7 @@
 
 #include "comm/communicator.h"
 #include "model/params.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 
 namespace mt::checkpoint {
@@ -50,6 +51,9 @@ struct TrainingState {
   uint64_t tp_rng_seed = 0, tp_rng_offset = 0;
   bool has_tp_rng = false;
   int64_t skipped_iterations = 0, nan_iterations = 0;
+  // --fp16 runs: the loss scaler (Megatron keeps it in the optimizer's state_dict as
+  // 'grad_scaler'); absent in other runs and in checkpoints from before it was saved.
+  std::optional<optim::GradScalerState> grad_scaler;
   nlohmann::json args;  // model/tokenizer settings the checkpoint was made with
 };
 

@@ -188,6 +188,11 @@ TrainingState read_state(const std::string& load, int64_t it) {
     st.has_optimizer = s.value("has_optimizer", true);
     st.skipped_iterations = s.value("skipped_iterations", 0);
     st.nan_iterations = s.value("nan_iterations", 0);
+    if (s.contains("grad_scaler")) {  // --fp16 checkpoints only
+      const auto& g = s.at("grad_scaler");
+      st.grad_scaler = optim::GradScalerState{g.at("scale").get<float>(), g.at("growth_tracker").get<int64_t>(),
+                                              g.at("hysteresis_tracker").get<int64_t>()};
+    }
     st.args = s.at("args");
   } catch (const nlohmann::json::exception& e) {
     fail("'{}' is missing a field: {}", (dir / "state.json").string(), e.what());

@@ -178,7 +178,7 @@ void write_files(Saver::Job& job, int rank) {
 }
 
 nlohmann::json state_json(const TrainingState& st, bool has_optimizer) {
-  return {{"iteration", st.iteration},
+  nlohmann::json j = {{"iteration", st.iteration},
           {"consumed_train_samples", st.consumed_train_samples},
           {"consumed_valid_samples", st.consumed_valid_samples},
           {"optimizer_steps", st.optimizer_steps},
@@ -189,6 +189,11 @@ nlohmann::json state_json(const TrainingState& st, bool has_optimizer) {
           {"skipped_iterations", st.skipped_iterations},
           {"nan_iterations", st.nan_iterations},
           {"args", st.args}};
+  if (st.grad_scaler)
+    j["grad_scaler"] = {{"scale", st.grad_scaler->scale},  // a float: prints back to the same bits
+                        {"growth_tracker", st.grad_scaler->growth_tracker},
+                        {"hysteresis_tracker", st.grad_scaler->hysteresis_tracker}};
+  return j;
 }
 
 // Rank 0: every rank's description -> metadata.json; then the directory and the tracker move.

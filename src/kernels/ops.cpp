@@ -281,4 +281,12 @@ void round_bf16_inplace(Tensor& x) {
   for (int64_t i = 0; i < n; ++i) d[i] = round_bf16(d[i]);
 }
 
+void round_f16_inplace(Tensor& x) {
+  MT_CHECK(x.device() == Device::CPU, "fp16 activations are emulated on the CPU only");
+  float* d = f(x);
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) d[i] = round_f16(d[i]);
+}
+
 }  // namespace mt::ops

@@ -60,5 +60,8 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
 void add_inplace(Tensor& y, const Tensor& x);
 void cast(const Tensor& src, Tensor& dst);  // dtype conversion into dst (same numel and device)
 void round_bf16_inplace(Tensor& x);  // CPU emulation of bf16 activation storage
+void round_f16_inplace(Tensor& x);   // CPU emulation of fp16 activation storage (overflow -> inf)
+// Rounds an f32 through IEEE fp16 and back: nearest-even, subnormals, overflow to inf.
+inline float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
 }  // namespace mt::ops

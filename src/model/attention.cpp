@@ -49,29 +49,65 @@ void RopeTables::build(int64_t seq, int64_t rd, const TransformerConfig& c) {
     }
 }
 
+void check_query_groups_tp(const TransformerConfig& c, int64_t tp) {
+  const int64_t G = c.num_query_groups;
+  if (tp <= 1 || G <= 0) return;
+  const char* fix = "; change --tensor-model-parallel-size or the model shape";
+  if (tp <= G) {
+    if (G % tp != 0)
+      fail("--num-query-groups ({}) must be divisible by --tensor-model-parallel-size ({}) (or, when smaller, divide "
+           "it): Megatron gives each TP rank whole query groups{}",
+           G, tp, fix);
+    return;
+  }
+  if (tp % G != 0)
+    fail("--tensor-model-parallel-size ({}) larger than --num-query-groups ({}) must be a multiple of it: Megatron "
+         "replicates each key/value group on TP / groups ranks{}",
+         tp, G, fix);
+  const int64_t rep = tp / G, qpg = c.num_attention_heads / G;
+  if (qpg % rep != 0)
+    fail("--num-attention-heads ({}) / --num-query-groups ({}) = {} query heads per group must split evenly over the "
+         "{} TP ranks (--tensor-model-parallel-size {} / --num-query-groups) that share each key/value group{}",
+         c.num_attention_heads, G, qpg, rep, tp, fix);
+  if ((qpg + 2) * c.kv_channels % rep != 0)
+    fail("the fused QKV weight's {} rows per query group ((heads per group + 2) x --kv-channels {}) do not split over "
+         "the {} TP ranks (--tensor-model-parallel-size {} / --num-query-groups {}) that share each group{}",
+         (qpg + 2) * c.kv_channels, c.kv_channels, rep, tp, G, fix);
+}
+
 void SelfAttention::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c,
-                          const RopeTables* r, const TensorParallel* tp) {
+                          const RopeTables* r, const TensorParallel* t) {
   cfg = c;
   rope = r;
+  tp = t;
   recompute_core = c.recompute_selective();
   // Whole query groups go to each TP rank; linear_qkv packs per group [q heads; k; v], so a
   // rank's groups are one contiguous block of its rows, and its heads a contiguous block of
   // linear_proj's input columns. `cfg` keeps this rank's head and group counts.
-  const int n = tp ? tp->size() : 1;
+  // With TP > groups (Megatron's KV replication) the weight is still split into TP contiguous
+  // row blocks, which no longer align with groups: forward gathers the whole QKV activation and
+  // keeps group tp_rank / (TP / groups) and this rank's H / TP query heads of it, which are heads
+  // rank * H / TP onwards in the group-major order, the block linear_proj's row split gives it.
+  const int n = t ? t->size() : 1;
+  full_groups = c.num_query_groups;
+  full_heads = c.num_attention_heads;
+  if (n > 1) check_query_groups_tp(c, n);
+  kv_replicas = n > c.num_query_groups ? n / c.num_query_groups : 1;
   cfg.num_attention_heads = c.num_attention_heads / n;
-  cfg.num_query_groups = c.num_query_groups / n;
+  cfg.num_query_groups = kv_replicas > 1 ? 1 : c.num_query_groups / n;
   qkv.build(ps, prefix + ".linear_qkv", c.hidden_size, c.qkv_out(), c.add_qkv_bias, Init::Normal,
-            ParallelMode::Column, tp);
+            ParallelMode::Column, t);
   proj.build(ps, prefix + ".linear_proj", c.num_attention_heads * c.kv_channels, c.hidden_size, c.add_bias_linear,
-             Init::ScaledNormal, ParallelMode::Row, tp);
+             Init::ScaledNormal, ParallelMode::Row, t);
   if (c.qk_layernorm) {
     TransformerConfig hc = c;
     hc.hidden_size = c.kv_channels;
     q_norm.build(ps, prefix + ".q_layernorm", hc);
     k_norm.build(ps, prefix + ".k_layernorm", hc);
     // Shared by all heads, and each TP rank sees only its heads: the gradients are partial per
-    // TP rank and are summed over TP like those of sequence-parallel norms.
-    const bool split = tp && tp->on();
+    // TP rank and are summed over TP like those of sequence-parallel norms. (Replicated K heads
+    // each see a partial dK, so the sum over TP is again the full gradient.)
+    const bool split = t && t->on();
     for (Param* p : {q_norm.weight, q_norm.bias, k_norm.weight, k_norm.bias})
       if (p) p->sequence_parallel = split;
   }
@@ -95,13 +131,43 @@ cpu::AttnParams core_params(const TransformerConfig& cfg, int64_t S, int64_t B, 
   p.offset = s.offset;
   return p;
 }
+
+// Heads [h0, h0 + n) of a [B, H, S, D] tensor, copied (B contiguous runs; any device).
+Tensor select_heads(const Tensor& x, int64_t h0, int64_t n) {
+  const int64_t B = x.dim(0), H = x.dim(1), sd = x.dim(2) * x.dim(3);
+  Tensor y = Tensor::empty({B, n, x.dim(2), x.dim(3)}, x.dtype(), x.device());
+  for (int64_t b = 0; b < B; ++b) y.flat_range(b * n * sd, {n * sd}).copy_from(x.flat_range((b * H + h0) * sd, {n * sd}));
+  return y;
+}
+// The reverse: x [B, n, S, D] placed at heads [h0, h0 + n) of a zero [B, H, S, D] tensor.
+Tensor place_heads(const Tensor& x, int64_t H, int64_t h0) {
+  const int64_t B = x.dim(0), n = x.dim(1), sd = x.dim(2) * x.dim(3);
+  Tensor y = Tensor::zeros({B, H, x.dim(2), x.dim(3)}, x.dtype(), x.device());
+  for (int64_t b = 0; b < B; ++b) y.flat_range((b * H + h0) * sd, {n * sd}).copy_from(x.flat_range(b * n * sd, {n * sd}));
+  return y;
+}
 }  // namespace
 
 Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   const int64_t G = cfg.num_query_groups, qpg = cfg.q_per_group(), D = cfg.kv_channels, Hq = cfg.num_attention_heads;
   s.x = x;
   Tensor packed = qkv.forward(x, ctx);
-  {
+  if (kv_replicas > 1) {
+    // This rank's columns of the group-interleaved QKV output do not align with groups: gather
+    // them all, split by the model's groups, and keep group rank / replicas with this rank's
+    // query heads (rank * Hq onwards, group-major), as Megatron does when groups < TP.
+    {
+      ScopedOpTimer t(ctx.times, &OpTimes::communication);
+      packed = all_gather_last_dim(packed, *tp);
+    }
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+    Tensor q, k, v;
+    ops::qkv_split(packed, q, k, v, S, B, full_groups, full_heads / full_groups, D);
+    const int64_t r = tp->rank();
+    s.q = select_heads(q, r * Hq, Hq);
+    s.k = select_heads(k, r / kv_replicas, 1);
+    s.v = select_heads(v, r / kv_replicas, 1);
+  } else {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::qkv_split(packed, s.q, s.k, s.v, S, B, G, qpg, D);
   }
@@ -173,7 +239,19 @@ Tensor SelfAttention::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s,
     dq = head_norm_backward(q_norm, dq, s.qn, ctx);
     dk = head_norm_backward(k_norm, dk, s.kn, ctx);
   }
-  {
+  if (kv_replicas > 1) {
+    // The gathered activation's gradient: this rank's q heads and its group's k, v, zeros
+    // elsewhere; reduce-scattering it back to the local columns sums the K/V gradients of the
+    // ranks sharing the group (and adds only zeros to the q heads).
+    {
+      ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+      const int64_t r = tp->rank(), g = r / kv_replicas;
+      dx = ops::qkv_merge(place_heads(dq, full_heads, r * Hq), place_heads(dk, full_groups, g),
+                          place_heads(dv, full_groups, g), S, B, full_groups, full_heads / full_groups, D);
+    }
+    ScopedOpTimer t(ctx.times, &OpTimes::communication);
+    dx = reduce_scatter_last_dim(dx, *tp);
+  } else {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     dx = ops::qkv_merge(dq, dk, dv, S, B, G, qpg, D);
   }

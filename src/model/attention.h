@@ -14,9 +14,22 @@ struct RopeTables {
   void build(int64_t seq, int64_t rot_dim, const TransformerConfig& c);
 };
 
+// Megatron's rules for splitting attention over TP: with TP <= groups each rank holds whole
+// query groups (groups % TP == 0); with TP > groups the groups are replicated (TP % groups ==
+// 0, and each group's query heads split evenly over the TP / groups ranks that share it).
+// Fails naming the flags otherwise.
+void check_query_groups_tp(const TransformerConfig& c, int64_t tp);
+
 struct SelfAttention {
   TransformerConfig cfg;  // heads and query groups of this TP rank
   Linear qkv, proj;
+  // TP > query groups (Megatron's KV replication): linear_qkv stays an ordinary column split of
+  // the group-interleaved weight; forward all-gathers its output along the features, keeps
+  // this rank's KV group and its own query heads; backward reduce-scatters the gradient back,
+  // which sums the K/V gradients of the ranks sharing the group. 1: whole groups per rank.
+  int64_t kv_replicas = 1;
+  int64_t full_groups = 0, full_heads = 0;  // of the whole model
+  const TensorParallel* tp = nullptr;
   Norm q_norm, k_norm;  // --qk-layernorm: over each head's channels, before RoPE
   const RopeTables* rope = nullptr;
   // Selective recomputation (--recompute-granularity selective): forward keeps q, k, v but not

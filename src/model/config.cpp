@@ -16,6 +16,7 @@ int64_t TransformerConfig::rotary_dim() const {
 }
 
 void TransformerConfig::finalize() {
+  if (bf16 && fp16) fail("--fp16 and --bf16 cannot be used together; pick one");
   if (num_layers <= 0) fail("--num-layers must be positive (got {})", num_layers);
   if (hidden_size <= 0) fail("--hidden-size must be positive (got {})", hidden_size);
   if (num_attention_heads <= 0) fail("--num-attention-heads must be positive (got {})", num_attention_heads);

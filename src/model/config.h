@@ -6,6 +6,10 @@
 
 namespace mt::model {
 
+// The half precision the CPU engine emulates (compute copy of the params and stored activations
+// rounded to it); fp32 main params and grads either way.
+enum class Half : uint8_t { None, BF16, FP16 };
+
 struct TransformerConfig {
   int64_t num_layers = 2;
   int64_t hidden_size = 64;
@@ -38,6 +42,7 @@ struct TransformerConfig {
   float attention_dropout = 0.1f;
   float hidden_dropout = 0.1f;
   bool bf16 = false;                 // bf16 model params/activations, fp32 main params & grads
+  bool fp16 = false;                 // fp16 likewise (the trainer adds loss scaling)
   uint64_t seed = 1234;
   // Activation recomputation (Megatron's --recompute-*; validated by the training layer).
   // "full": layers keep only their input and re-run forward in backward, grouped per model
@@ -53,6 +58,7 @@ struct TransformerConfig {
   int64_t qkv_out() const { return num_query_groups * (q_per_group() + 2) * kv_channels; }
   int64_t fc1_out() const { return swiglu ? 2 * ffn_hidden_size : ffn_hidden_size; }
   int64_t rotary_dim() const;
+  Half half() const { return bf16 ? Half::BF16 : fp16 ? Half::FP16 : Half::None; }
   bool rope() const { return position_embedding_type == "rope"; }
   bool rmsnorm() const { return normalization == "RMSNorm"; }
   bool recompute_full() const { return recompute_granularity == "full"; }

@@ -63,7 +63,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
   if (word_emb_ && !part.last_stage && !cfg_.untie_embeddings_and_output_weights) word_emb_->shared_embedding = true;
   emb_drop_.p = cfg_.hidden_dropout;
   emb_drop_.tp_region = tp_.sp();
-  params_.allocate(cfg_.bf16, opts.layout);
+  params_.allocate(cfg_.half(), opts.layout);
   params_.initialize(cfg_.seed, cfg_.init_method_std, cfg_.num_layers);
 }
 
@@ -98,9 +98,9 @@ Tensor GPTModel::embed(const std::vector<int32_t>& ids_sb, int64_t S, int64_t B,
     if (pos_emb_) ops::add_position_embedding(x, pos_emb_->value, S, B);
   }
   Tensor y = emb_drop_.forward(x, s.emb_drop, ctx);
-  if (cfg_.bf16) {
+  if (cfg_.half() != Half::None) {
     if (y.raw() == x.raw()) y = x;
-    round_to_bf16_inplace(y);
+    round_to_half_inplace(y, cfg_.half());
   }
   return y;
 }
@@ -219,11 +219,14 @@ Tensor GPTModel::head_backward(Saved& s, float loss_grad_scale, PassContext& ctx
     }
     dlogits = tp_.on() ? vocab_parallel_cross_entropy_backward(s.logits, s.labels, s.lse, dloss, tp_)
                        : ops::cross_entropy_backward(s.logits, s.labels, s.lse, dloss);
+    if (cfg_.fp16) round_to_half_inplace(dlogits, Half::FP16);  // fp16 logits have fp16 gradients
   }
   s.logits = Tensor();
   Tensor dx = output_linear().backward(dlogits, s.final_x, ctx);
   dlogits = Tensor();
-  return final_norm_.backward(dx, s.final_norm, ctx);
+  Tensor dy = final_norm_.backward(dx, s.final_norm, ctx);
+  if (cfg_.fp16) round_to_half_inplace(dy, Half::FP16);  // the residual stream's gradient, as in the layers
+  return dy;
 }
 
 void GPTModel::embedding_backward(const Tensor& dx_in, Saved& s, PassContext& ctx) {
@@ -313,10 +316,7 @@ void check_tensor_parallel(const TransformerConfig& c, int64_t tp, bool sp) {
   if (c.num_attention_heads % tp != 0)
     fail("--num-attention-heads ({}) must be divisible by --tensor-model-parallel-size ({}){}", c.num_attention_heads,
          tp, fix);
-  if (c.num_query_groups % tp != 0)
-    fail("--num-query-groups ({}) must be divisible by --tensor-model-parallel-size ({}): Megatron gives each TP rank "
-         "whole query groups{}",
-         c.num_query_groups, tp, fix);
+  check_query_groups_tp(c, tp);  // whole query groups per rank, or (TP > groups) replicated ones
   if (c.ffn_hidden_size % tp != 0)
     fail("--ffn-hidden-size ({}) must be divisible by --tensor-model-parallel-size ({}){}", c.ffn_hidden_size, tp, fix);
   if (c.vocab_size % tp != 0)

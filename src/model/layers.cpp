@@ -117,6 +117,9 @@ Tensor Dropout::backward(const Tensor& dy, const Saved& s, OpTimes* times) const
   return ops::dropout_backward(dy, p, s.seed, s.offset);
 }
 
-void round_to_bf16_inplace(Tensor& t) { ops::round_bf16_inplace(t); }
+void round_to_half_inplace(Tensor& t, Half h) {
+  if (h == Half::BF16) ops::round_bf16_inplace(t);
+  else if (h == Half::FP16) ops::round_f16_inplace(t);
+}
 
 }  // namespace mt::model

@@ -62,7 +62,7 @@ struct Dropout {
   Tensor backward(const Tensor& dy, const Saved& s, OpTimes* times = nullptr) const;
 };
 
-// Rounds activations to bf16 precision in place when the model runs in bf16.
-void round_to_bf16_inplace(Tensor& t);
+// Rounds activations in place to the half precision the model runs in (none: unchanged).
+void round_to_half_inplace(Tensor& t, Half h);
 
 }  // namespace mt::model

@@ -40,8 +40,8 @@ Param& ParamStore::add(const std::string& name, const Shape& full_shape, Init in
   return params_.back();
 }
 
-void ParamStore::allocate(bool bf16_model_copy, const LayoutFn& layout) {
-  bf16_ = bf16_model_copy;
+void ParamStore::allocate(Half model_copy, const LayoutFn& layout) {
+  half_ = model_copy;
   if (layout) {
     BufferLayout l = layout(params_);
     MT_CHECK(l.offsets.size() == params_.size(), "layout gives {} offsets for {} params", l.offsets.size(),
@@ -55,7 +55,7 @@ void ParamStore::allocate(bool bf16_model_copy, const LayoutFn& layout) {
   }
   main_ = Tensor::zeros({total_});
   grad_ = Tensor::zeros({total_});
-  model_ = bf16_ ? Tensor::zeros({total_}) : main_;
+  model_ = half_ != Half::None ? Tensor::zeros({total_}) : main_;
   for (auto& p : params_) {
     p.main = main_.flat_range(p.offset, p.shape);
     p.grad = grad_.flat_range(p.offset, p.shape);
@@ -90,7 +90,7 @@ void ParamStore::initialize(uint64_t seed, float std, int64_t num_layers) {
 void ParamStore::to_device(Device d) {
   MT_CHECK(allocated_, "to_device before allocate");
   if (d == main_.device()) return;
-  MT_CHECK(d == Device::CUDA && bf16_, "parameters move to the GPU only as bf16 models");
+  MT_CHECK(d == Device::CUDA && half_ == Half::BF16, "parameters move to the GPU only as bf16 models");
   // fp32 main params and grads on the device; the compute copy becomes a real bf16 tensor.
   main_ = main_.to_device(d);
   grad_ = Tensor::zeros({total_}, DType::F32, d);
@@ -104,19 +104,24 @@ void ParamStore::to_device(Device d) {
 }
 
 void ParamStore::sync_model_from_main() {
-  if (!bf16_) return;
+  if (half_ == Half::None) return;
   if (main_.device() != Device::CPU) {
     ops::cast(main_, model_);
     return;
   }
   const float* s = main_.data<float>();
   float* d = model_.data<float>();
+  if (half_ == Half::FP16) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < total_; ++i) d[i] = ops::round_f16(s[i]);
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < total_; ++i) d[i] = round_bf16(s[i]);
 }
 
 void ParamStore::sync_model_from_main(int64_t begin, int64_t end) {
-  if (!bf16_) return;
+  if (half_ == Half::None) return;
   if (main_.device() != Device::CPU) {
     Tensor dst = model_.flat_range(begin, {end - begin});
     ops::cast(main_.flat_range(begin, {end - begin}), dst);
@@ -124,6 +129,11 @@ void ParamStore::sync_model_from_main(int64_t begin, int64_t end) {
   }
   const float* s = main_.data<float>();
   float* d = model_.data<float>();
+  if (half_ == Half::FP16) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = begin; i < end; ++i) d[i] = ops::round_f16(s[i]);
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t i = begin; i < end; ++i) d[i] = round_bf16(s[i]);
 }

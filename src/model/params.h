@@ -1,8 +1,9 @@
 #pragma once
 // All parameters of a model live in one contiguous fp32 "main" buffer with a matching fp32
 // main-grad buffer (DESIGN.md), so the optimizer, grad clipping, DDP buckets and the
-// distributed optimizer work on flat ranges. With --bf16 a separate "model" buffer holds the
-// bf16-rounded copy that forward/backward compute with; otherwise it aliases the main buffer.
+// distributed optimizer work on flat ranges. With --bf16 (--fp16) a separate "model" buffer holds
+// the bf16- (fp16-) rounded copy that forward/backward compute with; otherwise it aliases the
+// main buffer.
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -11,6 +12,7 @@
 
 #include "core/philox.h"
 #include "core/tensor.h"
+#include "model/config.h"
 #include "optim/optimizer.h"
 
 namespace mt::model {
@@ -35,7 +37,7 @@ struct Param {
   int64_t offset = 0;  // into the flat buffers
   Tensor main;         // fp32 master value
   Tensor grad;         // fp32 main grad (accumulated over micro-batches)
-  Tensor value;        // what kernels read: == main (fp32) or its bf16-rounded copy
+  Tensor value;        // what kernels read: == main (fp32) or its bf16/fp16-rounded copy
   // Tensor parallelism: `shape` is this rank's shard of `full_shape` (equal when not split).
   Shape full_shape;
   TPSplit tp;
@@ -72,7 +74,7 @@ class ParamStore {
   Param& add(const std::string& name, const Shape& full_shape, Init init, bool weight_decay, TPSplit tp = {});
   // Default layout: registration order, no gaps. `layout` may place parameters elsewhere
   // (gaps read as zero and never change).
-  void allocate(bool bf16_model_copy, const LayoutFn& layout = {});
+  void allocate(Half model_copy, const LayoutFn& layout = {});
   // Megatron's init: N(0, std) for weights, N(0, std / sqrt(2 * num_layers)) for the output
   // projections of attention and MLP, zeros for biases, ones for norm weights. Each parameter
   // draws from its own Philox stream keyed by its name, so init depends neither on the other
@@ -96,14 +98,15 @@ class ParamStore {
   const std::deque<Param>& params() const { return params_; }
   Param* find(const std::string& name);
   std::vector<optim::ParamSpan> spans() const;
-  bool bf16() const { return bf16_; }
+  bool bf16() const { return half_ == Half::BF16; }
+  Half half() const { return half_; }
 
  private:
   std::deque<Param> params_;
   Tensor main_, grad_, model_;
   int64_t total_ = 0;
   bool allocated_ = false;
-  bool bf16_ = false;
+  Half half_ = Half::None;
 };
 
 }  // namespace mt::model

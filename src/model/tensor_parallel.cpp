@@ -1,6 +1,7 @@
 #include "model/tensor_parallel.h"
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace mt::model {
 
@@ -41,6 +42,25 @@ void all_reduce_tp(Tensor& x, const TensorParallel& tp) {
   if (!tp.on()) return;
   const comm::DataType t = comm_type(x, "all_reduce_tp");
   tp.comm->all_reduce(x.raw(), static_cast<size_t>(x.numel()), t);
+}
+
+Tensor all_gather_last_dim(const Tensor& shard, const TensorParallel& tp) {
+  if (!tp.on()) return shard;
+  MT_CHECK(shard.ndim() == 2, "all_gather_last_dim of a {} tensor: [rows, features] expected", shard.shape_str());
+  const int64_t rows = shard.dim(0), c = shard.dim(1), n = tp.size();
+  Tensor stacked = all_gather_rows(shard, tp);  // [tp * rows, c], rank-major
+  // [1, tp, rows, c] as heads -> rows [rows, tp * c]: element (s, h*c + d) = stacked[h, s, d].
+  return ops::heads_to_rows(stacked.view({1, n, rows, c}), rows, 1, n, c);
+}
+
+Tensor reduce_scatter_last_dim(const Tensor& full, const TensorParallel& tp) {
+  if (!tp.on()) return full;
+  MT_CHECK(full.ndim() == 2, "reduce_scatter_last_dim of a {} tensor: [rows, features] expected", full.shape_str());
+  const int64_t rows = full.dim(0), n = tp.size();
+  MT_CHECK(full.dim(1) % n == 0, "{} features do not split over {} TP ranks", full.dim(1), n);
+  const int64_t c = full.dim(1) / n;
+  Tensor stacked = ops::rows_to_heads(full, rows, 1, n, c);  // [1, tp, rows, c]
+  return reduce_scatter_rows(stacked.view({n * rows, c}), tp);
 }
 
 }  // namespace mt::model

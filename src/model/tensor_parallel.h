@@ -30,5 +30,11 @@ Tensor all_gather_rows(const Tensor& shard, const TensorParallel& tp);
 Tensor reduce_scatter_rows(const Tensor& full, const TensorParallel& tp);
 // In place sum over the TP group.
 void all_reduce_tp(Tensor& x, const TensorParallel& tp);
+// Along the last (feature) dimension, as Megatron's gather/scatter_along_last_dim: a
+// [rows, n/tp] shard -> [rows, n] with rank i's columns at block i; and back, [rows, n] partial
+// sums -> this rank's [rows, n/tp] column block of the sum. The row collectives plus a permute
+// [tp, rows, n/tp] <-> [rows, n] (the heads <-> rows layout op, so it runs on CPU and GPU).
+Tensor all_gather_last_dim(const Tensor& shard, const TensorParallel& tp);
+Tensor reduce_scatter_last_dim(const Tensor& full, const TensorParallel& tp);
 
 }  // namespace mt::model

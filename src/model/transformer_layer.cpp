@@ -99,14 +99,14 @@ Tensor TransformerLayer::forward_layer(const Tensor& x, int64_t S, int64_t B, Sa
   {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::add_inplace(h, x);
-    if (cfg.bf16) round_to_bf16_inplace(h);
+    round_to_half_inplace(h, cfg.half());
   }
   Tensor m = mlp.forward(pre_mlp_norm.forward(h, s.n2, ctx), s.mlp, ctx);
   Tensor y = mlp_drop.forward(m, s.d2, ctx);
   {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::add_inplace(y, h);
-    if (cfg.bf16) round_to_bf16_inplace(y);
+    round_to_half_inplace(y, cfg.half());
   }
   return y;
 }
@@ -117,10 +117,15 @@ Tensor TransformerLayer::backward_layer(const Tensor& dy, int64_t S, int64_t B, 
   {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::add_inplace(dh, dy);
+    // fp16 stores the residual stream's gradient in fp16 too: where a too-large loss scale
+    // overflows (and a too-small one underflows), which is what loss scaling is about. bf16's
+    // range needs no such emulation (and its runs stay as they were).
+    if (cfg.fp16) round_to_half_inplace(dh, Half::FP16);
   }
   Tensor dx = input_norm.backward(attn.backward(attn_drop.backward(dh, s.d1, ctx.times), S, B, s.attn, ctx), s.n1, ctx);
   ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
   ops::add_inplace(dx, dh);
+  if (cfg.fp16) round_to_half_inplace(dx, Half::FP16);
   return dx;
 }
 

@@ -10,6 +10,7 @@
 #include "data/sample_source.h"
 #include "data/tokenizer.h"
 #include "model/config.h"
+#include "optim/grad_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "parallel/pipeline_layout.h"
@@ -42,6 +43,8 @@ struct Arguments {
   double start_weight_decay = -1, end_weight_decay = -1;
   std::string weight_decay_incr_style = "constant";
   double clip_grad = 1.0;
+  // --fp16 loss scaling (--loss-scale: static; unset: dynamic with the other four flags).
+  optim::GradScalerConfig grad_scaler;
 
   // Logging, evaluation, checkpoints.
   uint64_t seed = 1234;

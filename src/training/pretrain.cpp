@@ -47,6 +47,7 @@ void resolve_device(Arguments& a) {
 #endif
   if (a.device == "auto") a.device = have_gpu && a.model.bf16 ? "cuda" : "cpu";
   if (a.device != "cuda") return;
+  if (a.model.fp16) fail("--fp16 on the GPU is not implemented yet; use --bf16 (or --device cpu for fp16)");
   if (!have_gpu)
     fail("--device cuda: {}; use --device cpu",
 #ifdef MT_HAVE_CUDA

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <limits>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -51,6 +52,7 @@ nlohmann::json model_args_to_json(const Arguments& a) {
           {"add_qkv_bias", m.add_qkv_bias},
           {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights},
           {"bf16", m.bf16},
+          {"fp16", m.fp16},
           {"tokenizer_type", a.tokenizer.type},
           {"vocab_file", a.tokenizer.vocab_file},
           {"merge_file", a.tokenizer.merge_file},
@@ -89,6 +91,7 @@ void model_args_from_json(const nlohmann::json& j, Arguments& a) {
     m.add_qkv_bias = j.at("add_qkv_bias");
     m.untie_embeddings_and_output_weights = j.at("untie_embeddings_and_output_weights");
     m.bf16 = j.at("bf16");
+    m.fp16 = j.value("fp16", false);  // added later: older checkpoints are bf16 or fp32
     a.tokenizer.type = j.at("tokenizer_type");
     a.tokenizer.vocab_file = j.at("vocab_file");
     a.tokenizer.merge_file = j.at("merge_file");
@@ -236,6 +239,12 @@ model::Batch Trainer::make_batch(data::SampleSource& src, int64_t first, int64_t
   return b;
 }
 
+optim::GradScaler* Trainer::grad_scaler() {
+  if (!args_.model.fp16) return nullptr;
+  if (!grad_scaler_) grad_scaler_ = std::make_unique<optim::GradScaler>(args_.grad_scaler);
+  return grad_scaler_.get();
+}
+
 IterationResult Trainer::train_step() {
   const double t_start = now_s();
   model::OpTimes* times = time_ops_ ? &op_times_ : nullptr;
@@ -257,6 +266,10 @@ IterationResult Trainer::train_step() {
   // The reported loss and the gradient are the token-weighted mean over the global batch (all
   // DP ranks): each rank scales by 1 / global tokens and the DP reduction sums.
   const float scale = total_tokens > 0 ? static_cast<float>(1.0 / total_tokens) : 0.f;
+  // --fp16: the backward starts from the loss times the loss scale (fp16 gradients would
+  // underflow otherwise); the fp32 main grads are unscaled after the reduction.
+  optim::GradScaler* scaler = grad_scaler();
+  MT_CHECK(!scaler || ps.grad_buffer().device() == Device::CPU, "--fp16 trains on the CPU only");
   model::PassContext ctx;
   ctx.training = true;
   ctx.rng = &dropout_rng_;
@@ -264,7 +277,7 @@ IterationResult Trainer::train_step() {
   ctx.times = times;
   // Every stage reads the micro-batches (tokens on the first, labels on the last, the token
   // count everywhere); the schedule interleaves their passes (F0 B0 F1 B1 ... without PP).
-  model::LossSums ls = pipeline_->train(mbatches, scale, ctx, ddp_.get());
+  model::LossSums ls = pipeline_->train(mbatches, scaler ? scale * scaler->scale() : scale, ctx, ddp_.get());
   ls.loss_sum += model_->collect_device_loss();  // on the GPU the sum stays on the device until here
   if (pg_.pp->size() > 1) {
     // A stage draws dropout offsets for its own layers only: move every stage's streams to the
@@ -289,10 +302,34 @@ IterationResult Trainer::train_step() {
   r.loss_sum = sums[0];
   r.tokens = sums[1];
   float* grads = ps.grad_buffer().data<float>();
-  r.grad_norm = parallel::global_grad_norm(ps, ddp_->owned_ranges(), pg_.tp_rank(), *pg_.mp,
-                                           ddp_->sharded() ? pg_.dp.get() : nullptr);
+  bool found_inf = false;
+  if (scaler) {
+    // Megatron's fp16 optimizer: unscale the grads this rank steps on (its owned slices with the
+    // distributed optimizer), look for inf/nan, and agree over the model- and data-parallel
+    // ranks, so every rank skips or steps alike; the scaler backs off or grows from the verdict.
+    const float inv = scaler->inv_scale();
+    int64_t found = 0;
+    for (auto [lo, hi] : optimizer_ranges()) found |= optim::unscale_and_check(grads + lo, hi - lo, inv) ? 1 : 0;
+    pg_.mp->all_reduce(&found, 1, comm::ReduceOp::Max);
+    pg_.dp->all_reduce(&found, 1, comm::ReduceOp::Max);
+    found_inf = found != 0;
+    scaler->update(found_inf);
+  }
+  // Skipped for an overflow, the norm is not computed (Megatron's None; NaN here, left out of
+  // the log line).
+  r.grad_norm = found_inf ? std::numeric_limits<double>::quiet_NaN()
+                          : parallel::global_grad_norm(ps, ddp_->owned_ranges(), pg_.tp_rank(), *pg_.mp,
+                                                       ddp_->sharded() ? pg_.dp.get() : nullptr);
   const double loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0.0;
-  if (!std::isfinite(loss) || !std::isfinite(r.grad_norm)) {
+  if (found_inf) {
+    // An fp16 overflow: expected while the dynamic scale settles. Skipped and counted as
+    // Megatron does (a nan iteration only when the loss itself is not finite).
+    r.skipped = true;
+    state_.skipped_iterations++;
+    if (!std::isfinite(loss)) state_.nan_iterations++;
+    log_debug("iteration {}: inf/nan in the fp16 gradients - update skipped, loss scale now {}", state_.iteration + 1,
+              scaler->scale());
+  } else if (!std::isfinite(loss) || !std::isfinite(r.grad_norm)) {
     // Never continue silently on NaN/Inf: skip the update and report it with the iteration.
     r.skipped = true;
     state_.nan_iterations++;
@@ -363,11 +400,14 @@ void Trainer::log_iteration(double elapsed_s, double loss, double grad_norm, int
   std::string line = fmt::format(
       " iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} | "
       "throughput per GPU (TFLOP/s/GPU): {:.3f} | tokens per second: {:.0f}{} | learning rate: {:.6E} | "
-      "global batch size: {:5d} | lm loss: {:.6E} | loss scale: 1.0 | grad norm: {:.3f} | "
+      "global batch size: {:5d} | lm loss: {:.6E} | loss scale: {:.1f} |{} "
       "number of skipped iterations: {:3d} | number of nan iterations: {:3d} |",
       state_.iteration, total_iters_, state_.consumed_train_samples, ms, tflops, tok_s,
       args_.device == "cuda" ? fmt::format(" | MFU: {:.1f}%", 100.0 * tflops / 989.0) : std::string(), last_lr_,
-      args_.global_batch_size, loss, grad_norm, state_.skipped_iterations, state_.nan_iterations);
+      args_.global_batch_size, loss, grad_scaler_ ? static_cast<double>(grad_scaler_->scale()) : 1.0,
+      // A step skipped for an fp16 overflow has no grad norm: Megatron leaves the field out.
+      std::isnan(grad_norm) && grad_scaler_ ? std::string() : fmt::format(" grad norm: {:.3f} |", grad_norm),
+      state_.skipped_iterations, state_.nan_iterations);
   print_log_line(line);
 }
 
@@ -394,7 +434,8 @@ int Trainer::run() {
   log_info("model: {} layers, hidden {}, {} heads ({} query groups, head dim {}), ffn {}, vocab {} (padded from {}), "
            "seq {}, {} parameters{}",
            m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.kv_channels, m.ffn_hidden_size,
-           m.vocab_size, m.orig_vocab_size, m.seq_length, m.num_parameters(), m.bf16 ? ", bf16" : "");
+           m.vocab_size, m.orig_vocab_size, m.seq_length, m.num_parameters(),
+           m.bf16 ? ", bf16" : (m.fp16 ? ", fp16" : ""));
   log_info("training for {} iterations of {} samples ({} micro-batches of {})", total_iters_, args_.global_batch_size,
            args_.global_batch_size / args_.micro_batch_size, args_.micro_batch_size);
   const bool eval_on = args_.eval_iters > 0 && valid_ != nullptr;

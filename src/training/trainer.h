@@ -8,6 +8,7 @@
 #include "data/tokenizer.h"
 #include "model/gpt_model.h"
 #include "model/op_times.h"
+#include "optim/grad_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "parallel/ddp.h"
@@ -44,6 +45,8 @@ class Trainer {
   parallel::PipelineRunner& pipeline() { return *pipeline_; }
   const parallel::ProcessGroups& groups() const { return pg_; }
   const checkpoint::TrainingState& state() const { return state_; }
+  // --fp16: the loss scaler (made on first use from the --*loss-scale* flags); null otherwise.
+  optim::GradScaler* grad_scaler();
   // Saves a checkpoint (starts it, with --async-save); completes a pending async save first.
   void save();
   void wait_for_saves() { saver_->wait(); }
@@ -84,6 +87,7 @@ class Trainer {
   void host_optimizer_to_gpu();
 #endif
   std::unique_ptr<optim::LRSchedule> schedule_;
+  std::unique_ptr<optim::GradScaler> grad_scaler_;  // see grad_scaler()
   std::unique_ptr<data::SampleSource> train_, valid_;
   checkpoint::TrainingState state_;
   std::unique_ptr<checkpoint::Saver> saver_;

@@ -46,6 +46,7 @@ void Trainer::save() {
   st.tp_rng_seed = tp_rng_.seed;
   st.tp_rng_offset = tp_rng_.offset;
   st.args = model_args_json();
+  if (auto* gs = grad_scaler()) st.grad_scaler = gs->state();
   std::optional<checkpoint::OptimizerState> os;
   if (!args_.no_save_optim) os = checkpoint::optimizer_state(host_optimizer(), optimizer_ranges(), ddp_->sharded());
   checkpoint::SaveOptions o;
@@ -92,6 +93,13 @@ void Trainer::maybe_load() {
   state_.optimizer_steps = st.optimizer_steps;
   state_.skipped_iterations = st.skipped_iterations;
   state_.nan_iterations = st.nan_iterations;
+  // The loss scaler travels with the optimizer state, as in Megatron (--no-load-optim starts a
+  // fresh one); a static --loss-scale ignores the saved one.
+  if (auto* gs = grad_scaler(); gs && o.load_optim) {
+    if (st.grad_scaler) gs->load_state(*st.grad_scaler);
+    else log_warn("--load {}: the checkpoint holds no fp16 loss scaler state; starting from --initial-loss-scale",
+                  args_.load);
+  }
   if (o.load_rng && st.has_rng) {
     // Offsets only: the seeds follow from --seed, the pipeline stage and the TP rank, which may
     // differ from the layout that saved; the offsets advance alike on every rank.

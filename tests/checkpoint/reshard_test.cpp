@@ -255,5 +255,59 @@ TEST(Reshard, HuggingFaceQwen3LoadsUnderTP2AndTrainsLikeOneRank) {
   for (size_t i = 0; i < 3; ++i) EXPECT_LT(std::fabs(one[i] - two[i]) / one[i], 1e-5) << i << ": " << one[i] << " vs " << two[i];
 }
 
+// TP larger than --num-query-groups (Megatron's KV replication): linear_qkv stays a plain
+// contiguous row split of the group-interleaved weight (blocks 1) whatever TP, so a TP 4 run
+// with 2 query groups saves a checkpoint that TP 2 (whole groups) and one rank resume on the
+// single-rank trajectory.
+void run_groups(const Layout& l, int64_t groups, int steps, const std::string& save, const std::string& load,
+                const std::string& out) {
+  auto res = testing::run_ranks(
+      l.world,
+      [&](comm::World& w) {
+        cpu::set_num_threads(1);  // see run()
+        Arguments a = make_args(l, save, load);
+        a.model.num_query_groups = groups;  // the model checks it against TP when it is built
+        parallel::RankGrid grid(w.size(), l.tp, l.pp);
+        auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
+        Trainer t(a, nullptr, pg);
+        t.set_data(std::make_unique<PatternSource>(a.model.seq_length), nullptr);
+        t.load_for_test();
+        std::ofstream f(out + "." + std::to_string(w.rank()));
+        f.precision(17);
+        for (int i = 0; i < steps; ++i) {
+          auto r = t.train_step();
+          f << r.loss_sum / r.tokens << "\n";
+        }
+        if (!save.empty()) t.save();
+      },
+      [] {
+        testing::RankOptions o;
+        o.env = {{"OMP_NUM_THREADS", "1"}};
+        return o;
+      }());
+  for (size_t r = 0; r < res.size(); ++r)
+    ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
+}
+
+TEST(Reshard, TP4WithTwoQueryGroupsToTP2AndTP1) {
+  const std::string dir = tmp_root() + "/tp4g2";
+  fs::remove_all(dir);
+  run_groups({}, 2, kFirst + kRest, "", "", dir + ".ref");
+  const auto ref = losses(dir + ".ref");
+  ASSERT_EQ(ref.size(), static_cast<size_t>(kFirst + kRest));
+  run_groups({.world = 4, .tp = 4}, 2, kFirst, dir, "", dir + ".first");
+  const auto first = losses(dir + ".first");
+  ASSERT_EQ(first.size(), static_cast<size_t>(kFirst));
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_LT(std::fabs(first[i] - ref[i]) / ref[i], 1e-5) << "tp4 step " << i + 1;
+  for (const Layout& l : {Layout{.world = 2, .tp = 2}, Layout{}}) {
+    run_groups(l, 2, kRest, "", dir, dir + ".resumed");
+    const auto got = losses(dir + ".resumed");
+    ASSERT_EQ(got.size(), static_cast<size_t>(kRest));
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_LT(std::fabs(got[i] - ref[kFirst + i]) / ref[kFirst + i], 1e-5)
+          << "tp4 -> tp" << l.tp << " step " << kFirst + i + 1 << ": " << got[i] << " vs " << ref[kFirst + i];
+  }
+}
+
 }  // namespace
 }  // namespace mt

@@ -47,6 +47,12 @@ expect_error "--recompute-method is not supported with --recompute-granularity s
 expect_error "--recompute-num-layers is not supported with --recompute-granularity selective" pretrain "${BASE[@]}" --recompute-granularity selective --recompute-num-layers 1
 expect_error "--recompute-method and --recompute-num-layers need --recompute-granularity full" pretrain "${BASE[@]}" --recompute-method uniform --recompute-num-layers 1
 expect_error "--recompute-activations means --recompute-granularity selective" pretrain "${BASE[@]}" --recompute-activations --recompute-granularity full
+expect_error "--fp16 and --bf16 cannot be used together" pretrain "${BASE[@]}" --fp16 --bf16
+expect_error "--loss-scale needs --fp16" pretrain "${BASE[@]}" --loss-scale 1024
+expect_error "--initial-loss-scale needs --fp16" pretrain "${BASE[@]}" --bf16 --initial-loss-scale 65536
+expect_error "--hysteresis must be > 0, got 0" pretrain "${BASE[@]}" --fp16 --hysteresis 0
+expect_error "--min-loss-scale (8) must not exceed --initial-loss-scale (4)" pretrain "${BASE[@]}" --fp16 --min-loss-scale 8 --initial-loss-scale 4
+expect_error "--fp16 on the GPU is not implemented yet; use --bf16" pretrain "${BASE[@]}" --fp16 --device cuda
 mkdir -p "$TMP/ck" && echo "abc" >"$TMP/ck/latest_checkpointed_iteration.txt"
 expect_error "should hold an iteration number" pretrain "${BASE[@]}" --load "$TMP/ck"
 

@@ -81,11 +81,13 @@ TEST(ParallelArgs, Validation) {
   EXPECT_NE(error_of([&] { validate_args(a, 50); }).find("data-parallel size (4)"), std::string::npos);
   a = args_for(8, 8);  // 4 heads over 8 TP ranks
   EXPECT_NE(error_of([&] { validate_args(a, 50); }).find("--num-attention-heads (4)"), std::string::npos);
-  a = args_for(4, 4);
+  a = args_for(4, 4);  // TP 4 > 3 query groups, not a multiple of them (TP 4 with 2 groups replicates K/V)
+  a.model.hidden_size = 48;
+  a.model.num_attention_heads = 12;
   a.group_query_attention = true;
-  a.model.num_query_groups = 2;
+  a.model.num_query_groups = 3;
   a.given = {"--num-query-groups"};
-  EXPECT_NE(error_of([&] { validate_args(a, 50); }).find("--num-query-groups (2)"), std::string::npos);
+  EXPECT_NE(error_of([&] { validate_args(a, 50); }).find("--num-query-groups (3)"), std::string::npos);
   a = args_for(2, 2);
   a.sequence_parallel = true;
   a.model.seq_length = 15;
