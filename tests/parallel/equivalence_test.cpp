@@ -8,9 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
 
 #include "comm/multiprocess.h"
+#include "parallel/layout_support.h"
 #include "parallel/process_groups.h"
 #include "training/trainer.h"
 
@@ -19,20 +19,6 @@ namespace {
 
 constexpr int kSteps = 20;
 constexpr int32_t kVocab = 64;  // a multiple of 16 x TP for TP <= 4: the padded vocabulary never changes
-
-class PatternSource : public data::SampleSource {
- public:
-  PatternSource(int64_t n, int64_t S) : n_(n), S_(S) {}
-  int64_t size() const override { return n_; }
-  int64_t seq_length() const override { return S_; }
-  void get(int64_t index, int32_t* t) const override {
-    for (int64_t i = 0; i <= S_; ++i)
-      t[i] = static_cast<int32_t>((index * 7 + i * 3 + (i % 4 == 0 ? index * index : 0)) % (kVocab - 3));
-  }
-
- private:
-  int64_t n_, S_;
-};
 
 struct Layout {
   int world = 1, tp = 1;
@@ -88,15 +74,7 @@ Arguments make_args(Shape shape, const Layout& l) {
   return a;
 }
 
-std::string tmp_dir() {
-  static std::string d = [] {
-    std::string p = "/tmp/mt_equiv_" + std::to_string(::getpid());
-    std::string mk = "mkdir -p " + p;
-    if (std::system(mk.c_str()) != 0) throw Error("mkdir " + p);
-    return p;
-  }();
-  return d;
-}
+const std::string& tmp_dir() { return testing::scratch_dir("mt_equiv"); }
 
 // Trains on this rank; rank 0 writes the losses, every rank compares its gradients after step 1
 // with the reference (when given) and fails on a mismatch.
@@ -105,57 +83,24 @@ void train_rank(comm::World& w, Shape shape, const Layout& l, const std::string&
   parallel::RankGrid grid(w.size(), l.tp, 1);
   auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
   Trainer t(a, nullptr, pg);
-  t.set_data(std::make_unique<PatternSource>(100000, a.model.seq_length), nullptr);
+  t.set_data(std::make_unique<testing::PatternSource>(100000, a.model.seq_length, kVocab), nullptr);
   std::vector<double> losses;
   for (int i = 0; i < kSteps; ++i) {
     auto r = t.train_step();
     losses.push_back(r.loss_sum / r.tokens);
     if (i != 0) continue;
-    auto& ps = t.model().params();
-    if (ref.empty()) {  // the reference: write full gradients by name
-      std::ofstream f(out + ".grads", std::ios::binary);
-      for (auto& p : ps.params()) f.write(reinterpret_cast<const char*>(p.grad.data<float>()), p.numel() * 4);
+    if (ref.empty()) {  // the reference: full gradients by name
+      testing::write_grads(out + ".grads", t.model().params());
       continue;
     }
-    std::ifstream f(ref + ".grads", std::ios::binary);
-    auto owned = t.data_parallel().owned_ranges();
-    double max_err = 0, max_ref = 0;
-    std::string worst;
-    for (auto& p : ps.params()) {
-      std::vector<float> full(static_cast<size_t>(shape_numel(p.full_shape))), mine(static_cast<size_t>(p.numel()));
-      f.read(reinterpret_cast<char*>(full.data()), static_cast<std::streamsize>(full.size() * 4));
-      model::extract_shard(p, full.data(), mine.data());
-      const float* g = p.grad.data<float>();
-      for (int64_t e = 0; e < p.numel(); ++e) {
-        const int64_t flat = p.offset + e;
-        bool is_owned = false;
-        for (auto [lo, hi] : owned) is_owned |= flat >= lo && flat < hi;
-        if (!is_owned) continue;
-        const double d = std::fabs(static_cast<double>(g[e]) - mine[static_cast<size_t>(e)]);
-        max_ref = std::max(max_ref, std::fabs(static_cast<double>(mine[static_cast<size_t>(e)])));
-        if (d > max_err) {
-          max_err = d;
-          worst = p.name;
-        }
-      }
-    }
+    const testing::GradDiff d =
+        testing::diff_grads(t.model().params(), testing::read_grads(ref + ".grads"), t.data_parallel().owned_ranges());
     // Summation order differs across layouts: allow fp32 rounding relative to the largest gradient.
-    if (max_err > 2e-6 * max_ref + 1e-9)
-      throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", w.rank(), max_err,
-                              max_ref, worst));
+    if (d.max_err > 2e-6 * d.max_ref + 1e-9)
+      throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", w.rank(), d.max_err,
+                              d.max_ref, d.worst));
   }
-  if (w.rank() == 0) {
-    std::ofstream f(out + ".loss");
-    f.precision(17);
-    for (double x : losses) f << x << "\n";
-  }
-}
-
-std::vector<double> read_losses(const std::string& path) {
-  std::ifstream f(path + ".loss");
-  std::vector<double> v;
-  for (double x; f >> x;) v.push_back(x);
-  return v;
+  if (w.rank() == 0) testing::write_losses(out + ".loss", losses);
 }
 
 const std::string& reference(Shape shape) {
@@ -179,7 +124,7 @@ void expect_same_as_single_rank(Shape shape, const Layout& l) {
   auto res = testing::run_ranks(l.world, [&](comm::World& w) { train_rank(w, shape, l, out, ref); }, o);
   ASSERT_EQ(res.size(), static_cast<size_t>(l.world));
   for (size_t r = 0; r < res.size(); ++r) ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
-  auto want = read_losses(ref), got = read_losses(out);
+  auto want = testing::read_losses(ref + ".loss"), got = testing::read_losses(out + ".loss");
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(got.size(), want.size());
   double worst = 0;

@@ -9,13 +9,12 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <map>
 
 #include "comm/multiprocess.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/dispatch.h"
 #endif
+#include "parallel/layout_support.h"
 #include "parallel/process_groups.h"
 #include "training/trainer.h"
 
@@ -34,20 +33,6 @@ int visible_gpus() {
   ::pclose(p);
   return n;
 }
-
-class PatternSource : public data::SampleSource {
- public:
-  PatternSource(int64_t n, int64_t S) : n_(n), S_(S) {}
-  int64_t size() const override { return n_; }
-  int64_t seq_length() const override { return S_; }
-  void get(int64_t index, int32_t* t) const override {
-    for (int64_t i = 0; i <= S_; ++i)
-      t[i] = static_cast<int32_t>((index * 7 + i * 3 + (i % 4 == 0 ? index * index : 0)) % (kVocab - 3));
-  }
-
- private:
-  int64_t n_, S_;
-};
 
 struct Layout {
   int world = 1, tp = 1, pp = 1, vpp = 0;
@@ -105,100 +90,34 @@ Arguments make_args(const Layout& l) {
   return a;
 }
 
-std::string tmp_dir() {
-  static std::string d = [] {
-    std::string p = "/tmp/mt_gpu_equiv_" + std::to_string(::getpid());
-    if (std::system(("mkdir -p " + p).c_str()) != 0) throw Error("mkdir " + p);
-    return p;
-  }();
-  return d;
-}
-
-std::vector<float> host_grad(const model::Param& p) {
-  Tensor h = p.grad.to_device(Device::CPU);
-  return std::vector<float>(h.data<float>(), h.data<float>() + p.numel());
-}
+const std::string& tmp_dir() { return testing::scratch_dir("mt_gpu_equiv"); }
 
 void train_rank(comm::World& w, const Layout& l, const std::string& out, const std::string& ref) {
   Arguments a = make_args(l);
   parallel::RankGrid grid(w.size(), l.tp, l.pp);
   auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
   Trainer t(a, nullptr, pg);
-  t.set_data(std::make_unique<PatternSource>(100000, a.model.seq_length), nullptr);
+  t.set_data(std::make_unique<testing::PatternSource>(100000, a.model.seq_length, kVocab), nullptr);
   std::vector<double> losses;
   for (int i = 0; i < kSteps; ++i) {
     auto r = t.train_step();
     losses.push_back(r.loss_sum / r.tokens);
     if (i != 0) continue;
-    auto& ps = t.model().params();
     if (ref.empty()) {  // the reference: full gradients by name
-      std::ofstream f(out + ".grads", std::ios::binary);
-      for (auto& p : ps.params()) {
-        auto g = host_grad(p);
-        const uint64_t len = p.name.size(), n = g.size();
-        f.write(reinterpret_cast<const char*>(&len), 8);
-        f.write(p.name.data(), static_cast<std::streamsize>(len));
-        f.write(reinterpret_cast<const char*>(&n), 8);
-        f.write(reinterpret_cast<const char*>(g.data()), static_cast<std::streamsize>(n * 4));
-      }
+      testing::write_grads(out + ".grads", t.model().params());
       continue;
     }
-    std::map<std::string, std::vector<float>> want;
-    {
-      std::ifstream f(ref + ".grads", std::ios::binary);
-      uint64_t len = 0, n = 0;
-      while (f.read(reinterpret_cast<char*>(&len), 8)) {
-        std::string name(len, '\0');
-        f.read(name.data(), static_cast<std::streamsize>(len));
-        f.read(reinterpret_cast<char*>(&n), 8);
-        std::vector<float> v(n);
-        f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * 4));
-        want[name] = std::move(v);
-      }
-    }
-    auto owned = t.data_parallel().owned_ranges();
-    double max_err = 0, max_ref = 0;
-    std::string worst;
-    int compared = 0;
-    for (auto& p : ps.params()) {
-      auto it = want.find(p.name);
-      if (p.replica || it == want.end()) continue;  // a tied embedding's copy on the last stage
-      std::vector<float> mine(static_cast<size_t>(p.numel()));
-      model::extract_shard(p, it->second.data(), mine.data());
-      auto g = host_grad(p);
-      for (int64_t e = 0; e < p.numel(); ++e) {
-        const int64_t flat = p.offset + e;
-        bool is_owned = false;
-        for (auto [lo, hi] : owned) is_owned |= flat >= lo && flat < hi;
-        if (!is_owned) continue;
-        const double d = std::fabs(static_cast<double>(g[static_cast<size_t>(e)]) - mine[static_cast<size_t>(e)]);
-        max_ref = std::max(max_ref, std::fabs(static_cast<double>(mine[static_cast<size_t>(e)])));
-        if (d > max_err) {
-          max_err = d;
-          worst = p.name;
-        }
-      }
-      ++compared;
-    }
+    const testing::GradDiff d =
+        testing::diff_grads(t.model().params(), testing::read_grads(ref + ".grads"), t.data_parallel().owned_ranges());
     std::fprintf(stderr, "rank %d: step-1 gradients: max difference %.3e, largest gradient %.3e (%d tensors)\n",
-                 w.rank(), max_err, max_ref, compared);
-    if (compared == 0 || max_err > l.grad_tol * max_ref)
-      throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", w.rank(), max_err,
-                              max_ref, worst));
+                 w.rank(), d.max_err, d.max_ref, d.tensors);
+    if (d.tensors == 0 || d.max_err > l.grad_tol * d.max_ref)
+      throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", w.rank(), d.max_err,
+                              d.max_ref, d.worst));
   }
   // The loss is known on the last pipeline stage (its first TP/DP rank writes it).
-  if (t.groups().pp->rank() == t.groups().pp->size() - 1 && t.groups().dp_rank() == 0 && t.groups().tp_rank() == 0) {
-    std::ofstream f(out + ".loss");
-    f.precision(17);
-    for (double x : losses) f << x << "\n";
-  }
-}
-
-std::vector<double> read_losses(const std::string& path) {
-  std::ifstream f(path + ".loss");
-  std::vector<double> v;
-  for (double x; f >> x;) v.push_back(x);
-  return v;
+  if (t.groups().pp->rank() == t.groups().pp->size() - 1 && t.groups().dp_rank() == 0 && t.groups().tp_rank() == 0)
+    testing::write_losses(out + ".loss", losses);
 }
 
 testing::RankOptions gpu_ranks() {
@@ -243,7 +162,7 @@ void expect_same_as_one_gpu(const Layout& l) {
     ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
     std::printf("%s", res[r].stderr_text.c_str());
   }
-  auto want = read_losses(ref), got = read_losses(out);
+  auto want = testing::read_losses(ref + ".loss"), got = testing::read_losses(out + ".loss");
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(got.size(), want.size());
   double worst = 0;

@@ -16,6 +16,7 @@
 
 #include "comm/multiprocess.h"
 #include "comm/socket.h"
+#include "parallel/layout_support.h"
 #include "core/log.h"
 #include "parallel/process_groups.h"
 #include "training/trainer.h"
@@ -104,75 +105,20 @@ Arguments make_args(const Layout& l) {
   return a;
 }
 
-std::string tmp_dir() {
-  static std::string d = [] {
-    std::string p = "/tmp/mt_pipeline_" + std::to_string(::getpid());
-    if (std::system(("mkdir -p " + p).c_str()) != 0) throw Error("mkdir " + p);
-    return p;
-  }();
-  return d;
-}
+const std::string& tmp_dir() { return testing::scratch_dir("mt_pipeline"); }
 
 parallel::ProcessGroups groups_for(comm::World& w, const Layout& l) {
   parallel::RankGrid grid(w.size(), l.tp, l.pp);
   return w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
 }
 
-// Full gradients by name, as the single-rank reference writes them.
-using GradMap = std::map<std::string, std::vector<float>>;
-
-void write_grads(const std::string& path, model::ParamStore& ps) {
-  std::ofstream f(path, std::ios::binary);
-  for (auto& p : ps.params()) {
-    const uint64_t len = p.name.size(), n = static_cast<uint64_t>(p.numel());
-    f.write(reinterpret_cast<const char*>(&len), 8);
-    f.write(p.name.data(), static_cast<std::streamsize>(len));
-    f.write(reinterpret_cast<const char*>(&n), 8);
-    f.write(reinterpret_cast<const char*>(p.grad.data<float>()), static_cast<std::streamsize>(n * 4));
-  }
-}
-
-GradMap read_grads(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  GradMap out;
-  for (uint64_t len = 0; f.read(reinterpret_cast<char*>(&len), 8);) {
-    std::string name(len, '\0');
-    uint64_t n = 0;
-    f.read(name.data(), static_cast<std::streamsize>(len));
-    f.read(reinterpret_cast<char*>(&n), 8);
-    std::vector<float> g(n);
-    f.read(reinterpret_cast<char*>(g.data()), static_cast<std::streamsize>(n * 4));
-    out[name] = std::move(g);
-  }
-  return out;
-}
-
 // Every gradient element this rank holds (and owns, under the distributed optimizer) against the
 // reference's element at the same position of the same-named parameter.
-void compare_grads(Trainer& t, const GradMap& ref, int rank) {
-  auto& ps = t.model().params();
-  auto owned = t.data_parallel().owned_ranges();
-  double max_err = 0, max_ref = 0;
-  std::string worst;
-  for (auto& p : ps.params()) {
-    auto it = ref.find(p.name);
-    if (it == ref.end())
-      throw Error(fmt::format("rank {}: {} is not a parameter of the single-rank model", rank, p.name));
-    std::vector<float> mine(static_cast<size_t>(p.numel()));
-    model::extract_shard(p, it->second.data(), mine.data());
-    const float* g = p.grad.data<float>();
-    for (int64_t e = 0; e < p.numel(); ++e) {
-      bool is_owned = false;
-      for (auto [lo, hi] : owned) is_owned |= p.offset + e >= lo && p.offset + e < hi;
-      if (!is_owned) continue;
-      const double want = mine[static_cast<size_t>(e)], d = std::fabs(static_cast<double>(g[e]) - want);
-      max_ref = std::max(max_ref, std::fabs(want));
-      if (d > max_err) max_err = d, worst = p.name;
-    }
-  }
-  if (max_err > 2e-6 * max_ref + 1e-9)
-    throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", rank, max_err,
-                            max_ref, worst));
+void compare_grads(Trainer& t, const testing::GradMap& ref, int rank) {
+  const testing::GradDiff d = testing::diff_grads(t.model().params(), ref, t.data_parallel().owned_ranges());
+  if (d.max_err > 2e-6 * d.max_ref + 1e-9)
+    throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", rank, d.max_err,
+                            d.max_ref, d.worst));
 }
 
 void train_rank(comm::World& w, const Layout& l, const std::string& out, const std::string& ref) {
@@ -191,23 +137,14 @@ void train_rank(comm::World& w, const Layout& l, const std::string& out, const s
       throw Error(fmt::format("stage {} held {} micro-batches at once", stage, t.pipeline().max_in_flight()));
     if (i != 0) continue;
     if (ref.empty())
-      write_grads(out + ".grads", t.model().params());
+      testing::write_grads(out + ".grads", t.model().params());
     else
-      compare_grads(t, read_grads(ref + ".grads"), w.rank());
+      compare_grads(t, testing::read_grads(ref + ".grads"), w.rank());
   }
-  if (w.rank() == 0) {  // the loss is global on every rank; rank 0 (first stage) writes it
-    std::ofstream f(out + ".loss");
-    f.precision(17);
-    for (double x : losses) f << x << "\n";
-  }
+  // The loss is global on every rank; rank 0 (first stage) writes it.
+  if (w.rank() == 0) testing::write_losses(out + ".loss", losses);
 }
 
-std::vector<double> read_losses(const std::string& path) {
-  std::ifstream f(path + ".loss");
-  std::vector<double> v;
-  for (double x; f >> x;) v.push_back(x);
-  return v;
-}
 
 const std::string& reference(Shape shape) {
   static std::string paths[2];
@@ -231,7 +168,7 @@ void expect_same_as_single_rank(const Layout& l) {
       l.world, [&](comm::World& w) { train_rank(w, l, out, ref); }, o);
   ASSERT_EQ(res.size(), static_cast<size_t>(l.world));
   for (size_t r = 0; r < res.size(); ++r) ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
-  auto want = read_losses(ref), got = read_losses(out);
+  auto want = testing::read_losses(ref + ".loss"), got = testing::read_losses(out + ".loss");
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(got.size(), want.size());
   double worst = 0;

@@ -8,6 +8,7 @@
 
 #include "comm/multiprocess.h"
 #include "model/gpt_model.h"
+#include "parallel/layout_support.h"
 #include "parallel/process_groups.h"
 
 namespace mt {
@@ -36,34 +37,6 @@ model::TransformerConfig tp_config(const std::string& granularity, const std::st
   return c;
 }
 
-// One step of two micro-batches (F0 F1 B1 B0); this rank's gradients.
-std::vector<float> rank_grads(const model::TransformerConfig& c, comm::Communicator* tp) {
-  model::ModelOptions o;
-  o.tp = tp;
-  o.sequence_parallel = true;
-  model::GPTModel m(c, o);
-  RngState rng{11, 0}, tp_rng{100 + static_cast<uint64_t>(tp->rank()), 0};
-  model::PassContext ctx;
-  ctx.rng = &rng;
-  ctx.tp_rng = &tp_rng;
-  model::Batch b[2];
-  for (int k = 0; k < 2; ++k) {
-    b[k].B = 2;
-    b[k].S = c.seq_length;
-    for (int64_t i = 0; i < b[k].B * b[k].S; ++i) {
-      b[k].tokens.push_back(static_cast<int32_t>((i * 7 + k * 13) % c.orig_vocab_size));
-      b[k].labels.push_back(static_cast<int32_t>((i * 5 + k * 3 + 1) % c.orig_vocab_size));
-      b[k].loss_mask.push_back(1.f);
-    }
-  }
-  model::GPTModel::Saved s0, s1;
-  const model::LossSums l0 = m.forward(b[0], s0, ctx), l1 = m.forward(b[1], s1, ctx);
-  const float scale = static_cast<float>(1.0 / (l0.tokens + l1.tokens));
-  m.params().zero_grad();
-  m.backward(s1, scale, ctx);
-  m.backward(s0, scale, ctx);
-  return m.params().grad_buffer().to_vector();
-}
 
 TEST(RecomputeTP, TP2SequenceParallelIsBitIdentical) {
   testing::RankOptions opt;
@@ -73,10 +46,10 @@ TEST(RecomputeTP, TP2SequenceParallelIsBitIdentical) {
       [](comm::World& w) {
         parallel::RankGrid grid(w.size(), 2, 1);
         auto pg = parallel::build_process_groups(w, grid);
-        const auto want = rank_grads(tp_config("", "", 0), pg.tp.get());
+        const auto want = testing::two_microbatch_grads(tp_config("", "", 0), pg.tp.get());
         for (const auto& c : {tp_config("full", "uniform", 2), tp_config("full", "block", 1),
                               tp_config("selective", "", 0)}) {
-          const auto got = rank_grads(c, pg.tp.get());
+          const auto got = testing::two_microbatch_grads(c, pg.tp.get());
           if (got.size() != want.size() || std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0)
             throw Error(fmt::format("rank {}: gradients with {} {} recomputation differ", w.rank(),
                                     c.recompute_granularity, c.recompute_method));

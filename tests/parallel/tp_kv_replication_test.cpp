@@ -9,12 +9,12 @@
 
 #include <cmath>
 #include <cstring>
-#include <fstream>
 
 #include "comm/multiprocess.h"
 #include "kernels/cpu/threads.h"
 #include "model/gpt_model.h"
 #include "model/tensor_parallel.h"
+#include "parallel/layout_support.h"
 #include "parallel/process_groups.h"
 #include "training/trainer.h"
 
@@ -130,20 +130,6 @@ TEST(TpKvReplication, Validation) {
 constexpr int kSteps = 20;
 constexpr int32_t kVocab = 64;
 
-class PatternSource : public data::SampleSource {
- public:
-  PatternSource(int64_t n, int64_t S) : n_(n), S_(S) {}
-  int64_t size() const override { return n_; }
-  int64_t seq_length() const override { return S_; }
-  void get(int64_t index, int32_t* t) const override {
-    for (int64_t i = 0; i <= S_; ++i)
-      t[i] = static_cast<int32_t>((index * 7 + i * 3 + (i % 4 == 0 ? index * index : 0)) % (kVocab - 3));
-  }
-
- private:
-  int64_t n_, S_;
-};
-
 enum class ModelShape { Llama, Gpt };
 
 struct Layout {
@@ -193,15 +179,7 @@ Arguments make_args(ModelShape shape, int64_t groups, const Layout& l) {
   return a;
 }
 
-std::string tmp_dir() {
-  static std::string d = [] {
-    std::string p = "/tmp/mt_kvrep_" + std::to_string(::getpid());
-    std::string mk = "mkdir -p " + p;
-    if (std::system(mk.c_str()) != 0) throw Error("mkdir " + p);
-    return p;
-  }();
-  return d;
-}
+const std::string& tmp_dir() { return testing::scratch_dir("mt_kvrep"); }
 
 // Trains on this rank; rank 0 writes the losses; with a reference, every rank compares its
 // step-1 gradients with the reference's (cut with the same TP split).
@@ -212,51 +190,23 @@ void train_rank(comm::World& w, ModelShape shape, int64_t groups, const Layout& 
   parallel::RankGrid grid(w.size(), l.tp, 1);
   auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
   Trainer t(a, nullptr, pg);
-  t.set_data(std::make_unique<PatternSource>(100000, a.model.seq_length), nullptr);
+  t.set_data(std::make_unique<testing::PatternSource>(100000, a.model.seq_length, kVocab), nullptr);
   std::vector<double> losses;
   for (int i = 0; i < kSteps; ++i) {
     auto r = t.train_step();
     losses.push_back(r.loss_sum / r.tokens);
     if (i != 0) continue;
-    auto& ps = t.model().params();
     if (ref.empty()) {
-      std::ofstream f(out + ".grads", std::ios::binary);
-      for (auto& p : ps.params()) f.write(reinterpret_cast<const char*>(p.grad.data<float>()), p.numel() * 4);
+      testing::write_grads(out + ".grads", t.model().params());
       continue;
     }
-    std::ifstream f(ref + ".grads", std::ios::binary);
-    double max_err = 0, max_ref = 0;
-    std::string worst;
-    for (auto& p : ps.params()) {
-      std::vector<float> full(static_cast<size_t>(shape_numel(p.full_shape))), mine(static_cast<size_t>(p.numel()));
-      f.read(reinterpret_cast<char*>(full.data()), static_cast<std::streamsize>(full.size() * 4));
-      model::extract_shard(p, full.data(), mine.data());
-      const float* g = p.grad.data<float>();
-      for (int64_t e = 0; e < p.numel(); ++e) {
-        const double d = std::fabs(static_cast<double>(g[e]) - mine[static_cast<size_t>(e)]);
-        max_ref = std::max(max_ref, std::fabs(static_cast<double>(mine[static_cast<size_t>(e)])));
-        if (d > max_err) {
-          max_err = d;
-          worst = p.name;
-        }
-      }
-    }
-    if (max_err > 2e-6 * max_ref + 1e-9)
-      throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", w.rank(), max_err,
-                              max_ref, worst));
+    const testing::GradDiff d =
+        testing::diff_grads(t.model().params(), testing::read_grads(ref + ".grads"), t.data_parallel().owned_ranges());
+    if (d.max_err > 2e-6 * d.max_ref + 1e-9)
+      throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", w.rank(), d.max_err,
+                              d.max_ref, d.worst));
   }
-  if (w.rank() == 0) {
-    std::ofstream f(out + ".loss");
-    f.precision(17);
-    for (double x : losses) f << x << "\n";
-  }
-}
-
-std::vector<double> read_losses(const std::string& path) {
-  std::ifstream f(path + ".loss");
-  std::vector<double> v;
-  for (double x; f >> x;) v.push_back(x);
-  return v;
+  if (w.rank() == 0) testing::write_losses(out + ".loss", losses);
 }
 
 void expect_same_as_single_rank(ModelShape shape, int64_t groups, const Layout& l) {
@@ -276,7 +226,7 @@ void expect_same_as_single_rank(ModelShape shape, int64_t groups, const Layout& 
   auto res = testing::run_ranks(l.world, [&](comm::World& w) { train_rank(w, shape, groups, l, out, ref); }, o);
   ASSERT_EQ(res.size(), static_cast<size_t>(l.world));
   for (size_t r = 0; r < res.size(); ++r) ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
-  auto want = read_losses(ref), got = read_losses(out);
+  auto want = testing::read_losses(ref + ".loss"), got = testing::read_losses(out + ".loss");
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(got.size(), want.size());
   double worst = 0;
@@ -325,33 +275,6 @@ model::TransformerConfig recompute_config(const std::string& granularity, const 
   return c;
 }
 
-std::vector<float> rank_grads(const model::TransformerConfig& c, comm::Communicator* tp) {
-  model::ModelOptions o;
-  o.tp = tp;
-  o.sequence_parallel = true;
-  model::GPTModel m(c, o);
-  RngState rng{11, 0}, tp_rng{100 + static_cast<uint64_t>(tp->rank()), 0};
-  model::PassContext ctx;
-  ctx.rng = &rng;
-  ctx.tp_rng = &tp_rng;
-  model::Batch b[2];
-  for (int k = 0; k < 2; ++k) {
-    b[k].B = 2;
-    b[k].S = c.seq_length;
-    for (int64_t i = 0; i < b[k].B * b[k].S; ++i) {
-      b[k].tokens.push_back(static_cast<int32_t>((i * 7 + k * 13) % c.orig_vocab_size));
-      b[k].labels.push_back(static_cast<int32_t>((i * 5 + k * 3 + 1) % c.orig_vocab_size));
-      b[k].loss_mask.push_back(1.f);
-    }
-  }
-  model::GPTModel::Saved s0, s1;
-  const model::LossSums l0 = m.forward(b[0], s0, ctx), l1 = m.forward(b[1], s1, ctx);
-  const float scale = static_cast<float>(1.0 / (l0.tokens + l1.tokens));
-  m.params().zero_grad();
-  m.backward(s1, scale, ctx);
-  m.backward(s0, scale, ctx);
-  return m.params().grad_buffer().to_vector();
-}
 
 TEST(TpKvReplication, TP4RecomputeWithDropoutIsBitIdentical) {
   testing::RankOptions opt;
@@ -362,9 +285,9 @@ TEST(TpKvReplication, TP4RecomputeWithDropoutIsBitIdentical) {
         cpu::set_num_threads(1);
         parallel::RankGrid grid(w.size(), 4, 1);
         auto pg = parallel::build_process_groups(w, grid);
-        const auto want = rank_grads(recompute_config("", "", 0), pg.tp.get());
+        const auto want = testing::two_microbatch_grads(recompute_config("", "", 0), pg.tp.get());
         for (const auto& c : {recompute_config("full", "uniform", 3), recompute_config("selective", "", 0)}) {
-          const auto got = rank_grads(c, pg.tp.get());
+          const auto got = testing::two_microbatch_grads(c, pg.tp.get());
           if (got.size() != want.size() || std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0)
             throw Error(fmt::format("rank {}: gradients with {} {} recomputation differ", w.rank(),
                                     c.recompute_granularity, c.recompute_method));

@@ -1,0 +1,170 @@
+#pragma once
+// What the "same as one rank" tests of tests/parallel share: a deterministic token source, a
+// per-process scratch directory, step-1 gradients written by name and compared shard by shard
+// (TP shards cut from the reference with the parameter's own split; with the distributed
+// optimizer only the owned slices), and the per-step losses written and compared.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "data/sample_source.h"
+#include "model/gpt_model.h"
+#include "model/params.h"
+
+namespace mt::testing {
+
+// Sequences with some structure to learn, the same for every layout.
+class PatternSource : public data::SampleSource {
+ public:
+  PatternSource(int64_t n, int64_t S, int32_t vocab) : n_(n), S_(S), vocab_(vocab) {}
+  int64_t size() const override { return n_; }
+  int64_t seq_length() const override { return S_; }
+  void get(int64_t index, int32_t* t) const override {
+    for (int64_t i = 0; i <= S_; ++i)
+      t[i] = static_cast<int32_t>((index * 7 + i * 3 + (i % 4 == 0 ? index * index : 0)) % (vocab_ - 3));
+  }
+
+ private:
+  int64_t n_, S_;
+  int32_t vocab_;
+};
+
+// /tmp/<prefix>_<pid>, made once per process.
+inline const std::string& scratch_dir(const std::string& prefix) {
+  static std::map<std::string, std::string> dirs;
+  auto it = dirs.find(prefix);
+  if (it != dirs.end()) return it->second;
+  std::string p = "/tmp/" + prefix + "_" + std::to_string(::getpid());
+  if (std::system(("mkdir -p " + p).c_str()) != 0) throw Error("mkdir " + p);
+  return dirs[prefix] = p;
+}
+
+// A parameter's gradient as host floats (it may live on the GPU).
+inline std::vector<float> host_grad(const model::Param& p) {
+  Tensor h = p.grad.device() == Device::CPU ? p.grad : p.grad.to_device(Device::CPU);
+  return std::vector<float>(h.data<float>(), h.data<float>() + p.numel());
+}
+
+using GradMap = std::map<std::string, std::vector<float>>;
+
+inline void write_grads(const std::string& path, const model::ParamStore& ps) {
+  std::ofstream f(path, std::ios::binary);
+  for (const auto& p : ps.params()) {
+    const std::vector<float> g = host_grad(p);
+    const uint64_t len = p.name.size(), n = g.size();
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f.write(p.name.data(), static_cast<std::streamsize>(len));
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f.write(reinterpret_cast<const char*>(g.data()), static_cast<std::streamsize>(n * 4));
+  }
+}
+
+inline GradMap read_grads(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  GradMap out;
+  for (uint64_t len = 0; f.read(reinterpret_cast<char*>(&len), 8);) {
+    std::string name(len, '\0');
+    uint64_t n = 0;
+    f.read(name.data(), static_cast<std::streamsize>(len));
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::vector<float> g(n);
+    f.read(reinterpret_cast<char*>(g.data()), static_cast<std::streamsize>(n * 4));
+    out[name] = std::move(g);
+  }
+  return out;
+}
+
+struct GradDiff {
+  double max_err = 0, max_ref = 0;
+  std::string worst;
+  int tensors = 0;
+};
+
+// Every gradient element this rank holds and owns against the reference's element at the same
+// position of the same-named full parameter (a tied embedding's copy on the last pipeline stage
+// carries its twin's name and gradient).
+inline GradDiff diff_grads(const model::ParamStore& ps, const GradMap& ref,
+                           const std::vector<std::pair<int64_t, int64_t>>& owned) {
+  GradDiff d;
+  for (const auto& p : ps.params()) {
+    auto it = ref.find(p.name);
+    if (it == ref.end()) throw Error(p.name + " is not a parameter of the single-rank model");
+    std::vector<float> want(static_cast<size_t>(p.numel()));
+    model::extract_shard(p, it->second.data(), want.data());
+    const std::vector<float> g = host_grad(p);
+    for (int64_t e = 0; e < p.numel(); ++e) {
+      const int64_t flat = p.offset + e;
+      if (!std::any_of(owned.begin(), owned.end(), [&](auto r) { return flat >= r.first && flat < r.second; }))
+        continue;
+      const double w = want[static_cast<size_t>(e)], err = std::fabs(static_cast<double>(g[static_cast<size_t>(e)]) - w);
+      d.max_ref = std::max(d.max_ref, std::fabs(w));
+      if (err > d.max_err) {
+        d.max_err = err;
+        d.worst = p.name;
+      }
+    }
+    ++d.tensors;
+  }
+  return d;
+}
+
+inline void write_losses(const std::string& path, const std::vector<double>& losses) {
+  std::ofstream f(path);
+  f.precision(17);
+  for (double x : losses) f << x << "\n";
+}
+
+inline std::vector<double> read_losses(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<double> v;
+  for (double x; f >> x;) v.push_back(x);
+  return v;
+}
+
+// The largest relative difference of `got` from `want`, step by step (same length expected).
+inline double max_relative_difference(const std::vector<double>& want, const std::vector<double>& got) {
+  double worst = 0;
+  for (size_t i = 0; i < std::min(want.size(), got.size()); ++i)
+    worst = std::max(worst, std::fabs(got[i] - want[i]) / std::fabs(want[i]));
+  return worst;
+}
+
+// One step of two micro-batches (F0 F1 B1 B0) of a model on this rank's TP group with sequence
+// parallelism and both dropout streams: this rank's gradients (for bit-identity checks).
+inline std::vector<float> two_microbatch_grads(const model::TransformerConfig& c, comm::Communicator* tp) {
+  model::ModelOptions o;
+  o.tp = tp;
+  o.sequence_parallel = true;
+  model::GPTModel m(c, o);
+  RngState rng{11, 0}, tp_rng{100 + static_cast<uint64_t>(tp->rank()), 0};
+  model::PassContext ctx;
+  ctx.rng = &rng;
+  ctx.tp_rng = &tp_rng;
+  model::Batch b[2];
+  for (int k = 0; k < 2; ++k) {
+    b[k].B = 2;
+    b[k].S = c.seq_length;
+    for (int64_t i = 0; i < b[k].B * b[k].S; ++i) {
+      b[k].tokens.push_back(static_cast<int32_t>((i * 7 + k * 13) % c.orig_vocab_size));
+      b[k].labels.push_back(static_cast<int32_t>((i * 5 + k * 3 + 1) % c.orig_vocab_size));
+      b[k].loss_mask.push_back(1.f);
+    }
+  }
+  model::GPTModel::Saved s0, s1;
+  const model::LossSums l0 = m.forward(b[0], s0, ctx), l1 = m.forward(b[1], s1, ctx);
+  const float scale = static_cast<float>(1.0 / (l0.tokens + l1.tokens));
+  m.params().zero_grad();
+  m.backward(s1, scale, ctx);
+  m.backward(s0, scale, ctx);
+  return m.params().grad_buffer().to_vector();
+}
+
+}  // namespace mt::testing
