@@ -96,9 +96,7 @@ void train_rank(comm::World& w, Shape shape, const Layout& l, const std::string&
     const testing::GradDiff d =
         testing::diff_grads(t.model().params(), testing::read_grads(ref + ".grads"), t.data_parallel().owned_ranges());
     // Summation order differs across layouts: allow fp32 rounding relative to the largest gradient.
-    if (d.max_err > 2e-6 * d.max_ref + 1e-9)
-      throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", w.rank(), d.max_err,
-                              d.max_ref, d.worst));
+    testing::require_close(d, w.rank());
   }
   if (w.rank() == 0) testing::write_losses(out + ".loss", losses);
 }

@@ -116,6 +116,14 @@ inline GradDiff diff_grads(const model::ParamStore& ps, const GradMap& ref,
   return d;
 }
 
+// Fails the rank when the gradients differ by more than `rel` of the largest one (fp32 sums in
+// another order: 2e-6).
+inline void require_close(const GradDiff& d, int rank, double rel = 2e-6) {
+  if (d.tensors == 0 || d.max_err > rel * d.max_ref + 1e-9)
+    throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", rank, d.max_err,
+                            d.max_ref, d.worst));
+}
+
 inline void write_losses(const std::string& path, const std::vector<double>& losses) {
   std::ofstream f(path);
   f.precision(17);

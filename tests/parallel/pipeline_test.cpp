@@ -116,9 +116,7 @@ parallel::ProcessGroups groups_for(comm::World& w, const Layout& l) {
 // reference's element at the same position of the same-named parameter.
 void compare_grads(Trainer& t, const testing::GradMap& ref, int rank) {
   const testing::GradDiff d = testing::diff_grads(t.model().params(), ref, t.data_parallel().owned_ranges());
-  if (d.max_err > 2e-6 * d.max_ref + 1e-9)
-    throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", rank, d.max_err,
-                            d.max_ref, d.worst));
+  testing::require_close(d, rank);
 }
 
 void train_rank(comm::World& w, const Layout& l, const std::string& out, const std::string& ref) {
