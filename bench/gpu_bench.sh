@@ -63,7 +63,7 @@ bench() {  # bench NAME ARGS...
 LLAMA=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query-attention --num-query-groups 8
        --ffn-hidden-size 8192 --seq-length 2048 --max-position-embeddings 2048 --normalization RMSNorm --swiglu
        --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
-       --vocab-size 128255 --micro-batch-size 4 --global-batch-size 4)
+       --vocab-size 128255 --micro-batch-size 4)
 bench llama-1.5b "${LLAMA[@]}" --global-batch-size 32
 GPT2=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024
       --vocab-size 50257 --micro-batch-size 16 --global-batch-size 16)
@@ -73,4 +73,4 @@ GPT2XL=(--num-layers 48 --hidden-size 1600 --num-attention-heads 25 --seq-length
         --vocab-size 50257 --micro-batch-size 8 --global-batch-size 8)
 bench gpt2-1.5b "${GPT2XL[@]}"
 # Where the time goes (CUDA-event op breakdown; costs a few percent, so a run of its own).
-bench llama-1.5b-timed "${LLAMA[@]}" --timing-log-level 1
+bench llama-1.5b-timed "${LLAMA[@]}" --global-batch-size 32 --timing-log-level 1
