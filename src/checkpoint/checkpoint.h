@@ -44,7 +44,10 @@ struct TrainingState {
   int64_t iteration = 0;
   int64_t consumed_train_samples = 0;
   int64_t consumed_valid_samples = 0;
-  int64_t optimizer_steps = 0;  // scheduler position is derived from consumed samples
+  int64_t optimizer_steps = 0;
+  // The LR/WD scheduler's position: samples of the iterations that updated the weights (as
+  // Megatron's scheduler steps only on successful updates; skipped iterations do not move it).
+  int64_t scheduler_samples = 0;
   bool has_optimizer = false;   // set on load: the checkpoint holds optimizer state
   bool has_rng = false;
   uint64_t rng_seed = 0, rng_offset = 0;  // this rank's dropout stream

@@ -182,6 +182,8 @@ TrainingState read_state(const std::string& load, int64_t it) {
     st.consumed_train_samples = s.at("consumed_train_samples");
     st.consumed_valid_samples = s.at("consumed_valid_samples");
     st.optimizer_steps = s.at("optimizer_steps");
+    // Older checkpoints: the scheduler followed the consumed samples.
+    st.scheduler_samples = s.value("scheduler_samples", st.consumed_train_samples);
     st.has_rng = s.at("has_rng");
     st.rng_seed = s.at("rng_seed");
     st.rng_offset = s.at("rng_offset");

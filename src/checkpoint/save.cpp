@@ -182,6 +182,7 @@ nlohmann::json state_json(const TrainingState& st, bool has_optimizer) {
           {"consumed_train_samples", st.consumed_train_samples},
           {"consumed_valid_samples", st.consumed_valid_samples},
           {"optimizer_steps", st.optimizer_steps},
+          {"scheduler_samples", st.scheduler_samples},
           {"has_optimizer", has_optimizer},
           {"has_rng", st.has_rng},
           {"rng_seed", st.rng_seed},

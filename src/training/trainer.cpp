@@ -338,7 +338,7 @@ IterationResult Trainer::train_step() {
              std::isfinite(loss) ? "grad norm" : "loss", std::isfinite(loss) ? r.grad_norm : loss);
   } else {
     model::ScopedOpTimer t(times, &model::OpTimes::optimizer);
-    const int64_t steps = state_.consumed_train_samples;  // the scheduler counts samples
+    const int64_t steps = state_.scheduler_samples;  // the scheduler counts samples of updates
 #ifdef MT_HAVE_CUDA
     if (!gpu_adam_.empty()) {
       if (args_.clip_grad > 0) ops::gpu::clip_grads(grads, ps.numel(), r.grad_norm, args_.clip_grad);
@@ -363,7 +363,8 @@ IterationResult Trainer::train_step() {
   }
   state_.iteration++;
   state_.consumed_train_samples += gbs;
-  last_lr_ = schedule_->lr(state_.consumed_train_samples);
+  if (!r.skipped) state_.scheduler_samples += gbs;
+  last_lr_ = schedule_->lr(state_.scheduler_samples);
   train_time_ += now_s() - t_start;
   return r;
 }

@@ -89,6 +89,7 @@ void Trainer::maybe_load() {
   }
   state_.iteration = st.iteration;
   state_.consumed_train_samples = st.consumed_train_samples;
+  state_.scheduler_samples = st.scheduler_samples;
   state_.consumed_valid_samples = st.consumed_valid_samples;
   state_.optimizer_steps = st.optimizer_steps;
   state_.skipped_iterations = st.skipped_iterations;

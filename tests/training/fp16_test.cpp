@@ -188,6 +188,18 @@ TEST(Fp16, HugeInitialScaleSkipsAndBacksOffUntilStepsSucceed) {
   EXPECT_EQ(t.state().skipped_iterations, k_total);
   EXPECT_EQ(t.state().nan_iterations, 0);
   EXPECT_EQ(t.state().optimizer_steps, 40 - k_total);
+  // Megatron's scheduler steps only on updates: skipped iterations leave the LR where it was.
+  EXPECT_EQ(t.state().scheduler_samples, (40 - k_total) * a.global_batch_size);
+  EXPECT_EQ(t.state().consumed_train_samples, 40 * a.global_batch_size);
+  std::regex lr_re(R"(learning rate: ([0-9.E+-]+) \|)");
+  std::vector<std::string> lrs;
+  std::istringstream in2(out);
+  for (std::string line; std::getline(in2, line);) {
+    std::smatch m;
+    if (line.find(" iteration ") != std::string::npos && std::regex_search(line, m, lr_re)) lrs.push_back(m[1]);
+  }
+  ASSERT_EQ(lrs.size(), 40u);
+  for (size_t i = 1; i < k; ++i) EXPECT_EQ(lrs[i], lrs[0]) << "skipped iteration " << i + 1 << " moved the LR";
 }
 
 TEST(Fp16, GrowsAfterWindowOfCleanSteps) {
