@@ -408,7 +408,10 @@ void Trainer::log_iteration(double elapsed_s, double loss, double grad_norm, int
       args_.global_batch_size, loss, grad_scaler_ ? static_cast<double>(grad_scaler_->scale()) : 1.0,
       // A step skipped for an fp16 overflow has no grad norm: Megatron leaves the field out.
       std::isnan(grad_norm) && grad_scaler_ ? std::string() : fmt::format(" grad norm: {:.3f} |", grad_norm),
-      state_.skipped_iterations, state_.nan_iterations);
+      state_.skipped_iterations - logged_skipped_, state_.nan_iterations - logged_nan_);
+  // Megatron counts skipped and nan iterations per log interval (the totals go in checkpoints).
+  logged_skipped_ = state_.skipped_iterations;
+  logged_nan_ = state_.nan_iterations;
   print_log_line(line);
 }
 
@@ -439,6 +442,8 @@ int Trainer::run() {
            m.bf16 ? ", bf16" : (m.fp16 ? ", fp16" : ""));
   log_info("training for {} iterations of {} samples ({} micro-batches of {})", total_iters_, args_.global_batch_size,
            args_.global_batch_size / args_.micro_batch_size, args_.micro_batch_size);
+  logged_skipped_ = state_.skipped_iterations;
+  logged_nan_ = state_.nan_iterations;
   const bool eval_on = args_.eval_iters > 0 && valid_ != nullptr;
   if (eval_on && args_.eval_at_start && state_.iteration == 0) {
     int64_t consumed = 0;  // the start-of-training evaluation does not move the validation position

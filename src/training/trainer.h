@@ -99,6 +99,7 @@ class Trainer {
   // Accumulated over a log interval, as Megatron averages the logged loss.
   double interval_loss_sum_ = 0, interval_tokens_ = 0, interval_time_ = 0;
   int64_t interval_iters_ = 0, interval_tokens_count_ = 0;
+  int64_t logged_skipped_ = 0, logged_nan_ = 0;  // totals at the last log line
   double last_lr_ = 0;
 };
 
