@@ -3,6 +3,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 
 #include "comm/gloo_communicator.h"
@@ -20,6 +21,9 @@ World::World(const DistEnv& env, std::chrono::milliseconds timeout, DeviceComm d
     world_ = std::make_shared<LocalCommunicator>("world", 0);
     return;
   }
+  // A peer that dies closes its sockets; Gloo's next write to one would raise SIGPIPE and kill
+  // this rank silently instead of failing the operation with an error that names the lost rank.
+  std::signal(SIGPIPE, SIG_IGN);
   if (env_.rank == 0 && !env_.store_hosted) server_ = std::make_unique<TcpStoreServer>("", env_.master_port);
   store_ = std::make_shared<TcpStore>(env_.master_addr, env_.master_port, timeout_, env_.rank);
   gloo::transport::tcp::attr attr;
