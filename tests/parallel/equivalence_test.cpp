@@ -40,29 +40,13 @@ Arguments make_args(Shape shape, const Layout& l) {
   m.attention_dropout = 0.f;
   m.hidden_dropout = 0.f;
   if (shape == Shape::Llama) {
-    a.group_query_attention = true;
-    a.given = {"--num-query-groups"};
-    m.num_query_groups = 4;
-    m.normalization = "RMSNorm";
-    m.swiglu = true;
-    m.position_embedding_type = "rope";
-    m.add_bias_linear = false;
-    m.add_qkv_bias = false;
-    m.untie_embeddings_and_output_weights = true;
+    testing::set_query_groups(a, 4);
+    testing::set_llama_blocks(m);
   } else {
     m.position_embedding_type = "learned_absolute";  // tied embeddings, LayerNorm, biases, GELU
   }
-  a.make_vocab_size_divisible_by = 16;
-  a.data.mock = true;
-  a.micro_batch_size = l.mbs;  // few micro-batches: fewer collectives, so the suite stays quick
-  a.global_batch_size = 8;
-  a.train_iters = kSteps;
-  a.optimizer.lr = 3e-3f;
-  a.lr_warmup_iters = 2;
-  a.lr_decay_style = "cosine";
-  a.min_lr = 3e-4;
-  a.eval_iters = 0;
-  a.log_progress_bar = false;
+  // few micro-batches: fewer collectives, so the suite stays quick
+  testing::set_short_run(a, kSteps, l.mbs, 3e-3f, 3e-4);
   a.world_size = l.world;
   a.tensor_model_parallel_size = l.tp;
   a.sequence_parallel = l.sp;

@@ -53,30 +53,13 @@ Arguments make_args(const Layout& l) {
   m.hidden_dropout = 0.f;
   m.bf16 = true;
   if (!l.gpt) {
-    a.group_query_attention = true;
-    a.given = {"--num-query-groups"};
-    m.num_query_groups = 2;
-    m.normalization = "RMSNorm";
-    m.swiglu = true;
-    m.position_embedding_type = "rope";
-    m.add_bias_linear = false;
-    m.add_qkv_bias = false;
-    m.untie_embeddings_and_output_weights = true;
+    testing::set_query_groups(a, 2);
+    testing::set_llama_blocks(m);
   } else {
     m.position_embedding_type = "learned_absolute";  // tied embeddings, LayerNorm, biases, GELU
   }
   a.device = "cuda";
-  a.make_vocab_size_divisible_by = 16;
-  a.data.mock = true;
-  a.micro_batch_size = 2;
-  a.global_batch_size = 8;
-  a.train_iters = kSteps;
-  a.optimizer.lr = 1e-3f;
-  a.lr_warmup_iters = 2;
-  a.lr_decay_style = "cosine";
-  a.min_lr = 1e-4;
-  a.eval_iters = 0;
-  a.log_progress_bar = false;
+  testing::set_short_run(a, kSteps, 2, 1e-3f, 1e-4);
   a.world_size = l.world;
   a.tensor_model_parallel_size = l.tp;
   a.pipeline_model_parallel_size = l.pp;

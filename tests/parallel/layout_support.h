@@ -18,6 +18,7 @@
 #include "data/sample_source.h"
 #include "model/gpt_model.h"
 #include "model/params.h"
+#include "training/arguments.h"
 
 namespace mt::testing {
 
@@ -36,6 +37,39 @@ class PatternSource : public data::SampleSource {
   int64_t n_, S_;
   int32_t vocab_;
 };
+
+// Grouped-query attention with `groups` query groups, as the flag would set it.
+inline void set_query_groups(Arguments& a, int64_t groups) {
+  a.group_query_attention = true;
+  a.given = {"--num-query-groups"};
+  a.model.num_query_groups = groups;
+}
+
+// The Llama family's blocks: RMSNorm, SwiGLU, RoPE, no biases, untied output layer.
+inline void set_llama_blocks(model::TransformerConfig& m) {
+  m.normalization = "RMSNorm";
+  m.swiglu = true;
+  m.position_embedding_type = "rope";
+  m.add_bias_linear = false;
+  m.add_qkv_bias = false;
+  m.untie_embeddings_and_output_weights = true;
+}
+
+// What every layout test trains: mock data, a global batch of 8 in micro-batches of `mbs`,
+// `steps` iterations with 2 of warm-up and cosine decay from `lr` to `min_lr`, no evaluation.
+inline void set_short_run(Arguments& a, int64_t steps, int64_t mbs, float lr, double min_lr) {
+  a.make_vocab_size_divisible_by = 16;
+  a.data.mock = true;
+  a.micro_batch_size = mbs;
+  a.global_batch_size = 8;
+  a.train_iters = steps;
+  a.optimizer.lr = lr;
+  a.lr_warmup_iters = 2;
+  a.lr_decay_style = "cosine";
+  a.min_lr = min_lr;
+  a.eval_iters = 0;
+  a.log_progress_bar = false;
+}
 
 // /tmp/<prefix>_<pid>, made once per process.
 inline const std::string& scratch_dir(const std::string& prefix) {
@@ -143,6 +177,30 @@ inline double max_relative_difference(const std::vector<double>& want, const std
   for (size_t i = 0; i < std::min(want.size(), got.size()); ++i)
     worst = std::max(worst, std::fabs(got[i] - want[i]) / std::fabs(want[i]));
   return worst;
+}
+
+// A 3-layer Llama-style model with dropout on (both streams drawn) and the given recomputation,
+// for bit-identity checks under TP. `heads` over 2 query groups.
+inline model::TransformerConfig recompute_tp_config(int64_t heads, bool qk_layernorm, const std::string& granularity,
+                                                    const std::string& method, int64_t n) {
+  model::TransformerConfig c;
+  c.num_layers = 3;
+  c.hidden_size = 32;
+  c.num_attention_heads = heads;
+  c.num_query_groups = 2;
+  c.ffn_hidden_size = 64;
+  c.seq_length = 8;
+  c.vocab_size = 64;
+  c.orig_vocab_size = 60;
+  set_llama_blocks(c);
+  c.qk_layernorm = qk_layernorm;
+  c.attention_dropout = 0.2f;
+  c.hidden_dropout = 0.2f;
+  c.recompute_granularity = granularity;
+  c.recompute_method = method;
+  c.recompute_num_layers = n;
+  c.finalize();
+  return c;
 }
 
 // One step of two micro-batches (F0 F1 B1 B0) of a model on this rank's TP group with sequence

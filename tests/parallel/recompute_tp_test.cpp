@@ -14,29 +14,9 @@
 namespace mt {
 namespace {
 
-model::TransformerConfig tp_config(const std::string& granularity, const std::string& method, int64_t n) {
-  model::TransformerConfig c;
-  c.num_layers = 3;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 64;
-  c.seq_length = 8;
-  c.vocab_size = 64;
-  c.orig_vocab_size = 60;
-  c.normalization = "RMSNorm";
-  c.swiglu = true;
-  c.position_embedding_type = "rope";
-  c.add_bias_linear = c.add_qkv_bias = false;
-  c.untie_embeddings_and_output_weights = true;
-  c.attention_dropout = 0.2f;
-  c.hidden_dropout = 0.2f;
-  c.recompute_granularity = granularity;
-  c.recompute_method = method;
-  c.recompute_num_layers = n;
-  return c;
+model::TransformerConfig config(const std::string& granularity, const std::string& method, int64_t n) {
+  return testing::recompute_tp_config(4, false, granularity, method, n);
 }
-
 
 TEST(RecomputeTP, TP2SequenceParallelIsBitIdentical) {
   testing::RankOptions opt;
@@ -46,9 +26,9 @@ TEST(RecomputeTP, TP2SequenceParallelIsBitIdentical) {
       [](comm::World& w) {
         parallel::RankGrid grid(w.size(), 2, 1);
         auto pg = parallel::build_process_groups(w, grid);
-        const auto want = testing::two_microbatch_grads(tp_config("", "", 0), pg.tp.get());
-        for (const auto& c : {tp_config("full", "uniform", 2), tp_config("full", "block", 1),
-                              tp_config("selective", "", 0)}) {
+        const auto want = testing::two_microbatch_grads(config("", "", 0), pg.tp.get());
+        for (const auto& c : {config("full", "uniform", 2), config("full", "block", 1),
+                              config("selective", "", 0)}) {
           const auto got = testing::two_microbatch_grads(c, pg.tp.get());
           if (got.size() != want.size() || std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0)
             throw Error(fmt::format("rank {}: gradients with {} {} recomputation differ", w.rank(),

@@ -148,30 +148,13 @@ Arguments make_args(ModelShape shape, int64_t groups, const Layout& l) {
   m.ffn_hidden_size = 64;
   m.attention_dropout = 0.f;
   m.hidden_dropout = 0.f;
-  a.group_query_attention = true;
-  a.given = {"--num-query-groups"};
-  m.num_query_groups = groups;
+  testing::set_query_groups(a, groups);
   if (shape == ModelShape::Llama) {
-    m.normalization = "RMSNorm";
-    m.swiglu = true;
-    m.position_embedding_type = "rope";
-    m.add_bias_linear = false;
-    m.add_qkv_bias = false;
-    m.untie_embeddings_and_output_weights = true;
+    testing::set_llama_blocks(m);
   } else {
     m.position_embedding_type = "learned_absolute";  // tied embeddings, LayerNorm, biases (qkv's too), GELU
   }
-  a.make_vocab_size_divisible_by = 16;
-  a.data.mock = true;
-  a.micro_batch_size = l.mbs;
-  a.global_batch_size = 8;
-  a.train_iters = kSteps;
-  a.optimizer.lr = 3e-3f;
-  a.lr_warmup_iters = 2;
-  a.lr_decay_style = "cosine";
-  a.min_lr = 3e-4;
-  a.eval_iters = 0;
-  a.log_progress_bar = false;
+  testing::set_short_run(a, kSteps, l.mbs, 3e-3f, 3e-4);
   a.world_size = l.world;
   a.tensor_model_parallel_size = l.tp;
   a.sequence_parallel = l.sp;
@@ -248,31 +231,10 @@ TEST(TpKvReplication, TP2xDP2MultiQuery) { expect_same_as_single_rank(ModelShape
 // ---------------------------------------------------------------------------------------------
 // Recomputation (full and selective) with attention dropout stays bit-identical.
 
+// With qk-layernorm: its partial k-norm gradients sum over TP too.
 model::TransformerConfig recompute_config(const std::string& granularity, const std::string& method, int64_t n) {
-  model::TransformerConfig c;
-  c.num_layers = 3;
-  c.hidden_size = 32;
-  c.num_attention_heads = 8;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 64;
-  c.seq_length = 8;
-  c.vocab_size = 64;
-  c.orig_vocab_size = 60;
-  c.normalization = "RMSNorm";
-  c.swiglu = true;
-  c.position_embedding_type = "rope";
-  c.add_bias_linear = c.add_qkv_bias = false;
-  c.qk_layernorm = true;
-  c.untie_embeddings_and_output_weights = true;
-  c.attention_dropout = 0.2f;
-  c.hidden_dropout = 0.2f;
-  c.recompute_granularity = granularity;
-  c.recompute_method = method;
-  c.recompute_num_layers = n;
-  c.finalize();
-  return c;
+  return testing::recompute_tp_config(8, true, granularity, method, n);
 }
-
 
 TEST(TpKvReplication, TP4RecomputeWithDropoutIsBitIdentical) {
   testing::RankOptions opt;
