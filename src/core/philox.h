@@ -43,8 +43,12 @@ struct RngState {
     offset += n;
     return o;
   }
-  // Standard normal via Box-Muller on Philox draws.
+  // Standard normal via Box-Muller on Philox draws: n values from a fresh offset.
   void normal(float* out, int64_t n, float mean, float std);
+  // Draws [first, first + n) of the normal stream at `offset` (as `normal` fills them), without
+  // drawing the rest: a TP rank initialises only its shard of a weight. Draw i is a pure
+  // function of (seed, offset, i), so the result does not depend on the thread count.
+  void normal_slice(uint64_t offset, int64_t first, int64_t n, float* out, float mean, float std) const;
 };
 
 }  // namespace mt

@@ -99,18 +99,30 @@ double OpTimes::sum() const {
   return s;
 }
 
-std::string format_op_breakdown(OpTimes& t, double total_seconds) {
+std::vector<double> category_seconds(OpTimes& t) {
   t.resolve();
-  const double timed = t.sum();
+  std::vector<double> out;
+  for (int i = 0; i < kCategories; ++i) out.push_back(t.*kFields[i]);
+  return out;
+}
+
+std::string format_op_breakdown(const std::vector<double>& seconds, double total_seconds) {
+  MT_CHECK(seconds.size() == static_cast<size_t>(kCategories), "op breakdown of {} categories", seconds.size());
+  double timed = 0;
+  for (double v : seconds) timed += v;
   const double total = total_seconds > 0 ? total_seconds : timed;
   const double other = std::max(0.0, total - timed);
   auto pct = [&](double v) { return total > 0 ? 100.0 * v / total : 0.0; };
   std::string out = fmt::format("time breakdown over {:.2f} s:", total);
-  for (int i = 0; i < kCategories; ++i) out += fmt::format(" {} {:.1f}% |", kNames[i], pct(t.*kFields[i]));
+  for (int i = 0; i < kCategories; ++i) out += fmt::format(" {} {:.1f}% |", kNames[i], pct(seconds[static_cast<size_t>(i)]));
   out += fmt::format(" other {:.1f}%", pct(other));
   // Timed spans longer than the step mean the caller's step time misses part of the work.
   if (timed > total * 1.001) out += fmt::format(" (timed ops exceed the step time by {:.1f}%)", pct(timed - total));
   return out;
+}
+
+std::string format_op_breakdown(OpTimes& t, double total_seconds) {
+  return format_op_breakdown(category_seconds(t), total_seconds);
 }
 
 }  // namespace mt::model

@@ -60,5 +60,9 @@ struct OpTimes {
 // "time breakdown over 12.50 s: GEMM 41.2% | attention 12.0% | ... | other 9.8%".
 // Resolves pending GPU spans first. total_seconds <= 0: percentages of the timed sum.
 std::string format_op_breakdown(OpTimes& t, double total_seconds);
+// The categories' seconds in the breakdown's order (resolves first), to gather them across
+// ranks, and the same line from such a vector.
+std::vector<double> category_seconds(OpTimes& t);
+std::string format_op_breakdown(const std::vector<double>& seconds, double total_seconds);
 
 }  // namespace mt::model

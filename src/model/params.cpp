@@ -1,6 +1,7 @@
 #include "model/params.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "core/error.h"
@@ -64,6 +65,31 @@ void ParamStore::allocate(Half model_copy, const LayoutFn& layout) {
   allocated_ = true;
 }
 
+namespace {
+// Walks the shard's elements as runs: outer = product of dims before `dim`, and per outer
+// index, for every block, one contiguous run of (part length x inner) elements.
+template <typename F>
+void for_each_shard_run(const Param& p, F&& f) {
+  if (!p.tp.sharded()) {
+    f(int64_t{0}, int64_t{0}, p.numel());
+    return;
+  }
+  const size_t dim = static_cast<size_t>(p.tp.dim);
+  int64_t outer = 1, inner = 1;
+  for (size_t i = 0; i < dim; ++i) outer *= p.full_shape[i];
+  for (size_t i = dim + 1; i < p.full_shape.size(); ++i) inner *= p.full_shape[i];
+  const int64_t full_d = p.full_shape[dim], block = full_d / p.tp.blocks, part = block / p.tp.size;
+  int64_t shard_pos = 0;
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t b = 0; b < p.tp.blocks; ++b) {
+      const int64_t full_pos = (o * full_d + b * block + p.tp.rank * part) * inner;
+      f(full_pos, shard_pos, part * inner);
+      shard_pos += part * inner;
+    }
+}
+constexpr int64_t kInitPiece = int64_t{1} << 16;  // draws per parallel piece of a sharded init
+}  // namespace
+
 void ParamStore::initialize(uint64_t seed, float std, int64_t num_layers) {
   MT_CHECK(allocated_, "initialize before allocate");
   for (auto& p : params_) {
@@ -71,9 +97,19 @@ void ParamStore::initialize(uint64_t seed, float std, int64_t num_layers) {
     const bool random = p.init == Init::Normal || p.init == Init::ScaledNormal;
     const float sd = p.init == Init::Normal ? std : std / std::sqrt(2.0f * static_cast<float>(num_layers));
     if (random && p.tp.sharded()) {
-      std::vector<float> full(static_cast<size_t>(shape_numel(p.full_shape)));
-      rng.normal(full.data(), static_cast<int64_t>(full.size()), 0.f, sd);
-      extract_shard(p, full.data(), p.main.data<float>());
+      // Only this rank's runs of the full weight's stream: the same values as drawing the
+      // whole weight and cutting the shard out, without every rank drawing every weight.
+      // Pieces of at most 64k draws spread the many short runs of a row-parallel weight and
+      // the few long runs of a column-parallel one evenly over the threads.
+      const uint64_t off = rng.next_offset();
+      float* shard = p.main.data<float>();
+      std::vector<std::array<int64_t, 3>> pieces;  // (position in the full weight, in the shard, length)
+      for_each_shard_run(p, [&](int64_t fp, int64_t sp, int64_t n) {
+        for (int64_t b = 0; b < n; b += kInitPiece) pieces.push_back({fp + b, sp + b, std::min(kInitPiece, n - b)});
+      });
+#pragma omp parallel for schedule(static)
+      for (size_t i = 0; i < pieces.size(); ++i)
+        rng.normal_slice(off, pieces[i][0], pieces[i][2], shard + pieces[i][1], 0.f, sd);
       continue;
     }
     float* d = p.main.data<float>();
@@ -140,29 +176,6 @@ void ParamStore::sync_model_from_main(int64_t begin, int64_t end) {
 
 void ParamStore::zero_grad() { grad_.zero_(); }
 
-namespace {
-// Walks the shard's elements as runs: outer = product of dims before `dim`, and per outer
-// index, for every block, one contiguous run of (part length x inner) elements.
-template <typename F>
-void for_each_shard_run(const Param& p, F&& f) {
-  if (!p.tp.sharded()) {
-    f(int64_t{0}, int64_t{0}, p.numel());
-    return;
-  }
-  const size_t dim = static_cast<size_t>(p.tp.dim);
-  int64_t outer = 1, inner = 1;
-  for (size_t i = 0; i < dim; ++i) outer *= p.full_shape[i];
-  for (size_t i = dim + 1; i < p.full_shape.size(); ++i) inner *= p.full_shape[i];
-  const int64_t full_d = p.full_shape[dim], block = full_d / p.tp.blocks, part = block / p.tp.size;
-  int64_t shard_pos = 0;
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t b = 0; b < p.tp.blocks; ++b) {
-      const int64_t full_pos = (o * full_d + b * block + p.tp.rank * part) * inner;
-      f(full_pos, shard_pos, part * inner);
-      shard_pos += part * inner;
-    }
-}
-}  // namespace
 
 void extract_shard(const Param& p, const float* full, float* shard) {
   for_each_shard_run(p, [&](int64_t fp, int64_t sp, int64_t n) { std::copy_n(full + fp, n, shard + sp); });

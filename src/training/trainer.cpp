@@ -431,6 +431,27 @@ void Trainer::print_validation(const char* set, double loss) {
   print_log_line(fmt::format("{}\n{}\n{}", dash, body, dash));
 }
 
+void Trainer::log_op_breakdown() {
+  std::vector<double> mine = model::category_seconds(op_times_);
+  const comm::CommPtr& pp = pg_.pp;
+  if (!pp || pp->size() == 1) {
+    print_log_line(model::format_op_breakdown(mine, train_time_));
+    return;
+  }
+  // Every stage's own line (stages do different work: embedding, output layer and loss, and
+  // idle bubble time that shows up as "other"), gathered over the pipeline group.
+  mine.push_back(train_time_);
+  const size_t n = mine.size();
+  std::vector<double> all(n * static_cast<size_t>(pp->size()));
+  pp->all_gather(mine.data(), all.data(), n, comm::DataType::F64);
+  for (int s = 0; s < pp->size(); ++s) {
+    const auto first = all.begin() + static_cast<std::ptrdiff_t>(n * static_cast<size_t>(s));
+    print_log_line(fmt::format("pipeline stage {}: {}", s,
+                               model::format_op_breakdown(std::vector<double>(first, first + static_cast<std::ptrdiff_t>(n - 1)),
+                                                          *(first + static_cast<std::ptrdiff_t>(n - 1)))));
+  }
+}
+
 int Trainer::run() {
   MT_CHECK(train_ != nullptr, "training data not set");
   maybe_load();
@@ -502,7 +523,7 @@ int Trainer::run() {
     log_info("peak GPU memory: {:.2f} GiB ({})", static_cast<double>(ops::gpu::peak_memory_bytes()) / (1 << 30),
              ops::gpu::device_name());
 #endif
-  if (time_ops_) log_info("{}", model::format_op_breakdown(op_times_, train_time_));
+  if (time_ops_) log_op_breakdown();
   return 0;
 }
 

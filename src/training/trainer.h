@@ -62,6 +62,7 @@ class Trainer {
   void log_iteration(double elapsed_s, double loss, double grad_norm, int64_t tokens);
   void print_validation(const char* set, double loss);
   void print_log_line(const std::string& text) const;
+  void log_op_breakdown();  // --timing-log-level: where the step time went (every pipeline stage)
 
   Arguments args_;
   std::unique_ptr<data::Tokenizer> tokenizer_;

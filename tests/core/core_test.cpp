@@ -37,6 +37,19 @@ TEST(Philox, NormalHasRightMoments) {
   EXPECT_NEAR(s, 2.0, 0.02);
 }
 
+// A slice of the stream (odd start, odd length, across the 64k parallel chunks) is exactly the
+// same draws as the whole stream: TP ranks initialise their shards without drawing the rest.
+TEST(Philox, NormalSliceEqualsTheWholeStreamsDraws) {
+  RngState rng{7, 100};
+  std::vector<float> all(200001);
+  rng.normal(all.data(), static_cast<int64_t>(all.size()), 0.5f, 3.0f);
+  for (auto [first, n] : {std::pair<int64_t, int64_t>{0, 5}, {1, 1}, {3, 70000}, {65535, 131073}, {199999, 2}}) {
+    std::vector<float> part(static_cast<size_t>(n));
+    RngState{7, 0}.normal_slice(100, first, n, part.data(), 0.5f, 3.0f);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(part[static_cast<size_t>(i)], all[static_cast<size_t>(first + i)]) << first << "+" << i;
+  }
+}
+
 TEST(DType, Bf16RoundsToNearestEven) {
   EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(bf16_to_f32(0x3f80), 1.0f);
