@@ -92,18 +92,19 @@ fi
 if has pp; then
   # Bubble: the measured rate against two GPUs' worth of the one-GPU rate (the same
   # micro-batches, so everything missing is pipeline bubble, stage imbalance and transfer cost).
-  # Even split: 8+8 layers, so the last stage also carries the 128k-vocab output layer and loss
-  # (about 4 layers' worth); balanced: --decoder-last-pipeline-num-layers 6 (10+6).
+  # Splits (MT_PP_SPLITS): even = 8+8 layers, so the last stage also carries the 128k-vocab
+  # output layer and loss (about 2.3 layers' worth); balanced = --decoder-last-pipeline-num-layers 6.
   bubble() { awk -v a="$TOK" -v b="$ONE" 'BEGIN{printf "%.1f%%", (b > 0 ? 100*(1-a/(2*b)) : 0)}'; }
   for mb in ${MT_PP_M:-4 8 16}; do
-    run "llama-1.5b-pp2-m$mb" 2 "${LLAMA[@]}" --pipeline-model-parallel-size 2 --global-batch-size $((4 * mb))
-    echo "PP=2 M=$mb 1F1B even: measured bubble $(bubble), theory (PP-1)/(M+PP-1) = $(awk -v m=$mb 'BEGIN{printf "%.1f%%", 100/(m+1)}')"
-    run "llama-1.5b-pp2-bal-m$mb" 2 "${LLAMA[@]}" --pipeline-model-parallel-size 2 --decoder-last-pipeline-num-layers 6 \
-      --global-batch-size $((4 * mb))
-    echo "PP=2 M=$mb 1F1B balanced: measured bubble $(bubble), theory (PP-1)/(M+PP-1) = $(awk -v m=$mb 'BEGIN{printf "%.1f%%", 100/(m+1)}')"
-    run "llama-1.5b-pp2-vpp2-m$mb" 2 "${LLAMA[@]}" --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 \
-      --global-batch-size $((4 * mb))
-    echo "PP=2 VPP=2 M=$mb interleaved even: measured bubble $(bubble), theory (PP-1)/(V*M+PP-1) = $(awk -v m=$mb 'BEGIN{printf "%.1f%%", 100/(2*m+1)}')"
+    for split in ${MT_PP_SPLITS:-even balanced}; do
+      SPLIT=(); [ "$split" = balanced ] && SPLIT=(--decoder-last-pipeline-num-layers 6)
+      run "llama-1.5b-pp2-$split-m$mb" 2 "${LLAMA[@]}" --pipeline-model-parallel-size 2 "${SPLIT[@]}" \
+        --global-batch-size $((4 * mb)) ${MT_PP_EXTRA:-}
+      echo "PP=2 M=$mb 1F1B $split: measured bubble $(bubble), theory (PP-1)/(M+PP-1) = $(awk -v m=$mb 'BEGIN{printf "%.1f%%", 100/(m+1)}')"
+      run "llama-1.5b-pp2-vpp2-$split-m$mb" 2 "${LLAMA[@]}" --pipeline-model-parallel-size 2 "${SPLIT[@]}" \
+        --num-virtual-stages-per-pipeline-rank 2 --global-batch-size $((4 * mb)) ${MT_PP_EXTRA:-}
+      echo "PP=2 VPP=2 M=$mb interleaved $split: measured bubble $(bubble), theory (PP-1)/(V*M+PP-1) = $(awk -v m=$mb 'BEGIN{printf "%.1f%%", 100/(2*m+1)}')"
+    done
   done
 fi
 if has tp; then

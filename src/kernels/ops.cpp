@@ -146,17 +146,26 @@ void heads_rows_copy(float* heads, float* rows, int64_t S, int64_t B, int64_t H,
 }  // namespace
 
 void qkv_split(const Tensor& packed, Tensor& q, Tensor& k, Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
-               int64_t D) {
-  MT_ON_GPU(packed, qkv_split(packed, q, k, v, S, B, G, qpg, D));
+               int64_t D, const RopeRef& rope) {
+  MT_ON_GPU(packed, qkv_split(packed, q, k, v, S, B, G, qpg, D, rope));
   q = Tensor::empty({B, G * qpg, S, D});
   k = Tensor::empty({B, G, S, D});
   v = Tensor::empty({B, G, S, D});
   qkv_copy(f(packed), f(q), f(k), f(v), S, B, G, qpg, D, true);
+  if (rope.rot_dim > 0) {
+    rope_forward(q, *rope.cos, *rope.sin, rope.rot_dim);
+    rope_forward(k, *rope.cos, *rope.sin, rope.rot_dim);
+  }
 }
 
 Tensor qkv_merge(const Tensor& q, const Tensor& k, const Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
-                 int64_t D) {
-  MT_ON_GPU(q, qkv_merge(q, k, v, S, B, G, qpg, D));
+                 int64_t D, const RopeRef& rope) {
+  MT_ON_GPU(q, qkv_merge(q, k, v, S, B, G, qpg, D, rope));
+  if (rope.rot_dim > 0) {  // in place: tensors share storage, so the caller's q and k turn
+    Tensor dq = q, dk = k;
+    rope_backward(dq, *rope.cos, *rope.sin, rope.rot_dim);
+    rope_backward(dk, *rope.cos, *rope.sin, rope.rot_dim);
+  }
   Tensor packed = Tensor::empty({S * B, G * (qpg + 2) * D});
   qkv_copy(f(packed), f(q), f(k), f(v), S, B, G, qpg, D, false);
   return packed;

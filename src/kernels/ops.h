@@ -28,11 +28,19 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, floa
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                           Tensor& dw, Tensor& db);
 
+// Rotary embedding applied inside the QKV split (q and k) and merge (their gradients rotated
+// back), which the GPU fuses into the copy: rotate-half over rot_dim, tables [S, rot_dim/2].
+struct RopeRef {
+  const Tensor* cos = nullptr;
+  const Tensor* sin = nullptr;
+  int64_t rot_dim = 0;
+};
 // Packed Megatron QKV rows [S*B, G*(qpg+2)*D] <-> q [B, G*qpg, S, D], k/v [B, G, S, D].
 void qkv_split(const Tensor& packed, Tensor& q, Tensor& k, Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
-               int64_t D);
+               int64_t D, const RopeRef& rope = {});
+// q and k (gradients) may be overwritten when rope is given.
 Tensor qkv_merge(const Tensor& q, const Tensor& k, const Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
-                 int64_t D);
+                 int64_t D, const RopeRef& rope = {});
 // [B, H, S, D] <-> [S*B, H*D].
 Tensor heads_to_rows(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D);
 Tensor rows_to_heads(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D);

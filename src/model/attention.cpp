@@ -148,6 +148,11 @@ Tensor place_heads(const Tensor& x, int64_t H, int64_t h0) {
 }
 }  // namespace
 
+ops::RopeRef SelfAttention::fused_rope() const {
+  if (!rope || cfg.qk_layernorm || kv_replicas > 1) return {};
+  return {&rope->cos, &rope->sin, rope->rot_dim};
+}
+
 Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   const int64_t G = cfg.num_query_groups, qpg = cfg.q_per_group(), D = cfg.kv_channels, Hq = cfg.num_attention_heads;
   s.x = x;
@@ -169,14 +174,14 @@ Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, P
     s.v = select_heads(v, r / kv_replicas, 1);
   } else {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    ops::qkv_split(packed, s.q, s.k, s.v, S, B, G, qpg, D);
+    ops::qkv_split(packed, s.q, s.k, s.v, S, B, G, qpg, D, fused_rope());
   }
   packed = Tensor();
   if (cfg.qk_layernorm) {
     s.q = head_norm_forward(q_norm, s.q, s.qn, ctx);
     s.k = head_norm_forward(k_norm, s.k, s.kn, ctx);
   }
-  if (rope) {
+  if (rope && !fused_rope().rot_dim) {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::rope_forward(s.q, rope->cos, rope->sin, rope->rot_dim);
     ops::rope_forward(s.k, rope->cos, rope->sin, rope->rot_dim);
@@ -230,7 +235,7 @@ Tensor SelfAttention::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s,
     ScopedOpTimer t(ctx.times, &OpTimes::attention);
     ops::attention_backward(p, s.q, s.k, s.v, s.out, s.lse, dout, dq, dk, dv);
   }
-  if (rope) {
+  if (rope && !fused_rope().rot_dim) {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::rope_backward(dq, rope->cos, rope->sin, rope->rot_dim);
     ops::rope_backward(dk, rope->cos, rope->sin, rope->rot_dim);
@@ -253,7 +258,7 @@ Tensor SelfAttention::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s,
     dx = reduce_scatter_last_dim(dx, *tp);
   } else {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    dx = ops::qkv_merge(dq, dk, dv, S, B, G, qpg, D);
+    dx = ops::qkv_merge(dq, dk, dv, S, B, G, qpg, D, fused_rope());
   }
   Tensor dxin = qkv.backward(dx, s.x, ctx);
   s = Saved{};

@@ -2,6 +2,7 @@
 // Self-attention as Megatron lays it out: linear_qkv packs, per query group, that group's q
 // heads, then its k head, then its v head; RoPE (rotate-half) on q and k; causal flash-style
 // core attention with GQA; linear_proj back to hidden.
+#include "kernels/ops.h"
 #include "model/layers.h"
 
 namespace mt::model {
@@ -48,6 +49,10 @@ struct SelfAttention {
   // x: [S*B, H] with rows in (s, b) order.
   Tensor forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
   Tensor backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
+  // RoPE done inside the QKV split and merge (one pass over q and k instead of three) where
+  // nothing runs between them and the rotation: no --qk-layernorm, whole groups per rank.
+  // Empty otherwise, and RoPE runs as its own op.
+  ops::RopeRef fused_rope() const;
 };
 
 }  // namespace mt::model

@@ -144,18 +144,25 @@ Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, co
   return dx;
 }
 
+namespace {
+cuda::RopeArgs rope_args(const RopeRef& r) {
+  if (r.rot_dim <= 0) return {};
+  return {f(*r.cos), f(*r.sin), r.rot_dim};
+}
+}  // namespace
+
 void qkv_split(const Tensor& packed, Tensor& q, Tensor& k, Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
-               int64_t D) {
+               int64_t D, const RopeRef& rope) {
   q = act({B, G * qpg, S, D});
   k = act({B, G, S, D});
   v = act({B, G, S, D});
-  cuda::qkv_split(b(packed), b(q), b(k), b(v), S, B, G, qpg, D, st());
+  cuda::qkv_split(b(packed), b(q), b(k), b(v), S, B, G, qpg, D, rope_args(rope), st());
 }
 
 Tensor qkv_merge(const Tensor& q, const Tensor& k, const Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
-                 int64_t D) {
+                 int64_t D, const RopeRef& rope) {
   Tensor packed = act({S * B, G * (qpg + 2) * D});
-  cuda::qkv_merge(b(q), b(k), b(v), b(packed), S, B, G, qpg, D, st());
+  cuda::qkv_merge(b(q), b(k), b(v), b(packed), S, B, G, qpg, D, rope_args(rope), st());
   return packed;
 }
 

@@ -4,6 +4,7 @@
 // stream. ops.cpp forwards here when its inputs live on the GPU.
 #include "core/tensor.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/ops.h"
 #include "optim/optimizer.h"
 
 #include <string>
@@ -37,9 +38,9 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, floa
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                           Tensor& dw, Tensor& db);
 void qkv_split(const Tensor& packed, Tensor& q, Tensor& k, Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
-               int64_t D);
+               int64_t D, const RopeRef& rope);
 Tensor qkv_merge(const Tensor& q, const Tensor& k, const Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
-                 int64_t D);
+                 int64_t D, const RopeRef& rope);
 Tensor heads_to_rows(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D);
 Tensor rows_to_heads(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D);
 void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, int64_t rot_dim);

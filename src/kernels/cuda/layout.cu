@@ -1,6 +1,14 @@
 // Layout kernels the model needs between GEMMs: Megatron's packed QKV rows <-> per-head
-// tensors, per-head <-> rows, and learned position embeddings. Pure data movement in the
-// storage type; one thread per element of the head-side tensor, so stores are coalesced there.
+// tensors (with RoPE fused in: the split rotates q and k on the way, the merge rotates their
+// gradients back), per-head <-> rows, and learned position embeddings.
+//
+// Fast path: a thread moves one 16-byte chunk (8 bf16) of a head row; blockIdx.y walks token
+// rows (s*B + b) and threads the chunks of a row, so index math is a few 32-bit divisions by
+// launch constants. (One thread per element with 64-bit div/mod, the fallback below for head
+// dims that are not a multiple of 8, is instruction-bound at several times the copy's time.)
+#include <algorithm>
+#include <initializer_list>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/layout.h"
 
@@ -31,12 +39,79 @@ __global__ void heads_rows_kernel(T* heads, T* rows, int64_t S, int64_t B, int64
   }
 }
 
+constexpr int kVecThreads = 128;
+constexpr int kChunk = 8;  // bf16 per 16-byte chunk
+
+dim3 row_chunk_grid(int64_t rows, int64_t chunks) {
+  return dim3(static_cast<unsigned>((chunks + kVecThreads - 1) / kVecThreads),
+              static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+}
+
+// Rotate-half RoPE of one 8-element chunk x at d0 of a head row whose other half-chunk is y:
+// element i < half pairs with i + half. sign -1 rotates back (the gradient).
+__device__ __forceinline__ void rope_chunk(float* x, const float* y, int d0, int half, const float* cs,
+                                           const float* sn, float sign) {
+  const bool first = d0 < half;
+  const int i0 = first ? d0 : d0 - half;
+#pragma unroll
+  for (int e = 0; e < kChunk; ++e) {
+    const float c = cs[i0 + e], si = sign * sn[i0 + e];
+    x[e] = first ? x[e] * c - y[e] * si : x[e] * c + y[e] * si;
+  }
+}
+
+// packed: [S*B, G*(qpg+2)*D]; q: [B, G*qpg, S, D]; k, v: [B, G, S, D]. half > 0: RoPE on q and
+// k over the first 2*half of each head, tables [S, half].
+template <bool kToHeads>
+__global__ void qkv_vec_kernel(bf16* packed, bf16* q, bf16* k, bf16* v, int S, int B, int G, int qpg, int D,
+                               const float* cs, const float* sn, int half, float sign) {
+  const int cph = D / kChunk, per_group = (qpg + 2) * cph, chunks = G * per_group;
+  for (int row = blockIdx.y; row < S * B; row += gridDim.y) {
+    const int s = row / B, b = row - s * B;
+    bf16* prow = packed + static_cast<int64_t>(row) * chunks * kChunk;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += gridDim.x * blockDim.x) {
+      const int g = c / per_group, jc = c - g * per_group, j = jc / cph, d0 = (jc - j * cph) * kChunk;
+      bf16* head = j < qpg ? q + ((static_cast<int64_t>(b) * G + g) * qpg + j) * S * D
+                           : (j == qpg ? k : v) + (static_cast<int64_t>(b) * G + g) * S * D;
+      head += static_cast<int64_t>(s) * D;
+      bf16* phead = prow + (c - d0 / kChunk) * kChunk;  // this head's D values in the packed row
+      const bf16* src = kToHeads ? phead : head;
+      bf16* dst = kToHeads ? head : phead;
+      float x[kChunk];
+      Vec<bf16>::load(src + d0, x);
+      if (j <= qpg && d0 < 2 * half) {
+        float y[kChunk];
+        Vec<bf16>::load(src + (d0 < half ? d0 + half : d0 - half), y);
+        rope_chunk(x, y, d0, half, cs + static_cast<int64_t>(s) * half, sn + static_cast<int64_t>(s) * half, sign);
+      }
+      Vec<bf16>::store(dst + d0, x);
+    }
+  }
+}
+
+template <bool kToRows>
+__global__ void heads_rows_vec_kernel(bf16* heads, bf16* rows, int S, int B, int H, int D) {
+  const int cph = D / kChunk, chunks = H * cph;
+  for (int row = blockIdx.y; row < S * B; row += gridDim.y) {
+    const int s = row / B, b = row - s * B;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += gridDim.x * blockDim.x) {
+      const int h = c / cph, d0 = (c - h * cph) * kChunk;
+      uint4* hp = reinterpret_cast<uint4*>(heads + ((static_cast<int64_t>(b) * H + h) * S + s) * D + d0);
+      uint4* rp = reinterpret_cast<uint4*>(rows + static_cast<int64_t>(row) * chunks * kChunk + c * kChunk);
+      if (kToRows) *rp = *hp;
+      else *hp = *rp;
+    }
+  }
+}
+
+// blockIdx.y walks token rows (s*B + b), threads the hidden dim: no per-element division.
 template <typename T>
 __global__ void add_pos_kernel(T* x, const T* pe, int64_t S, int64_t B, int64_t h) {
-  const int64_t total = S * B * h;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = i % h, s = i / (h * B);
-    x[i] = from_f<T>(to_f(x[i]) + to_f(pe[s * h + c]));
+  for (int64_t row = blockIdx.y; row < S * B; row += gridDim.y) {
+    T* xr = x + row * h;
+    const T* pr = pe + (row / B) * h;
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < h; c += int64_t(gridDim.x) * blockDim.x)
+      xr[c] = from_f<T>(to_f(xr[c]) + to_f(pr[c]));
   }
 }
 
@@ -56,35 +131,86 @@ constexpr int kThreads = 256;
 
 }  // namespace
 
+namespace {
+// The 16-byte path needs whole chunks per head (and per RoPE half), aligned buffers and sizes
+// that fit the kernels' 32-bit index math.
+bool vec_layout_ok(int64_t rows, int64_t row_elems, int64_t D, int64_t half, std::initializer_list<const void*> ptrs) {
+  if (D % kChunk != 0 || half % kChunk != 0 || rows * row_elems >= (int64_t{1} << 31)) return false;
+  for (const void* p : ptrs)
+    if (!aligned16(p)) return false;
+  return true;
+}
+}  // namespace
+
 void qkv_split(const bf16* packed, bf16* q, bf16* k, bf16* v, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
-               cudaStream_t s) {
-  const int64_t n = S * B * G * (qpg + 2) * D;
-  qkv_kernel<bf16, true><<<grid_for(n, kThreads), kThreads, 0, s>>>(const_cast<bf16*>(packed), q, k, v, S, B, G, qpg, D);
+               const RopeArgs& rope, cudaStream_t s) {
+  const int64_t rows = S * B, per_row = G * (qpg + 2) * D, half = rope.rot_dim / 2;
+  if (rows * per_row == 0) return;
+  if (vec_layout_ok(rows, per_row, D, half, {packed, q, k, v})) {
+    qkv_vec_kernel<true><<<row_chunk_grid(rows, per_row / kChunk), kVecThreads, 0, s>>>(
+        const_cast<bf16*>(packed), q, k, v, static_cast<int>(S), static_cast<int>(B), static_cast<int>(G),
+        static_cast<int>(qpg), static_cast<int>(D), rope.cos, rope.sin, static_cast<int>(half), 1.f);
+    MT_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  qkv_kernel<bf16, true><<<grid_for(rows * per_row, kThreads), kThreads, 0, s>>>(const_cast<bf16*>(packed), q, k, v, S,
+                                                                                 B, G, qpg, D);
   MT_CUDA_LAUNCH_CHECK();
+  if (rope.rot_dim > 0) {
+    rope_forward(q, rope.cos, rope.sin, B, G * qpg, S, D, rope.rot_dim, s);
+    rope_forward(k, rope.cos, rope.sin, B, G, S, D, rope.rot_dim, s);
+  }
 }
 
-void qkv_merge(const bf16* q, const bf16* k, const bf16* v, bf16* packed, int64_t S, int64_t B, int64_t G, int64_t qpg,
-               int64_t D, cudaStream_t s) {
-  const int64_t n = S * B * G * (qpg + 2) * D;
-  qkv_kernel<bf16, false><<<grid_for(n, kThreads), kThreads, 0, s>>>(packed, const_cast<bf16*>(q), const_cast<bf16*>(k),
-                                                                      const_cast<bf16*>(v), S, B, G, qpg, D);
+void qkv_merge(bf16* q, bf16* k, const bf16* v, bf16* packed, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
+               const RopeArgs& rope, cudaStream_t s) {
+  const int64_t rows = S * B, per_row = G * (qpg + 2) * D, half = rope.rot_dim / 2;
+  if (rows * per_row == 0) return;
+  if (vec_layout_ok(rows, per_row, D, half, {packed, q, k, v})) {
+    qkv_vec_kernel<false><<<row_chunk_grid(rows, per_row / kChunk), kVecThreads, 0, s>>>(
+        packed, q, k, const_cast<bf16*>(v), static_cast<int>(S), static_cast<int>(B), static_cast<int>(G),
+        static_cast<int>(qpg), static_cast<int>(D), rope.cos, rope.sin, static_cast<int>(half), -1.f);
+    MT_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  if (rope.rot_dim > 0) {  // the fallback rotates the gradients in place first
+    rope_backward(q, rope.cos, rope.sin, B, G * qpg, S, D, rope.rot_dim, s);
+    rope_backward(k, rope.cos, rope.sin, B, G, S, D, rope.rot_dim, s);
+  }
+  qkv_kernel<bf16, false><<<grid_for(rows * per_row, kThreads), kThreads, 0, s>>>(packed, q, k, const_cast<bf16*>(v), S,
+                                                                                  B, G, qpg, D);
   MT_CUDA_LAUNCH_CHECK();
 }
 
 void heads_to_rows(const bf16* heads, bf16* rows, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
-  heads_rows_kernel<bf16, true><<<grid_for(S * B * H * D, kThreads), kThreads, 0, s>>>(const_cast<bf16*>(heads), rows,
-                                                                                        S, B, H, D);
+  if (S * B * H * D == 0) return;
+  if (vec_layout_ok(S * B, H * D, D, 0, {heads, rows})) {
+    heads_rows_vec_kernel<true><<<row_chunk_grid(S * B, H * D / kChunk), kVecThreads, 0, s>>>(
+        const_cast<bf16*>(heads), rows, static_cast<int>(S), static_cast<int>(B), static_cast<int>(H),
+        static_cast<int>(D));
+  } else {
+    heads_rows_kernel<bf16, true><<<grid_for(S * B * H * D, kThreads), kThreads, 0, s>>>(const_cast<bf16*>(heads), rows,
+                                                                                          S, B, H, D);
+  }
   MT_CUDA_LAUNCH_CHECK();
 }
 
 void rows_to_heads(const bf16* rows, bf16* heads, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
-  heads_rows_kernel<bf16, false><<<grid_for(S * B * H * D, kThreads), kThreads, 0, s>>>(heads, const_cast<bf16*>(rows),
-                                                                                         S, B, H, D);
+  if (S * B * H * D == 0) return;
+  if (vec_layout_ok(S * B, H * D, D, 0, {heads, rows})) {
+    heads_rows_vec_kernel<false><<<row_chunk_grid(S * B, H * D / kChunk), kVecThreads, 0, s>>>(
+        heads, const_cast<bf16*>(rows), static_cast<int>(S), static_cast<int>(B), static_cast<int>(H),
+        static_cast<int>(D));
+  } else {
+    heads_rows_kernel<bf16, false><<<grid_for(S * B * H * D, kThreads), kThreads, 0, s>>>(
+        heads, const_cast<bf16*>(rows), S, B, H, D);
+  }
   MT_CUDA_LAUNCH_CHECK();
 }
 
 void add_position_embedding(bf16* x, const bf16* pe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
-  add_pos_kernel<bf16><<<grid_for(S * B * h, kThreads), kThreads, 0, s>>>(x, pe, S, B, h);
+  if (S * B * h == 0) return;
+  add_pos_kernel<bf16><<<row_chunk_grid(S * B, h), kVecThreads, 0, s>>>(x, pe, S, B, h);
   MT_CUDA_LAUNCH_CHECK();
 }
 
