@@ -4,6 +4,8 @@
 // and run-to-run determinism of the reductions.
 #ifdef MT_HAVE_CUDA
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -40,6 +42,21 @@ std::vector<float> plus(const std::vector<float>& a, const std::vector<float>& b
   std::vector<float> r(a.size());
   for (size_t i = 0; i < a.size(); ++i) r[i] = a[i] + b[i];
   return r;
+}
+
+// A device copy of `v` starting one element past a 16-byte boundary (at get() + 1), so kernels
+// that check alignment take their scalar path on it.
+template <typename T>
+DeviceBuffer<T> misaligned(const std::vector<float>& v) {
+  std::vector<float> padded(v.size() + 1, 0.f);
+  std::copy(v.begin(), v.end(), padded.begin() + 1);
+  return DeviceBuffer<T>(padded);
+}
+template <typename T>
+std::vector<float> download_misaligned(const DeviceBuffer<T>& b) {
+  auto v = b.download();
+  std::vector<float> out(v.begin() + 1, v.end());
+  return out;
 }
 
 // ---- norms
@@ -160,6 +177,59 @@ TEST(GpuRope, MatchesCpu) {
   EXPECT_LT(rel_l2(hx.download(), y), 1e-2);
 }
 
+// The vector path (16-byte groups of pairs: half % Vec<T>::N == 0, aligned rows) and the scalar
+// path (misaligned rows, or odd halves) give the CPU's result and the same bits as each other.
+template <typename T>
+void check_rope_paths(int64_t B, int64_t H, int64_t S, int64_t D, int64_t rot) {
+  const bool bf = std::is_same_v<T, bf16>;
+  const int64_t half = rot / 2, n = B * H * S * D;
+  std::vector<float> cs(S * half), sn(S * half);
+  cpu::rope_tables(S, rot, 10000.0, cs.data(), sn.data());
+  auto x = random_vec<float>(n, 21, -2, 2);
+  if (bf) x = rounded(x);
+  auto want = x, back = x;
+  cpu::rope_forward(want.data(), cs.data(), sn.data(), B, H, S, D, rot);
+  DeviceBuffer<float> gcs(cs), gsn(sn);
+  DeviceBuffer<T> ga(x);
+  DeviceBuffer<T> gb = misaligned<T>(x);
+  rope_forward(ga.get(), gcs.get(), gsn.get(), B, H, S, D, rot, nullptr);
+  rope_forward(gb.get() + 1, gcs.get(), gsn.get(), B, H, S, D, rot, nullptr);
+  const auto ya = ga.download(), yb = download_misaligned(gb);
+  const double tol = bf ? 1e-2 : 1e-6;
+  std::printf("rope %s B=%lld H=%lld S=%lld D=%lld rot=%lld: rel %.2e max %.2e\n", bf ? "bf16" : "fp32",
+              static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(S),
+              static_cast<long long>(D), static_cast<long long>(rot), rel_l2(ya, want), test::max_rel_err(ya, want));
+  EXPECT_LT(rel_l2(ya, want), tol);
+  EXPECT_LT(test::max_rel_err(ya, want), bf ? 2e-2 : 1e-5);
+  EXPECT_TRUE(test::bit_equal(ya, yb)) << "vector and scalar paths differ";
+  for (int64_t r = 0; r < B * H * S; ++r)  // columns from rot on are untouched
+    for (int64_t j = rot; j < D; ++j) ASSERT_EQ(ya[r * D + j], x[r * D + j]) << r << "," << j;
+  rope_backward(ga.get(), gcs.get(), gsn.get(), B, H, S, D, rot, nullptr);
+  rope_backward(gb.get() + 1, gcs.get(), gsn.get(), B, H, S, D, rot, nullptr);
+  const auto xa = ga.download(), xb = download_misaligned(gb);
+  EXPECT_LT(rel_l2(xa, x), bf ? 2e-2 : 1e-6);  // the inverse rotation
+  EXPECT_TRUE(test::bit_equal(xa, xb)) << "vector and scalar paths differ (backward)";
+}
+
+TEST(GpuRope, VectorAndScalarPathsMatchCpu) {
+  for (auto [D, rot] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {64, 32}, {128, 64}, {40, 24}, {24, 12},
+                                                                 {18, 10}}) {
+    check_rope_paths<float>(2, 3, 37, D, rot);  // fp32 vector path when half % 4 == 0
+    check_rope_paths<bf16>(2, 3, 37, D, rot);   // bf16 vector path when half % 8 == 0
+  }
+  // More pair groups per row than threads per block: fp32 vector (320 groups), bf16 scalar (515).
+  check_rope_paths<float>(1, 2, 5, 2560, 2560);
+  check_rope_paths<bf16>(1, 2, 5, 1030, 1030);
+}
+
+// More heads than the grid's y extent: each thread loops over several heads (with the cos/sin
+// values it loaded once), on the vector and on the scalar path.
+TEST(GpuRope, HeadLoopCoversAllRows) {
+  check_rope_paths<bf16>(4, 600, 3, 64, 64);
+  check_rope_paths<float>(4, 600, 3, 64, 64);
+  check_rope_paths<float>(1, 5000, 50, 12, 12);
+}
+
 // ---- activations and dropout
 TEST(GpuActivations, SwigluGeluMatchCpu) {
   const int64_t rows = 33, F = 120, n = 4099;
@@ -213,6 +283,26 @@ TEST(GpuDropout, BitExactWithCpu) {
   dropout_backward(gx.get(), gdx.get(), n, 0.3f, seed, offset, nullptr);
   EXPECT_TRUE(test::bit_equal(gy.download(), y));
   EXPECT_TRUE(test::bit_equal(gdx.download(), dx));
+}
+
+// bf16 (one 16-byte vector = two Philox blocks per thread) and the scalar path (misaligned
+// pointers): still the CPU's bits.
+TEST(GpuDropout, VectorAndScalarPathsBitExact) {
+  const int64_t n = 10001;
+  const uint64_t seed = 99, offset = 12345;
+  const auto x = rounded(random_vec<float>(n, 4));
+  std::vector<float> y(n), y1(n - 1);
+  cpu::dropout_forward(x.data(), y.data(), n, 0.25f, seed, offset);
+  cpu::dropout_forward(x.data() + 1, y1.data(), n - 1, 0.25f, seed, offset);  // what x + 1 gives
+  DeviceBuffer<bf16> hx(x), hy(n);
+  dropout_forward(hx.get(), hy.get(), n, 0.25f, seed, offset, nullptr);
+  EXPECT_TRUE(test::bit_equal(hy.download(), rounded(y)));
+  DeviceBuffer<bf16> hy2(n - 1);
+  dropout_forward(hx.get() + 1, hy2.get(), n - 1, 0.25f, seed, offset, nullptr);  // scalar path
+  EXPECT_TRUE(test::bit_equal(hy2.download(), rounded(y1)));
+  DeviceBuffer<float> gx(x), gy(n - 1);
+  dropout_forward(gx.get() + 1, gy.get(), n - 1, 0.25f, seed, offset, nullptr);  // fp32 scalar path
+  EXPECT_TRUE(test::bit_equal(gy.download(), y1));
 }
 
 // ---- embedding
@@ -303,6 +393,53 @@ TEST(GpuElementwise, CastsAddScale) {
   const auto xr = rounded(x);
   for (int64_t i = 0; i < n; ++i) want[i] = y[i] + xr[i];
   EXPECT_TRUE(test::bit_equal(acc.download(), want));
+}
+
+// Casts and the fp32 += bf16 add move groups of 8 (one bf16 vector, two fp32 vectors) when both
+// pointers are 16-byte aligned, scalars otherwise: both must give the same bits, ties, infinities,
+// signed zeros and NaNs included.
+TEST(GpuElementwise, CastAndMixedAddVectorAndScalarPathsAgree) {
+  for (int64_t n : {int64_t{8}, int64_t{13}, int64_t{4099}, int64_t{1} << 20}) {
+    auto x = random_vec<float>(n, 31, -1000, 1000);
+    const float specials[] = {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -0.0f, INFINITY, -INFINITY, 3.0e38f};
+    for (int64_t i = 0; i < 6; ++i) x[i * 3 % n] = specials[i];
+    const auto xr = rounded(x);
+    // fp32 -> bf16
+    DeviceBuffer<float> fa(x);
+    DeviceBuffer<float> fb = misaligned<float>(x);
+    DeviceBuffer<bf16> ha(n), hb(n + 1);
+    cast(fa.get(), ha.get(), n, nullptr);
+    cast(fb.get() + 1, hb.get() + 1, n, nullptr);
+    EXPECT_TRUE(test::bit_equal(ha.download(), xr)) << n;
+    EXPECT_TRUE(test::bit_equal(download_misaligned(hb), xr)) << n;
+    // bf16 -> fp32
+    DeviceBuffer<float> ba(n), bb(n + 1);
+    cast(ha.get(), ba.get(), n, nullptr);
+    cast(hb.get() + 1, bb.get() + 1, n, nullptr);
+    EXPECT_TRUE(test::bit_equal(ba.download(), xr)) << n;
+    EXPECT_TRUE(test::bit_equal(download_misaligned(bb), xr)) << n;
+    // fp32 += bf16
+    const auto y = random_vec<float>(n, 32, -1000, 1000);
+    std::vector<float> want(n);
+    for (int64_t i = 0; i < n; ++i) want[i] = y[i] + xr[i];
+    DeviceBuffer<float> aa(y);
+    DeviceBuffer<float> ab = misaligned<float>(y);
+    add_inplace(aa.get(), ha.get(), n, nullptr);
+    add_inplace(ab.get() + 1, hb.get() + 1, n, nullptr);
+    EXPECT_TRUE(test::bit_equal(aa.download(), want)) << n;
+    EXPECT_TRUE(test::bit_equal(download_misaligned(ab), want)) << n;
+  }
+  // NaNs and subnormals: no CPU reference for these bits; the two GPU paths must agree.
+  std::vector<float> x = random_vec<float>(64, 33);
+  x[3] = NAN, x[17] = -NAN, x[40] = std::bit_cast<float>(0x7fa00001u);  // a signalling NaN
+  x[8] = 1e-40f, x[9] = -3e-39f, x[63] = 1.5e-45f;
+  DeviceBuffer<float> fa(x);
+  DeviceBuffer<float> fb = misaligned<float>(x);
+  DeviceBuffer<bf16> ha(64), hb(65);
+  cast(fa.get(), ha.get(), 64, nullptr);
+  cast(fb.get() + 1, hb.get() + 1, 64, nullptr);
+  const auto ba = ha.bytes(), bb = hb.bytes();
+  EXPECT_TRUE(std::equal(ba.begin(), ba.end(), bb.begin() + 2));
 }
 
 // ---- optimizer

@@ -96,6 +96,34 @@ struct Vec<__nv_bfloat16> {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// Loads/stores a group of `cnt` (<= G) consecutive elements as fp32: G / Vec<T>::N 16-byte
+// accesses when the group is full and `vec` (the caller checked alignment), else scalars.
+// G defaults to one vector; a larger G lets two types of different widths share a group.
+template <typename T, int G = Vec<T>::N>
+__device__ __forceinline__ void load_group(const T* p, int cnt, bool vec, float* out) {
+  static_assert(G % Vec<T>::N == 0, "a group is a whole number of 16-byte vectors");
+  if (vec && cnt == G) {
+#pragma unroll
+    for (int k = 0; k < G; k += Vec<T>::N) Vec<T>::load(p + k, out + k);
+  } else {
+#pragma unroll
+    for (int e = 0; e < G; ++e)
+      if (e < cnt) out[e] = to_f(p[e]);
+  }
+}
+template <typename T, int G = Vec<T>::N>
+__device__ __forceinline__ void store_group(T* p, int cnt, bool vec, const float* in) {
+  static_assert(G % Vec<T>::N == 0, "a group is a whole number of 16-byte vectors");
+  if (vec && cnt == G) {
+#pragma unroll
+    for (int k = 0; k < G; k += Vec<T>::N) Vec<T>::store(p + k, in + k);
+  } else {
+#pragma unroll
+    for (int e = 0; e < G; ++e)
+      if (e < cnt) p[e] = from_f<T>(in[e]);
+  }
+}
+
 // ---- reductions (fixed butterfly order: deterministic)
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

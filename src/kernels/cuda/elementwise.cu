@@ -25,28 +25,6 @@ __device__ __forceinline__ void for_groups(int64_t n, F f) {
   }
 }
 
-// Loads/stores `cnt` (<= N) elements: one vector when full and aligned, else scalars.
-template <typename T>
-__device__ __forceinline__ void load_group(const T* p, int cnt, bool vec, float* out) {
-  if (vec && cnt == Vec<T>::N) {
-    Vec<T>::load(p, out);
-  } else {
-#pragma unroll
-    for (int e = 0; e < Vec<T>::N; ++e)
-      if (e < cnt) out[e] = to_f(p[e]);
-  }
-}
-template <typename T>
-__device__ __forceinline__ void store_group(T* p, int cnt, bool vec, const float* in) {
-  if (vec && cnt == Vec<T>::N) {
-    Vec<T>::store(p, in);
-  } else {
-#pragma unroll
-    for (int e = 0; e < Vec<T>::N; ++e)
-      if (e < cnt) p[e] = from_f<T>(in[e]);
-  }
-}
-
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 
 // ---- SwiGLU: grid y walks rows, grid x the 16-byte groups of a row (F % N == 0 for the
@@ -131,17 +109,26 @@ __global__ void gelu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ 
   });
 }
 
-// ---- Dropout: groups of 4 elements share one Philox block (element i uses lane i % 4 of
-// block i / 4), exactly as the CPU.
+// ---- Dropout: element i uses lane i % 4 of Philox block i / 4, exactly as the CPU. A thread
+// takes one 16-byte vector of elements (a whole number of Philox blocks).
 template <typename T>
 __global__ void dropout_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, float p, float scale,
-                               uint64_t seed, uint64_t offset) {
-  for_groups<4>(n, [&](int64_t i0, int cnt) {
-    const Philox4 b = philox_block(seed, offset, static_cast<uint64_t>(i0 / 4));
-    const float u[4] = {philox_to_unit(b.x), philox_to_unit(b.y), philox_to_unit(b.z), philox_to_unit(b.w)};
+                               uint64_t seed, uint64_t offset, bool vec) {
+  constexpr int G = Vec<T>::N;
+  static_assert(G % 4 == 0, "a group is whole Philox blocks");
+  for_groups<G>(n, [&](int64_t i0, int cnt) {
+    float v[G], u[G];
+    load_group<T>(x + i0, cnt, vec, v);
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (e < cnt) y[i0 + e] = from_f<T>(u[e] >= p ? to_f(x[i0 + e]) * scale : 0.f);
+    for (int k = 0; k < G; k += 4) {
+      if (k >= cnt) break;
+      const Philox4 b = philox_block(seed, offset, static_cast<uint64_t>(i0 + k) >> 2);
+      u[k] = philox_to_unit(b.x), u[k + 1] = philox_to_unit(b.y), u[k + 2] = philox_to_unit(b.z);
+      u[k + 3] = philox_to_unit(b.w);
+    }
+#pragma unroll
+    for (int e = 0; e < G; ++e) v[e] = e < cnt && u[e] >= p ? v[e] * scale : 0.f;
+    store_group<T>(y + i0, cnt, vec, v);
   });
 }
 
@@ -150,17 +137,59 @@ __global__ void philox_uniform_kernel(float* out, int64_t n, uint64_t seed, uint
     out[i] = philox_uniform(seed, offset, first + static_cast<uint64_t>(i));
 }
 
-// ---- RoPE (rotate-half) on [B*H*S rows, D]; one thread per (row, pair).
-template <typename T>
-__global__ void rope_kernel(T* __restrict__ x, const float* __restrict__ cs, const float* __restrict__ sn, int64_t rows,
+// ---- RoPE (rotate-half) on [B*H*S rows, D]: element i < half pairs with i + half, elements
+// from rot_dim = 2 * half on are untouched, and row (bh, s) uses the tables' row s. A 2-D block:
+// threadIdx.x walks groups of G pairs of a row, threadIdx.y (with blockIdx.x) picks s, and
+// blockIdx.y strides over the B*H heads, so there is no index division and a thread loads its
+// cos/sin values once for all the heads it visits. VEC: G = Vec<T>::N pairs as 16-byte accesses
+// (half % G == 0, rows and tables 16-byte aligned); otherwise one pair per thread. The per-pair
+// fp32 math is the same either way.
+template <typename T, bool VEC>
+__global__ void rope_kernel(T* __restrict__ x, const float* __restrict__ cs, const float* __restrict__ sn, int64_t BH,
                             int64_t S, int64_t D, int64_t half, float sign) {
-  for (int64_t t = gtid(); t < rows * half; t += gstride()) {
-    const int64_t row = t / half, i = t % half, s = row % S;
-    T* r = x + row * D;
-    const float x1 = to_f(r[i]), x2 = to_f(r[i + half]);
-    const float c = cs[s * half + i], si = sign * sn[s * half + i];
-    r[i] = from_f<T>(x1 * c - x2 * si);
-    r[i + half] = from_f<T>(x2 * c + x1 * si);
+  constexpr int G = VEC ? Vec<T>::N : 1;
+  const int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y;
+  if (s >= S) return;
+  const int64_t groups = half / G;
+  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+    const int64_t i = g * G;
+    float c[G], si[G];
+    if constexpr (VEC) {
+#pragma unroll
+      for (int k = 0; k < G; k += Vec<float>::N) {
+        Vec<float>::load(cs + s * half + i + k, c + k);
+        Vec<float>::load(sn + s * half + i + k, si + k);
+      }
+    } else {
+      c[0] = cs[s * half + i], si[0] = sn[s * half + i];
+    }
+#pragma unroll
+    for (int e = 0; e < G; ++e) si[e] = __fmul_rn(sign, si[e]);
+    for (int64_t bh = blockIdx.y; bh < BH; bh += gridDim.y) {
+      T* r = x + (bh * S + s) * D + i;
+      float x1[G], x2[G], o1[G], o2[G];
+      if constexpr (VEC) {
+        Vec<T>::load(r, x1);
+        Vec<T>::load(r + half, x2);
+      } else {
+        x1[0] = to_f(r[0]), x2[0] = to_f(r[half]);
+      }
+      // o2 = fma(x2, c, round(x1 * si)) spelled out, so that which product gets fused does not
+      // depend on how the compiler arranges the loop (this is what the one-pair-per-thread
+      // version of this kernel compiled to); o1 stays the plain mul, mul, sub it compiled to.
+#pragma unroll
+      for (int e = 0; e < G; ++e) {
+        o1[e] = x1[e] * c[e] - x2[e] * si[e];
+        o2[e] = __fmaf_rn(x2[e], c[e], __fmul_rn(x1[e], si[e]));
+      }
+      if constexpr (VEC) {
+        Vec<T>::store(r, o1);
+        Vec<T>::store(r + half, o2);
+      } else {
+        r[0] = from_f<T>(o1[0]);
+        r[half] = from_f<T>(o2[0]);
+      }
+    }
   }
 }
 __global__ void rope_tables_kernel(int64_t seq, int64_t rot_dim, double base, float* cs, float* sn) {
@@ -175,22 +204,18 @@ __global__ void rope_tables_kernel(int64_t seq, int64_t rot_dim, double base, fl
 }
 
 // ---- add / scale / cast
+// A group is G elements of both types: one 16-byte vector of the narrower type, one or two
+// of the wider (fp32 += bf16 moves 8 elements as two float4 and one uint4).
 template <typename TY, typename TX>
 __global__ void add_kernel(TY* __restrict__ y, const TX* __restrict__ x, int64_t n, bool vec) {
-  constexpr int N = Vec<TY>::N < Vec<TX>::N ? Vec<TY>::N : Vec<TX>::N;
-  for_groups<N>(n, [&](int64_t i0, int cnt) {
-    float a[8], b[8];
-    if (vec && cnt == N && Vec<TY>::N == N && Vec<TX>::N == N) {
-      Vec<TY>::load(y + i0, a);
-      Vec<TX>::load(x + i0, b);
+  constexpr int G = Vec<TY>::N > Vec<TX>::N ? Vec<TY>::N : Vec<TX>::N;
+  for_groups<G>(n, [&](int64_t i0, int cnt) {
+    float a[G], b[G];
+    load_group<TY, G>(y + i0, cnt, vec, a);
+    load_group<TX, G>(x + i0, cnt, vec, b);
 #pragma unroll
-      for (int e = 0; e < N; ++e) a[e] += b[e];
-      Vec<TY>::store(y + i0, a);
-    } else {
-#pragma unroll
-      for (int e = 0; e < N; ++e)
-        if (e < cnt) y[i0 + e] = from_f<TY>(to_f(y[i0 + e]) + to_f(x[i0 + e]));
-    }
+    for (int e = 0; e < G; ++e) a[e] += b[e];
+    store_group<TY, G>(y + i0, cnt, vec, a);
   });
 }
 template <typename T>
@@ -204,10 +229,14 @@ __global__ void scale_kernel(T* __restrict__ y, float a, int64_t n, bool vec) {
     store_group(y + i0, cnt, vec, v);
   });
 }
+// Groups of 8: one bf16 16-byte vector and two fp32 ones.
 template <typename TI, typename TO>
-__global__ void cast_kernel(const TI* __restrict__ x, TO* __restrict__ y, int64_t n) {
-  for_groups<4>(n, [&](int64_t i0, int cnt) {
-    for (int e = 0; e < cnt; ++e) y[i0 + e] = from_f<TO>(to_f(x[i0 + e]));
+__global__ void cast_kernel(const TI* __restrict__ x, TO* __restrict__ y, int64_t n, bool vec) {
+  constexpr int G = Vec<TI>::N > Vec<TO>::N ? Vec<TI>::N : Vec<TO>::N;
+  for_groups<G>(n, [&](int64_t i0, int cnt) {
+    float v[G];
+    load_group<TI, G>(x + i0, cnt, vec, v);
+    store_group<TO, G>(y + i0, cnt, vec, v);
   });
 }
 
@@ -262,7 +291,8 @@ void dropout(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t offse
     return;
   }
   const float scale = 1.f / (1.f - p);
-  dropout_kernel<<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, s>>>(x, y, n, p, scale, seed, offset);
+  dropout_kernel<<<grid_for(ceil_div(n, Vec<T>::N), kThreads), kThreads, 0, s>>>(x, y, n, p, scale, seed, offset,
+                                                                                  aligned16(x) && aligned16(y));
   MT_CUDA_LAUNCH_CHECK();
 }
 template <typename T>
@@ -270,16 +300,33 @@ void rope(T* x, const float* cs, const float* sn, int64_t B, int64_t H, int64_t 
           float sign, cudaStream_t s) {
   MT_CHECK(rot_dim % 2 == 0 && rot_dim <= D && rot_dim >= 0, "rotary dim {} must be even and <= head dim {}", rot_dim,
            D);
-  const int64_t rows = B * H * S, half = rot_dim / 2;
-  if (rows * half == 0) return;
-  rope_kernel<<<grid_for(rows * half, kThreads), kThreads, 0, s>>>(x, cs, sn, rows, S, D, half, sign);
+  const int64_t BH = B * H, half = rot_dim / 2;
+  if (BH * S * half == 0) return;
+  // Vector path: whole 16-byte groups of pairs, rows (D) and both halves (half) starting on
+  // 16-byte boundaries, table rows too (half % 4 == 0 follows from half % Vec<T>::N == 0).
+  const bool vec = half % Vec<T>::N == 0 && D % Vec<T>::N == 0 && aligned16(x) && aligned16(cs) && aligned16(sn);
+  const int64_t groups = vec ? half / Vec<T>::N : half;
+  // Threads over a row's groups (a power of two up to kThreads), the rest of the block over s;
+  // grid y over the heads, sized for about 2048 blocks in all (each thread then visits
+  // BH / grid.y heads with the same cos/sin values).
+  int tx = 1;
+  while (tx < groups && tx < kThreads) tx *= 2;
+  const dim3 block(tx, kThreads / tx);
+  const int64_t gx = ceil_div(S, block.y);
+  MT_CHECK(gx < (int64_t{1} << 31), "rope: sequence length {} too long", S);
+  const dim3 grid(static_cast<unsigned>(gx),
+                  static_cast<unsigned>(std::min<int64_t>({BH, std::max<int64_t>(1, ceil_div(2048, gx)), 65535})));
+  if (vec)
+    rope_kernel<T, true><<<grid, block, 0, s>>>(x, cs, sn, BH, S, D, half, sign);
+  else
+    rope_kernel<T, false><<<grid, block, 0, s>>>(x, cs, sn, BH, S, D, half, sign);
   MT_CUDA_LAUNCH_CHECK();
 }
 template <typename TY, typename TX>
 void add(TY* y, const TX* x, int64_t n, cudaStream_t s) {
   if (!n) return;
-  constexpr int N = Vec<TY>::N < Vec<TX>::N ? Vec<TY>::N : Vec<TX>::N;
-  add_kernel<<<grid_for(ceil_div(n, N), kThreads), kThreads, 0, s>>>(y, x, n, aligned16(y) && aligned16(x));
+  constexpr int G = Vec<TY>::N > Vec<TX>::N ? Vec<TY>::N : Vec<TX>::N;
+  add_kernel<<<grid_for(ceil_div(n, G), kThreads), kThreads, 0, s>>>(y, x, n, aligned16(y) && aligned16(x));
   MT_CUDA_LAUNCH_CHECK();
 }
 template <typename T>
@@ -291,7 +338,8 @@ void scale(T* y, float a, int64_t n, cudaStream_t s) {
 template <typename TI, typename TO>
 void cast_impl(const TI* x, TO* y, int64_t n, cudaStream_t s) {
   if (!n) return;
-  cast_kernel<<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, s>>>(x, y, n);
+  constexpr int G = Vec<TI>::N > Vec<TO>::N ? Vec<TI>::N : Vec<TO>::N;
+  cast_kernel<<<grid_for(ceil_div(n, G), kThreads), kThreads, 0, s>>>(x, y, n, aligned16(x) && aligned16(y));
   MT_CUDA_LAUNCH_CHECK();
 }
 

@@ -22,27 +22,6 @@ constexpr int kBwdThreads = 256;
 constexpr int kUnroll = 4;  // forward: vectors in flight per thread
 constexpr int kWarpRowsPerBlock = 4;
 
-template <typename T>
-__device__ __forceinline__ void load_n(const T* p, int cnt, bool vec, float* out) {
-  if (vec && cnt == Vec<T>::N) {
-    Vec<T>::load(p, out);
-  } else {
-#pragma unroll
-    for (int e = 0; e < Vec<T>::N; ++e)
-      if (e < cnt) out[e] = to_f(p[e]);
-  }
-}
-template <typename T>
-__device__ __forceinline__ void store_n(T* p, int cnt, bool vec, const float* in) {
-  if (vec && cnt == Vec<T>::N) {
-    Vec<T>::store(p, in);
-  } else {
-#pragma unroll
-    for (int e = 0; e < Vec<T>::N; ++e)
-      if (e < cnt) p[e] = from_f<T>(in[e]);
-  }
-}
-
 // Forward for rows of at most 32 * VPL vectors (vector path only): one warp per row, the row in
 // registers (VPL 16-byte vectors per lane, all loads in flight at once), warp-shuffle
 // reductions, no shared memory or block barriers.
@@ -141,14 +120,14 @@ __global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ r
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t j0 = base + u * step;
-      if (j0 < dim) load_n(x + r * dim + j0, dim - j0 < N ? static_cast<int>(dim - j0) : N, vec, v[u]);
+      if (j0 < dim) load_group(x + r * dim + j0, dim - j0 < N ? static_cast<int>(dim - j0) : N, vec, v[u]);
     }
     if constexpr (ADD) {
       float q[kUnroll][N];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t j0 = base + u * step;
-        if (j0 < dim) load_n(res + r * dim + j0, dim - j0 < N ? static_cast<int>(dim - j0) : N, vec, q[u]);
+        if (j0 < dim) load_group(res + r * dim + j0, dim - j0 < N ? static_cast<int>(dim - j0) : N, vec, q[u]);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -157,7 +136,7 @@ __global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ r
           // The stored sum is what later layers see; normalise exactly that (rounded) value.
 #pragma unroll
         for (int e = 0; e < N; ++e) v[u][e] = to_f(from_f<T>(v[u][e] + q[u][e]));
-        store_n(sum_out + r * dim + j0, dim - j0 < N ? static_cast<int>(dim - j0) : N, vec, v[u]);
+        store_group(sum_out + r * dim + j0, dim - j0 < N ? static_cast<int>(dim - j0) : N, vec, v[u]);
       }
     }
 #pragma unroll
@@ -196,15 +175,15 @@ __global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ r
   for (int64_t j0 = threadIdx.x * N; j0 < dim; j0 += step) {
     const int cnt = dim - j0 < N ? static_cast<int>(dim - j0) : N;
     float wv[N], bv[N], o[N];
-    load_n(w + j0, cnt, vec, wv);
-    if constexpr (LN) load_n(b + j0, cnt, vec, bv);
+    load_group(w + j0, cnt, vec, wv);
+    if constexpr (LN) load_group(b + j0, cnt, vec, bv);
 #pragma unroll
     for (int e = 0; e < N; ++e)
       if (e < cnt) {
         o[e] = (row[j0 + e] - mu) * rs * wv[e];
         if constexpr (LN) o[e] += bv[e];
       }
-    store_n(y + r * dim + j0, cnt, vec, o);
+    store_group(y + r * dim + j0, cnt, vec, o);
   }
 }
 
@@ -231,9 +210,9 @@ __global__ void __launch_bounds__(kBwdThreads)
       for (int64_t j0 = lane * N; j0 < dim; j0 += 32 * N) {
         const int cnt = dim - j0 < N ? static_cast<int>(dim - j0) : N;
         float d[N], xv[N], wv[N];
-        load_n(dy + r * dim + j0, cnt, vec, d);
-        load_n(x + r * dim + j0, cnt, vec, xv);
-        load_n(w + j0, cnt, vec, wv);
+        load_group(dy + r * dim + j0, cnt, vec, d);
+        load_group(x + r * dim + j0, cnt, vec, xv);
+        load_group(w + j0, cnt, vec, wv);
 #pragma unroll
         for (int e = 0; e < N; ++e)
           if (e < cnt) {
@@ -254,14 +233,14 @@ __global__ void __launch_bounds__(kBwdThreads)
   for (int64_t j0 = threadIdx.x * N; j0 < dim; j0 += static_cast<int64_t>(blockDim.x) * N) {
     const int cnt = dim - j0 < N ? static_cast<int>(dim - j0) : N;
     float wv[N], aw[N] = {}, ab[N] = {};
-    load_n(w + j0, cnt, vec, wv);
+    load_group(w + j0, cnt, vec, wv);
 #pragma unroll 4
     for (int i = 0; i < nr; ++i) {
       const int64_t r = r0 + i;
       const float m = LN ? mean[r] : 0.f, rs = rstd[r];
       float d[N], xv[N], o[N];
-      load_n(dy + r * dim + j0, cnt, vec, d);
-      load_n(x + r * dim + j0, cnt, vec, xv);
+      load_group(dy + r * dim + j0, cnt, vec, d);
+      load_group(x + r * dim + j0, cnt, vec, xv);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const float xh = (xv[e] - m) * rs;
@@ -275,11 +254,11 @@ __global__ void __launch_bounds__(kBwdThreads)
       if (dx) {
         if (dx_add) {
           float a[N];
-          load_n(dx_add + r * dim + j0, cnt, vec, a);
+          load_group(dx_add + r * dim + j0, cnt, vec, a);
 #pragma unroll
           for (int e = 0; e < N; ++e) o[e] += a[e];
         }
-        store_n(dx + r * dim + j0, cnt, vec, o);
+        store_group(dx + r * dim + j0, cnt, vec, o);
       }
     }
 #pragma unroll
