@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Multi-GPU checks and benchmarks on a 2-GPU machine, from the repository root:
 #   scripts/device_prep.sh (here), then on the device: bash bench/gpu_dist_bench.sh [parts]
-# parts (default all): build, tests, smoke, single, breakdown, dp, pp, tp. Prints one JSON line per
+# parts (default all): build, tests, smoke, single, breakdown, dp, pp, tp, pp8b. Prints one JSON line per
 # benchmark (DESIGN.md) plus the derived figures: DP scaling against twice the one-GPU rate,
 # pipeline bubble against (PP-1)/(M+PP-1), 1F1B against interleaved. Logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
 B=${MT_DEVICE_BUILD:-/tmp/mt_build}
-PARTS=${1:-build,tests,smoke,single,breakdown,dp,pp,tp}
+PARTS=${1:-build,tests,smoke,single,breakdown,dp,pp,tp,pp8b}
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
 [ -d third_party_carry/gloo/lib ] && export LD_LIBRARY_PATH="$PWD/third_party_carry/gloo/lib:${LD_LIBRARY_PATH:-}"
 ITERS=${MT_BENCH_ITERS:-12}
@@ -43,7 +43,7 @@ run() {
   if [ "$n" = 1 ]; then "$M" pretrain "$@" "${COMMON[@]}" >"$OUT/$name.txt" 2>&1
   else timeout ${MT_RUN_TIMEOUT:-400} "$M" launch --nproc-per-node "$n" -- pretrain "$@" "${COMMON[@]}" >"$OUT/$name.txt" 2>&1; fi
   local rc=$?
-  TOK=0
+  TOK=0; MS=0
   [ $rc -ne 0 ] && { echo "$name failed (rc $rc)"; grep -iE "error|fail" "$OUT/$name.txt" | head -5; tail -3 "$OUT/$name.txt"; return; }
   grep '^ iteration' "$OUT/$name.txt" | tail -n +4 |
     sed -E 's/.*iteration \(ms\): ([0-9.]+).*TFLOP\/s\/GPU\): ([0-9.]+).*tokens per second: ([0-9]+).*/\1 \2 \3/' |
@@ -107,10 +107,24 @@ if has pp; then
     done
   done
 fi
+LLAMA8=(--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-query-attention --num-query-groups 8
+        --ffn-hidden-size 14336 --seq-length 4096 --max-position-embeddings 4096 --normalization RMSNorm --swiglu
+        --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
+        --vocab-size 128255 --micro-batch-size 1 --train-iters "${MT_LLAMA8_ITERS:-8}")
 if has tp; then
-  LLAMA8=(--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-query-attention --num-query-groups 8
-          --ffn-hidden-size 14336 --seq-length 4096 --max-position-embeddings 4096 --normalization RMSNorm --swiglu
-          --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
-          --vocab-size 128255 --micro-batch-size 1 --global-batch-size 8 --train-iters 8)
-  run llama-8b-tp2-sp 2 "${LLAMA8[@]}" --tensor-model-parallel-size 2 --sequence-parallel
+  run llama-8b-tp2-sp 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel
+fi
+if has pp8b; then
+  # A model that needs the pipeline: llama-8b's bf16 weights, fp32 main params, grads and Adam
+  # state are 18 bytes x 8.0B = 144 GB, more than one H200. 18+14 layers (the last stage also
+  # has the output layer, ~2.3 layers' worth). No one-GPU reference exists, so the bubble comes
+  # from the step times: t(M) = a*M + b over two micro-batch counts, bubble = b / t(M).
+  SPLIT8=(--pipeline-model-parallel-size 2 --decoder-last-pipeline-num-layers 14)
+  run llama-8b-pp2-m4 2 "${LLAMA8[@]}" "${SPLIT8[@]}" --global-batch-size 4; T4=$MS
+  run llama-8b-pp2-m8 2 "${LLAMA8[@]}" "${SPLIT8[@]}" --global-batch-size 8; T8=$MS
+  awk -v t4="$T4" -v t8="$T8" 'BEGIN { a = (t8 - t4) / 4; b = t4 - 4 * a; if (a > 0)
+    printf "llama-8b PP=2 1F1B: step = %.1f ms x M + %.1f ms; bubble %.1f%% at M=4 (theory 20.0%%), %.1f%% at M=8 (theory 11.1%%)\n",
+      a, b, 100 * b / t4, 100 * b / t8 }'
+  run llama-8b-pp2-vpp2-m4 2 "${LLAMA8[@]}" "${SPLIT8[@]}" --num-virtual-stages-per-pipeline-rank 2 --global-batch-size 4
+  echo "llama-8b PP=2 M=4: interleaved $MS ms against 1F1B $T4 ms per step"
 fi
