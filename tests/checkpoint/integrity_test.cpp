@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "kernels/cpu/threads.h"
 #include "model/gpt_model.h"
+#include "support/tiny_training.h"
 #include "training/trainer.h"
 
 namespace mt {
@@ -23,45 +24,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class PatternSource : public data::SampleSource {
- public:
-  explicit PatternSource(int64_t S) : S_(S) {}
-  int64_t size() const override { return 1000; }
-  int64_t seq_length() const override { return S_; }
-  void get(int64_t index, int32_t* t) const override {
-    for (int64_t i = 0; i <= S_; ++i) t[i] = static_cast<int32_t>((index * 7 + i * 3 + (i % 4 == 0 ? index : 0)) % 40);
-  }
+using test::PatternSource;
 
- private:
-  int64_t S_;
-};
-
+// The shared tiny Llama as it is (linear decay, no evaluation).
 Arguments tiny(const std::string& save = "", const std::string& load = "") {
-  Arguments a;
-  a.given = {"--num-query-groups"};
-  a.group_query_attention = true;
-  auto& m = a.model;
-  m.num_layers = 2;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.seq_length = 16;
-  m.normalization = "RMSNorm";
-  m.swiglu = true;
-  m.position_embedding_type = "rope";
-  m.add_bias_linear = m.add_qkv_bias = false;
-  m.untie_embeddings_and_output_weights = true;
-  a.make_vocab_size_divisible_by = 16;
-  a.data.mock = true;
-  a.micro_batch_size = 2;
-  a.global_batch_size = 4;
-  a.train_iters = 8;
-  a.optimizer.lr = 3e-3f;
-  a.lr_warmup_iters = 2;
-  a.eval_iters = 0;
-  a.log_progress_bar = false;
-  a.save = save;
-  a.load = load;
+  Arguments a = test::tiny_llama_args(save, load);
   validate_args(a, 40);
   return a;
 }

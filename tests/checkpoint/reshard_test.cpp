@@ -14,6 +14,7 @@
 #include "comm/multiprocess.h"
 #include "core/error.h"
 #include "kernels/cpu/threads.h"
+#include "parallel/layout_support.h"
 #include "parallel/process_groups.h"
 #include "training/convert.h"
 #include "training/trainer.h"
@@ -25,19 +26,8 @@ namespace fs = std::filesystem;
 constexpr int kFirst = 4, kRest = 4;
 constexpr int32_t kVocab = 64;
 
-class PatternSource : public data::SampleSource {
- public:
-  explicit PatternSource(int64_t S) : S_(S) {}
-  int64_t size() const override { return 100000; }
-  int64_t seq_length() const override { return S_; }
-  void get(int64_t index, int32_t* t) const override {
-    for (int64_t i = 0; i <= S_; ++i)
-      t[i] = static_cast<int32_t>((index * 7 + i * 3 + (i % 4 == 0 ? index * index : 0)) % (kVocab - 3));
-  }
-
- private:
-  int64_t S_;
-};
+// Sequences with some structure to learn, the same as the layout tests of tests/parallel train on.
+using testing::PatternSource;
 
 struct Layout {
   int world = 1, tp = 1, pp = 1;
@@ -45,6 +35,7 @@ struct Layout {
   bool gpt = false;  // GPT-2 shape: tied embeddings (a replica on the last pipeline stage), LayerNorm, biases
 };
 
+// Megatron's Llama shape (or GPT-2's), trained as the layout tests train (tests/parallel).
 Arguments make_args(const Layout& l, const std::string& save, const std::string& load) {
   Arguments a;
   auto& m = a.model;
@@ -55,27 +46,10 @@ Arguments make_args(const Layout& l, const std::string& save, const std::string&
   m.ffn_hidden_size = 64;
   m.attention_dropout = m.hidden_dropout = 0.f;
   if (!l.gpt) {
-    a.group_query_attention = true;
-    a.given = {"--num-query-groups"};
-    m.num_query_groups = 4;
-    m.normalization = "RMSNorm";
-    m.swiglu = true;
-    m.position_embedding_type = "rope";
-    m.add_bias_linear = false;
-    m.add_qkv_bias = false;
-    m.untie_embeddings_and_output_weights = true;
+    testing::set_query_groups(a, 4);
+    testing::set_llama_blocks(m);
   }
-  a.make_vocab_size_divisible_by = 16;
-  a.data.mock = true;
-  a.micro_batch_size = 2;
-  a.global_batch_size = 8;
-  a.train_iters = kFirst + kRest;
-  a.optimizer.lr = 3e-3f;
-  a.lr_warmup_iters = 2;
-  a.lr_decay_style = "cosine";
-  a.min_lr = 3e-4;
-  a.eval_iters = 0;
-  a.log_progress_bar = false;
+  testing::set_short_run(a, kFirst + kRest, 2, 3e-3f, 3e-4);
   a.world_size = l.world;
   a.tensor_model_parallel_size = l.tp;
   a.pipeline_model_parallel_size = l.pp;
@@ -97,8 +71,10 @@ std::string tmp_root() {
 }
 
 // Trains `steps` steps (after loading when `load` is set), saves when `save` is set; rank 0
-// writes the losses to `out`.
-void run(const Layout& l, int steps, const std::string& save, const std::string& load, const std::string& out) {
+// writes the losses to `out`. `groups` > 0 replaces make_args' query groups after validation
+// (the model checks them against TP when it is built).
+void run(const Layout& l, int steps, const std::string& save, const std::string& load, const std::string& out,
+         int64_t groups = 0) {
   auto res = testing::run_ranks(
       l.world,
       [&](comm::World& w) {
@@ -106,10 +82,11 @@ void run(const Layout& l, int steps, const std::string& save, const std::string&
         // tests in one process), a child's OpenMP team of several threads would never start.
         cpu::set_num_threads(1);
         Arguments a = make_args(l, save, load);
+        if (groups > 0) a.model.num_query_groups = groups;
         parallel::RankGrid grid(w.size(), l.tp, l.pp);
         auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
         Trainer t(a, nullptr, pg);
-        t.set_data(std::make_unique<PatternSource>(a.model.seq_length), nullptr);
+        t.set_data(std::make_unique<PatternSource>(100000, a.model.seq_length, kVocab), nullptr);
         t.load_for_test();
         std::ofstream f(out + "." + std::to_string(w.rank()));
         f.precision(17);
@@ -235,7 +212,7 @@ TEST(Reshard, HuggingFaceQwen3LoadsUnderTP2AndTrainsLikeOneRank) {
       parallel::RankGrid grid(w.size(), tp, 1);
       auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
       Trainer t(a, nullptr, pg);
-      t.set_data(std::make_unique<PatternSource>(16), nullptr);
+      t.set_data(std::make_unique<PatternSource>(100000, 16, kVocab), nullptr);
       t.load_for_test();
       std::ofstream f(out + "." + std::to_string(w.rank()));
       f.precision(17);
@@ -259,48 +236,18 @@ TEST(Reshard, HuggingFaceQwen3LoadsUnderTP2AndTrainsLikeOneRank) {
 // contiguous row split of the group-interleaved weight (blocks 1) whatever TP, so a TP 4 run
 // with 2 query groups saves a checkpoint that TP 2 (whole groups) and one rank resume on the
 // single-rank trajectory.
-void run_groups(const Layout& l, int64_t groups, int steps, const std::string& save, const std::string& load,
-                const std::string& out) {
-  auto res = testing::run_ranks(
-      l.world,
-      [&](comm::World& w) {
-        cpu::set_num_threads(1);  // see run()
-        Arguments a = make_args(l, save, load);
-        a.model.num_query_groups = groups;  // the model checks it against TP when it is built
-        parallel::RankGrid grid(w.size(), l.tp, l.pp);
-        auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
-        Trainer t(a, nullptr, pg);
-        t.set_data(std::make_unique<PatternSource>(a.model.seq_length), nullptr);
-        t.load_for_test();
-        std::ofstream f(out + "." + std::to_string(w.rank()));
-        f.precision(17);
-        for (int i = 0; i < steps; ++i) {
-          auto r = t.train_step();
-          f << r.loss_sum / r.tokens << "\n";
-        }
-        if (!save.empty()) t.save();
-      },
-      [] {
-        testing::RankOptions o;
-        o.env = {{"OMP_NUM_THREADS", "1"}};
-        return o;
-      }());
-  for (size_t r = 0; r < res.size(); ++r)
-    ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
-}
-
 TEST(Reshard, TP4WithTwoQueryGroupsToTP2AndTP1) {
   const std::string dir = tmp_root() + "/tp4g2";
   fs::remove_all(dir);
-  run_groups({}, 2, kFirst + kRest, "", "", dir + ".ref");
+  run({}, kFirst + kRest, "", "", dir + ".ref", 2);
   const auto ref = losses(dir + ".ref");
   ASSERT_EQ(ref.size(), static_cast<size_t>(kFirst + kRest));
-  run_groups({.world = 4, .tp = 4}, 2, kFirst, dir, "", dir + ".first");
+  run({.world = 4, .tp = 4}, kFirst, dir, "", dir + ".first", 2);
   const auto first = losses(dir + ".first");
   ASSERT_EQ(first.size(), static_cast<size_t>(kFirst));
   for (size_t i = 0; i < first.size(); ++i) EXPECT_LT(std::fabs(first[i] - ref[i]) / ref[i], 1e-5) << "tp4 step " << i + 1;
   for (const Layout& l : {Layout{.world = 2, .tp = 2}, Layout{}}) {
-    run_groups(l, 2, kRest, "", dir, dir + ".resumed");
+    run(l, kRest, "", dir, dir + ".resumed", 2);
     const auto got = losses(dir + ".resumed");
     ASSERT_EQ(got.size(), static_cast<size_t>(kRest));
     for (size_t i = 0; i < got.size(); ++i)

@@ -7,27 +7,14 @@
 #include "core/error.h"
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
+#include "support/tiny_models.h"
 
 namespace mt::model {
 namespace {
 
 TransformerConfig tiny_llama() {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 24;
-  c.seq_length = 8;
-  c.vocab_size = 32;
-  c.orig_vocab_size = 30;
-  c.normalization = "RMSNorm";
-  c.swiglu = true;
-  c.position_embedding_type = "rope";
+  TransformerConfig c = test::tiny_llama_config(2);
   c.rotary_percent = 0.5f;
-  c.add_bias_linear = false;
-  c.add_qkv_bias = false;
-  c.untie_embeddings_and_output_weights = true;
   c.attention_dropout = 0.f;
   c.hidden_dropout = 0.f;
   c.init_method_std = 0.2f;
@@ -36,29 +23,11 @@ TransformerConfig tiny_llama() {
 
 TransformerConfig tiny_gpt2() {
   TransformerConfig c = tiny_llama();
-  c.num_query_groups = 0;
-  c.normalization = "LayerNorm";
-  c.swiglu = false;
-  c.position_embedding_type = "learned_absolute";
-  c.add_bias_linear = true;
-  c.add_qkv_bias = true;
-  c.untie_embeddings_and_output_weights = false;
+  test::use_gpt2_blocks(c);
   return c;
 }
 
-Batch random_batch(int64_t B, int64_t S, int64_t V, uint32_t seed) {
-  Batch b;
-  b.B = B;
-  b.S = S;
-  uint32_t x = seed;
-  auto next = [&]() { return (x = x * 1664525u + 1013904223u) >> 8; };
-  for (int64_t i = 0; i < B * S; ++i) {
-    b.tokens.push_back(static_cast<int32_t>(next() % static_cast<uint32_t>(V)));
-    b.labels.push_back(static_cast<int32_t>(next() % static_cast<uint32_t>(V)));
-    b.loss_mask.push_back(i % 5 == 3 ? 0.f : 1.f);
-  }
-  return b;
-}
+using test::random_batch;
 
 double loss_of(GPTModel& m, const Batch& b) {
   PassContext ctx;

@@ -9,6 +9,7 @@
 
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
+#include "support/tiny_models.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/dispatch.h"
 #endif
@@ -17,22 +18,8 @@ namespace mt::model {
 namespace {
 
 TransformerConfig tiny(const std::string& granularity = "", const std::string& method = "", int64_t n = 0) {
-  TransformerConfig c;
-  c.num_layers = 4;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 24;
-  c.seq_length = 8;
-  c.vocab_size = 32;
-  c.orig_vocab_size = 30;
-  c.normalization = "RMSNorm";
-  c.swiglu = true;
-  c.position_embedding_type = "rope";
-  c.add_bias_linear = false;
-  c.add_qkv_bias = false;
+  TransformerConfig c = test::tiny_llama_config(4);
   c.qk_layernorm = true;  // the head norms are rebuilt too
-  c.untie_embeddings_and_output_weights = true;
   c.attention_dropout = 0.2f;
   c.hidden_dropout = 0.2f;
   c.init_method_std = 0.1f;
@@ -44,29 +31,12 @@ TransformerConfig tiny(const std::string& granularity = "", const std::string& m
 
 TransformerConfig tiny_gpt2(const std::string& granularity = "", const std::string& method = "", int64_t n = 0) {
   TransformerConfig c = tiny(granularity, method, n);
-  c.num_query_groups = 0;
-  c.normalization = "LayerNorm";
-  c.swiglu = false;
+  test::use_gpt2_blocks(c);
   c.qk_layernorm = false;
-  c.position_embedding_type = "learned_absolute";
-  c.add_bias_linear = c.add_qkv_bias = true;
-  c.untie_embeddings_and_output_weights = false;
   return c;
 }
 
-Batch random_batch(int64_t B, int64_t S, int64_t V, uint32_t seed) {
-  Batch b;
-  b.B = B;
-  b.S = S;
-  uint32_t x = seed;
-  auto next = [&]() { return (x = x * 1664525u + 1013904223u) >> 8; };
-  for (int64_t i = 0; i < B * S; ++i) {
-    b.tokens.push_back(static_cast<int32_t>(next() % static_cast<uint32_t>(V)));
-    b.labels.push_back(static_cast<int32_t>(next() % static_cast<uint32_t>(V)));
-    b.loss_mask.push_back(i % 5 == 3 ? 0.f : 1.f);
-  }
-  return b;
-}
+using test::random_batch;
 
 struct TrainRun {
   std::vector<double> losses;

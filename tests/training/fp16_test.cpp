@@ -11,6 +11,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "support/tiny_training.h"
 #include "training/trainer.h"
 
 namespace mt {
@@ -18,53 +19,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class Pattern : public data::SampleSource {
- public:
-  explicit Pattern(int64_t S) : S_(S) {}
-  int64_t size() const override { return 1000; }
-  int64_t seq_length() const override { return S_; }
-  void get(int64_t index, int32_t* t) const override {
-    for (int64_t i = 0; i <= S_; ++i) t[i] = static_cast<int32_t>((index * 7 + i * 3 + (i % 4 == 0 ? index : 0)) % 40);
-  }
+using test::PatternSource;
 
- private:
-  int64_t S_;
-};
-
-// The tiny Llama of trainer_test.cpp; `extra` are flags given (for the loss-scale checks).
+// The tiny Llama of trainer_test.cpp (support/tiny_training.h) for 30 iterations with cosine
+// decay to 3e-4, a log line every iteration, fp16 or not and the given loss scaling.
 Arguments args(bool fp16, const optim::GradScalerConfig& gs = {}, const std::string& save = "",
                const std::string& load = "") {
-  Arguments a;
-  a.given = {"--num-query-groups"};
-  a.group_query_attention = true;
-  auto& m = a.model;
-  m.num_layers = 2;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.seq_length = 16;
-  m.normalization = "RMSNorm";
-  m.swiglu = true;
-  m.position_embedding_type = "rope";
-  m.add_bias_linear = false;
-  m.add_qkv_bias = false;
-  m.untie_embeddings_and_output_weights = true;
-  m.fp16 = fp16;
+  Arguments a = test::tiny_llama_args(save, load);
+  a.model.fp16 = fp16;
   a.grad_scaler = gs;
-  a.make_vocab_size_divisible_by = 16;
-  a.data.mock = true;
-  a.micro_batch_size = 2;
-  a.global_batch_size = 4;
   a.train_iters = 30;
-  a.optimizer.lr = 3e-3f;
-  a.lr_warmup_iters = 2;
   a.lr_decay_style = "cosine";
   a.min_lr = 3e-4;
-  a.eval_iters = 0;
   a.log_interval = 1;
-  a.save = save;
-  a.load = load;
-  a.log_progress_bar = false;
   validate_args(a, 40);
   return a;
 }
@@ -100,7 +67,7 @@ std::vector<Step> train(Trainer& t, int64_t iters) {
 
 std::vector<Step> train(const Arguments& a, int64_t iters) {
   Trainer t(a, nullptr);
-  t.set_data(std::make_unique<Pattern>(a.model.seq_length), nullptr);
+  t.set_data(std::make_unique<PatternSource>(a.model.seq_length), nullptr);
   auto s = train(t, iters);
   if (!a.save.empty()) t.save();
   return s;
@@ -110,7 +77,7 @@ TEST(Fp16, ComputeCopyIsFp16AndTrainingTracksFp32) {
   auto f32 = train(args(false), 30);
   Arguments a = args(true, dynamic(4096));
   Trainer t(a, nullptr);
-  t.set_data(std::make_unique<Pattern>(a.model.seq_length), nullptr);
+  t.set_data(std::make_unique<PatternSource>(a.model.seq_length), nullptr);
   // The compute copy holds fp16 values of the fp32 main params (different buffers).
   auto& ps = t.model().params();
   ASSERT_NE(ps.model_buffer().raw(), ps.main_buffer().raw());
@@ -137,7 +104,7 @@ TEST(Fp16, HugeInitialScaleSkipsAndBacksOffUntilStepsSucceed) {
   Arguments a = args(true, dynamic(std::ldexp(1.0, 40)));
   a.train_iters = 40;
   Trainer t(a, nullptr);
-  t.set_data(std::make_unique<Pattern>(a.model.seq_length), nullptr);
+  t.set_data(std::make_unique<PatternSource>(a.model.seq_length), nullptr);
   testing::internal::CaptureStdout();
   t.run();
   const std::string out = testing::internal::GetCapturedStdout();
@@ -237,7 +204,7 @@ TEST(Fp16, ResumeEqualsUninterruptedWithScalerState) {
   auto full = train(args(true, gs), 16);
   auto first = train(args(true, gs, dir.string()), 8);
   Trainer resumed(args(true, gs, "", dir.string()), nullptr);
-  resumed.set_data(std::make_unique<Pattern>(16), nullptr);
+  resumed.set_data(std::make_unique<PatternSource>(16), nullptr);
   resumed.load_for_test();
   EXPECT_EQ(resumed.state().iteration, 8);
   EXPECT_EQ(resumed.grad_scaler()->scale(), full[7].scale);

@@ -6,6 +6,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
+#include "support/tiny_training.h"
 #include "training/trainer.h"
 
 namespace mt {
@@ -13,61 +14,25 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Deterministic in-memory samples: a repeating pattern with noise, so the model can learn.
-class PatternSource : public data::SampleSource {
- public:
-  PatternSource(int64_t n, int64_t S, int32_t V) : n_(n), S_(S), V_(V) {}
-  int64_t size() const override { return n_; }
-  int64_t seq_length() const override { return S_; }
-  void get(int64_t index, int32_t* t) const override {
-    for (int64_t i = 0; i <= S_; ++i) t[i] = static_cast<int32_t>((index * 7 + i * 3 + (i % 4 == 0 ? index : 0)) % V_);
-  }
+using test::PatternSource;
 
- private:
-  int64_t n_, S_;
-  int32_t V_;
-};
-
+// The shared tiny Llama with dropout, cosine decay to 3e-4 and an evaluation every 4 iterations.
 Arguments tiny_args(const std::string& save = "", const std::string& load = "") {
-  Arguments a;
-  a.given = {"--num-query-groups"};
-  a.group_query_attention = true;
-  auto& m = a.model;
-  m.num_layers = 2;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.seq_length = 16;
-  m.normalization = "RMSNorm";
-  m.swiglu = true;
-  m.position_embedding_type = "rope";
-  m.add_bias_linear = false;
-  m.add_qkv_bias = false;
-  m.untie_embeddings_and_output_weights = true;
-  m.attention_dropout = 0.1f;
-  m.hidden_dropout = 0.1f;
-  a.make_vocab_size_divisible_by = 16;
-  a.data.mock = true;
-  a.micro_batch_size = 2;
-  a.global_batch_size = 4;
-  a.train_iters = 8;
-  a.optimizer.lr = 3e-3f;
-  a.lr_warmup_iters = 2;
+  Arguments a = test::tiny_llama_args(save, load);
+  a.model.attention_dropout = 0.1f;
+  a.model.hidden_dropout = 0.1f;
   a.lr_decay_style = "cosine";
   a.min_lr = 3e-4;
   a.eval_iters = 1;
   a.eval_interval = 4;
   a.log_interval = 100;
-  a.save = save;
-  a.load = load;
-  a.log_progress_bar = false;
   validate_args(a, 40);
   return a;
 }
 
 std::vector<double> train(Arguments a, int64_t iters) {
   Trainer t(a, nullptr);
-  t.set_data(std::make_unique<PatternSource>(1000, a.model.seq_length, 40), nullptr);
+  t.set_data(std::make_unique<PatternSource>(a.model.seq_length), nullptr);
   std::vector<double> losses;
   for (int64_t i = 0; i < iters; ++i) {
     auto r = t.train_step();
@@ -90,13 +55,13 @@ TEST(Trainer, ResumeEqualsUninterrupted) {
   auto first = train(tiny_args(dir.string()), 4);
   Arguments b = tiny_args("", dir.string());
   Trainer t(b, nullptr);
-  t.set_data(std::make_unique<PatternSource>(1000, b.model.seq_length, 40), nullptr);
+  t.set_data(std::make_unique<PatternSource>(b.model.seq_length), nullptr);
   // Loading happens in run(); use the checkpoint API directly to resume the same way.
   auto it = checkpoint::latest_iteration(dir.string());
   ASSERT_TRUE(it.has_value());
   EXPECT_EQ(*it, 4);
   Trainer resumed(tiny_args("", dir.string()), nullptr);
-  resumed.set_data(std::make_unique<PatternSource>(1000, b.model.seq_length, 40), nullptr);
+  resumed.set_data(std::make_unique<PatternSource>(b.model.seq_length), nullptr);
   resumed.load_for_test();
   std::vector<double> rest;
   for (int i = 0; i < 4; ++i) {
