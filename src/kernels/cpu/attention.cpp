@@ -124,62 +124,43 @@ void tile_dot(const T* a, const T* bt, T* s, int64_t nq, int64_t nk, int64_t D) 
     }
 }
 
-// out[i * D + :] += sum_{j < nk} w[i * kBk + j] * m[j * D + :], j increasing, for i < nq
-// (rounded up to a block). `out` rows are [kBq, D] scratch.
-template <typename T>
-void tile_acc_rows(const T* w, const T* m, T* out, int64_t nq, int64_t nk, int64_t D) {
+// out[o * D + :] += sum_{t < nt} w[o * WO + t * WT] * m[t * D + :], t increasing, for o < no
+// (rounded up to a block). Rows of a probability tile (WO = kBk, WT = 1: P V, dS K) or its
+// columns (WO = 1, WT = kBk: P^T dO, dS^T Q). `out` is [kBq or kBk, D] scratch.
+template <typename T, int64_t WO, int64_t WT>
+void tile_acc(const T* w, const T* m, T* out, int64_t no, int64_t nt, int64_t D) {
   using W = Vec<T>;
   constexpr int64_t C = kC<T>, NV = C / W::N;
-  const int64_t rows = round_up(nq, kR), dfull = D / C * C;
-  for (int64_t i = 0; i < rows; i += kR) {
+  const int64_t outs = round_up(no, kR), dfull = D / C * C;
+  for (int64_t o = 0; o < outs; o += kR) {
     for (int64_t d0 = 0; d0 < dfull; d0 += C) {
       typename W::V acc[kR][NV];
       for (int64_t r = 0; r < kR; ++r)
-        for (int64_t c = 0; c < NV; ++c) acc[r][c] = W::load(out + (i + r) * D + d0 + c * W::N);
-      for (int64_t j = 0; j < nk; ++j) {
+        for (int64_t c = 0; c < NV; ++c) acc[r][c] = W::load(out + (o + r) * D + d0 + c * W::N);
+      for (int64_t t = 0; t < nt; ++t) {
         typename W::V mv[NV];
-        for (int64_t c = 0; c < NV; ++c) mv[c] = W::load(m + j * D + d0 + c * W::N);
+        for (int64_t c = 0; c < NV; ++c) mv[c] = W::load(m + t * D + d0 + c * W::N);
         for (int64_t r = 0; r < kR; ++r) {
-          const T x = w[(i + r) * kBk + j];
+          const T x = w[(o + r) * WO + t * WT];
           for (int64_t c = 0; c < NV; ++c) acc[r][c] += x * mv[c];
         }
       }
       for (int64_t r = 0; r < kR; ++r)
-        for (int64_t c = 0; c < NV; ++c) W::store(out + (i + r) * D + d0 + c * W::N, acc[r][c]);
+        for (int64_t c = 0; c < NV; ++c) W::store(out + (o + r) * D + d0 + c * W::N, acc[r][c]);
     }
-    for (int64_t r = i; r < i + kR; ++r)  // head dims past the last full block
-      for (int64_t j = 0; j < nk; ++j)
-        for (int64_t d = dfull; d < D; ++d) out[r * D + d] += w[r * kBk + j] * m[j * D + d];
+    for (int64_t r = o; r < o + kR; ++r)  // head dims past the last full block
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t d = dfull; d < D; ++d) out[r * D + d] += w[r * WO + t * WT] * m[t * D + d];
   }
 }
-
-// out[j * D + :] += sum_{i < nq} w[i * kBk + j] * m[i * D + :], i increasing, for j < nk
-// (rounded up to a block): the transposed use of a probability tile. `out` is [kBk, D] scratch.
+// Query rows: out[i] += sum_j w[i, j] m[j]. Key rows: out[j] += sum_i w[i, j] m[i].
+template <typename T>
+void tile_acc_rows(const T* w, const T* m, T* out, int64_t nq, int64_t nk, int64_t D) {
+  tile_acc<T, kBk, 1>(w, m, out, nq, nk, D);
+}
 template <typename T>
 void tile_acc_cols(const T* w, const T* m, T* out, int64_t nq, int64_t nk, int64_t D) {
-  using W = Vec<T>;
-  constexpr int64_t C = kC<T>, NV = C / W::N;
-  const int64_t cols = round_up(nk, kR), dfull = D / C * C;
-  for (int64_t j = 0; j < cols; j += kR) {
-    for (int64_t d0 = 0; d0 < dfull; d0 += C) {
-      typename W::V acc[kR][NV];
-      for (int64_t r = 0; r < kR; ++r)
-        for (int64_t c = 0; c < NV; ++c) acc[r][c] = W::load(out + (j + r) * D + d0 + c * W::N);
-      for (int64_t i = 0; i < nq; ++i) {
-        typename W::V mv[NV];
-        for (int64_t c = 0; c < NV; ++c) mv[c] = W::load(m + i * D + d0 + c * W::N);
-        for (int64_t r = 0; r < kR; ++r) {
-          const T x = w[i * kBk + j + r];
-          for (int64_t c = 0; c < NV; ++c) acc[r][c] += x * mv[c];
-        }
-      }
-      for (int64_t r = 0; r < kR; ++r)
-        for (int64_t c = 0; c < NV; ++c) W::store(out + (j + r) * D + d0 + c * W::N, acc[r][c]);
-    }
-    for (int64_t r = j; r < j + kR; ++r)
-      for (int64_t i = 0; i < nq; ++i)
-        for (int64_t d = dfull; d < D; ++d) out[r * D + d] += w[i * kBk + r] * m[i * D + d];
-  }
+  tile_acc<T, 1, kBk>(w, m, out, nk, nq, D);
 }
 
 // Fills z[i * kBk + j] with the dropout factor (0 or 1/(1-p)) of every visible entry.
