@@ -42,6 +42,21 @@ void close_file(std::FILE*& f) {
   f = nullptr;
 }
 
+// Calls f(T{}) with the C++ element type of a .bin file's dtype.
+template <typename F>
+void with_element_type(DType d, F&& f) {
+  switch (d) {
+    case DType::U8: f(uint8_t{}); break;
+    case DType::I8: f(int8_t{}); break;
+    case DType::I16: f(int16_t{}); break;
+    case DType::U16: f(uint16_t{}); break;
+    case DType::I32: f(int32_t{}); break;
+    case DType::I64: f(int64_t{}); break;
+    case DType::F32: f(float{}); break;
+    case DType::F64: f(double{}); break;
+  }
+}
+
 }  // namespace
 
 size_t dtype_size(DType t) {
@@ -239,16 +254,7 @@ void IndexedDataset::read_as(int64_t seq, int64_t offset, int64_t length, Out* o
     using T = decltype(tag);
     for (int64_t i = 0; i < length; ++i) out[i] = static_cast<Out>(load<T>(src + i * sizeof(T)));
   };
-  switch (dtype_) {
-    case DType::U8: convert(uint8_t{}); break;
-    case DType::I8: convert(int8_t{}); break;
-    case DType::I16: convert(int16_t{}); break;
-    case DType::U16: convert(uint16_t{}); break;
-    case DType::I32: convert(int32_t{}); break;
-    case DType::I64: convert(int64_t{}); break;
-    case DType::F32: convert(float{}); break;
-    case DType::F64: convert(double{}); break;
-  }
+  with_element_type(dtype_, convert);
 }
 
 void IndexedDataset::read(int64_t seq, int64_t offset, int64_t length, int32_t* out) const {
@@ -329,16 +335,7 @@ void IndexedDatasetWriter::add_item_impl(const In* ids, size_t n) {
       std::memcpy(dst + i * sizeof(T), &t, sizeof(T));
     }
   };
-  switch (dtype_) {
-    case DType::U8: convert(uint8_t{}); break;
-    case DType::I8: convert(int8_t{}); break;
-    case DType::I16: convert(int16_t{}); break;
-    case DType::U16: convert(uint16_t{}); break;
-    case DType::I32: convert(int32_t{}); break;
-    case DType::I64: convert(int64_t{}); break;
-    case DType::F32: convert(float{}); break;
-    case DType::F64: convert(double{}); break;
-  }
+  with_element_type(dtype_, convert);
   write(bin_, bin_tmp_, dst, n * isz);
   const int32_t len = static_cast<int32_t>(n);
   write(lens_, len_tmp_, &len, sizeof(len));
