@@ -113,6 +113,8 @@ LLAMA8=(--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-quer
         --vocab-size 128255 --micro-batch-size 1 --train-iters "${MT_LLAMA8_ITERS:-8}")
 if has tp; then
   run llama-8b-tp2-sp 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel
+  run llama-8b-tp2-sp-overlap 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel \
+    --tp-comm-overlap
 fi
 if has pp8b; then
   # A model that needs the pipeline: llama-8b's bf16 weights, fp32 main params, grads and Adam

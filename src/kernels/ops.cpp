@@ -39,6 +39,30 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tenso
   return dx;
 }
 
+void linear_forward_into(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
+  MT_ON_GPU(x, linear_forward_into(x, w, b, y));
+  require_cpu_f32(x, "linear_forward_into");
+  const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
+  MT_CHECK(y.numel() == rows * out, "linear_forward_into: output of {} elements for {} x {}", y.numel(), rows, out);
+  cpu::linear_forward(f(x), f(w), b ? f(*b) : nullptr, f(y), rows, out, in);
+}
+
+Tensor linear_backward_data(const Tensor& dy, const Tensor& w) {
+  MT_ON_GPU(dy, linear_backward_data(dy, w));
+  require_cpu_f32(dy, "linear_backward_data");
+  const int64_t out = w.dim(0), in = w.dim(1), rows = dy.numel() / out;
+  Tensor dx = Tensor::empty({rows, in});
+  cpu::linear_backward(f(dy), nullptr, f(w), f(dx), nullptr, nullptr, rows, out, in);
+  return dx;
+}
+
+void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db) {
+  MT_ON_GPU(dy, linear_backward_weight(dy, x, dw, db));
+  require_cpu_f32(dy, "linear_backward_weight");
+  const int64_t out = dw.dim(0), in = dw.dim(1), rows = x.numel() / in;
+  cpu::linear_backward(f(dy), f(x), nullptr, nullptr, f(dw), db ? f(*db) : nullptr, rows, out, in);
+}
+
 Tensor embedding_forward(const Tensor& ids, const Tensor& table) {
   MT_ON_GPU(table, embedding_forward(ids, table));
   const int64_t n = ids.numel(), h = table.dim(1);

@@ -15,6 +15,12 @@ namespace mt::ops {
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* b);
 // Returns dx (undefined when !need_dx); accumulates dw (+ db) into fp32 main-grad views.
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx = true);
+// Pieces of the above, for overlapping communication with the GEMMs (--tp-comm-overlap):
+// y = x w^T + b into a preallocated [rows, out] tensor (or a row slice of one); dx = dy w
+// alone; dw += dy^T x (and db += column sums of dy) alone. Same GEMMs, same results.
+void linear_forward_into(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
+Tensor linear_backward_data(const Tensor& dy, const Tensor& w);
+void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db);
 
 Tensor embedding_forward(const Tensor& ids, const Tensor& table);  // ids: I32 [n]
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);

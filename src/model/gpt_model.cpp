@@ -16,6 +16,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
   cfg_.finalize();
   tp_.comm = opts.tp;
   tp_.sequence_parallel = opts.sequence_parallel;
+  tp_.overlap_comm = opts.tp_comm_overlap && tp_.sp();
   if (tp_.on()) check_tensor_parallel(cfg_, tp_.size(), tp_.sp());
   const PipelinePart& part = opts.pipeline;
   auto ranges = part.chunks;

@@ -42,6 +42,7 @@ struct ModelOptions {
   bool sequence_parallel = false;
   LayoutFn layout;
   PipelinePart pipeline = {};  // default: the whole model
+  bool tp_comm_overlap = false;  // --tp-comm-overlap (see TensorParallel::overlap_comm)
 };
 
 // Megatron's rules for splitting a model over `tp` ranks, as errors naming the flags.

@@ -25,6 +25,7 @@ Tensor Linear::forward(const Tensor& x, PassContext& ctx) const {
   ctx.before_use(weight);
   ctx.before_use(bias);
   if (mode == ParallelMode::Column) {
+    if (tp->sp() && tp->overlap_comm) return forward_column_overlapped(x, ctx);
     Tensor xf = tp->sp() ? gather_rows(x, ctx) : x;
     ScopedOpTimer t(ctx.times, &OpTimes::gemm);
     return ops::linear_forward(xf, weight->value, bias ? &bias->value : nullptr);
@@ -45,9 +46,68 @@ Tensor Linear::forward(const Tensor& x, PassContext& ctx) const {
   return ops::linear_forward(x, weight->value, bias ? &bias->value : nullptr);
 }
 
+// The rank's own rows of the output need only its own input rows: their GEMM runs while the
+// other ranks' rows arrive, then the rows before and after them.
+Tensor Linear::forward_column_overlapped(const Tensor& x, PassContext& ctx) const {
+  const int64_t n = tp->size(), r = tp->rank(), rows = x.numel() / in;
+  const Tensor x2 = x.view({rows, in});
+  Tensor xf = gathered_rows_buffer(x2, *tp);
+  comm::WorkHandle gather;
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::communication);
+    gather = all_gather_rows_async(x2, xf, *tp);
+  }
+  Tensor y = Tensor::empty({n * rows, weight->value.dim(0)}, x.dtype(), x.device());
+  const Tensor* b = bias ? &bias->value : nullptr;
+  auto rows_gemm = [&](const Tensor& in_rows, int64_t first, int64_t count) {
+    if (count == 0) return;
+    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+    Tensor out_rows = y.slice(first, count);
+    ops::linear_forward_into(in_rows, weight->value, b, out_rows);
+  };
+  rows_gemm(x2, r * rows, rows);
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::communication);
+    gather->wait();
+  }
+  rows_gemm(xf.slice(0, r * rows), 0, r * rows);
+  rows_gemm(xf.slice((r + 1) * rows, (n - r - 1) * rows), (r + 1) * rows, (n - r - 1) * rows);
+  return y;
+}
+
+// The input re-gather runs during the data-gradient GEMM (which does not need the input), and
+// the data gradient's reduce-scatter during the weight-gradient GEMM (which does not need it).
+Tensor Linear::backward_column_overlapped(const Tensor& dy, const Tensor& x, PassContext& ctx) const {
+  const Tensor x2 = x.view({x.numel() / in, in});
+  Tensor xf = gathered_rows_buffer(x2, *tp), dxf, dx;
+  comm::WorkHandle gather, scatter;
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::communication);
+    gather = all_gather_rows_async(x2, xf, *tp);
+  }
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+    dxf = ops::linear_backward_data(dy, weight->value);
+  }
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::communication);
+    gather->wait();
+    scatter = reduce_scatter_rows_async(dxf, dx, *tp);
+  }
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+    ops::linear_backward_weight(dy, xf, weight->grad, bias ? &bias->grad : nullptr);
+  }
+  ScopedOpTimer t(ctx.times, &OpTimes::communication);
+  scatter->wait();
+  return dx;
+}
+
 Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx) const {
   Tensor dx;
-  if (mode == ParallelMode::Column) {
+  if (mode == ParallelMode::Column && tp->sp() && tp->overlap_comm) {
+    dx = backward_column_overlapped(dy, x, ctx);
+  } else if (mode == ParallelMode::Column) {
     // Re-gather the sequence-sharded input rather than keeping the gathered copy (as Megatron).
     Tensor xf = tp->sp() ? gather_rows(x, ctx) : x;
     {

@@ -32,6 +32,11 @@ struct Linear {
   // word embedding, whose gradient is complete only after the embedding's backward).
   bool report_weight_grad = true;
   Tensor gather_rows(const Tensor& x, PassContext& ctx) const;  // SP all-gather, timed as communication
+
+ private:
+  // Column-parallel under SP with TensorParallel::overlap_comm (--tp-comm-overlap).
+  Tensor forward_column_overlapped(const Tensor& x, PassContext& ctx) const;
+  Tensor backward_column_overlapped(const Tensor& dy, const Tensor& x, PassContext& ctx) const;
 };
 
 struct Norm {

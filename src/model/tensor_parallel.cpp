@@ -17,24 +17,40 @@ comm::DataType comm_type(const Tensor& t, const char* what) {
 }
 }  // namespace
 
-Tensor all_gather_rows(const Tensor& shard, const TensorParallel& tp) {
-  if (!tp.on()) return shard;
-  const comm::DataType t = comm_type(shard, "all_gather_rows");
+Tensor gathered_rows_buffer(const Tensor& shard, const TensorParallel& tp) {
   Shape s = shard.shape();
   s[0] *= tp.size();
-  Tensor full = Tensor::empty(s, shard.dtype(), shard.device());
-  tp.comm->all_gather(shard.raw(), full.raw(), static_cast<size_t>(shard.numel()), t);
+  return Tensor::empty(s, shard.dtype(), shard.device());
+}
+
+comm::WorkHandle all_gather_rows_async(const Tensor& shard, Tensor& full, const TensorParallel& tp) {
+  const comm::DataType t = comm_type(shard, "all_gather_rows");
+  MT_CHECK(full.numel() == shard.numel() * tp.size(), "all_gather_rows: {} rows into {}", shard.shape_str(),
+           full.shape_str());
+  return tp.comm->all_gather_async(shard.raw(), full.raw(), static_cast<size_t>(shard.numel()), t);
+}
+
+Tensor all_gather_rows(const Tensor& shard, const TensorParallel& tp) {
+  if (!tp.on()) return shard;
+  Tensor full = gathered_rows_buffer(shard, tp);
+  all_gather_rows_async(shard, full, tp)->wait();
   return full;
+}
+
+comm::WorkHandle reduce_scatter_rows_async(const Tensor& full, Tensor& shard, const TensorParallel& tp) {
+  const comm::DataType t = comm_type(full, "reduce_scatter_rows");
+  MT_CHECK(full.dim(0) % tp.size() == 0, "{} rows do not split over {} TP ranks", full.dim(0), tp.size());
+  Shape s = full.shape();
+  s[0] /= tp.size();
+  shard = Tensor::empty(s, full.dtype(), full.device());
+  return tp.comm->reduce_scatter_async(full.raw(), shard.raw(), static_cast<size_t>(shard.numel()), t,
+                                       comm::ReduceOp::Sum);
 }
 
 Tensor reduce_scatter_rows(const Tensor& full, const TensorParallel& tp) {
   if (!tp.on()) return full;
-  const comm::DataType t = comm_type(full, "reduce_scatter_rows");
-  Shape s = full.shape();
-  MT_CHECK(s[0] % tp.size() == 0, "{} rows do not split over {} TP ranks", s[0], tp.size());
-  s[0] /= tp.size();
-  Tensor shard = Tensor::empty(s, full.dtype(), full.device());
-  tp.comm->reduce_scatter(full.raw(), shard.raw(), static_cast<size_t>(shard.numel()), t);
+  Tensor shard;
+  reduce_scatter_rows_async(full, shard, tp)->wait();
   return shard;
 }
 

@@ -16,6 +16,10 @@ namespace mt::model {
 struct TensorParallel {
   comm::Communicator* comm = nullptr;  // the TP group; null means no tensor parallelism
   bool sequence_parallel = false;
+  // --tp-comm-overlap (with SP): the column-parallel linears overlap their sequence all-gather
+  // with the GEMM on the rank's own rows, and in backward the input re-gather with the data
+  // gradient GEMM and the gradient reduce-scatter with the weight gradient GEMM.
+  bool overlap_comm = false;
   int rank() const { return comm ? comm->rank() : 0; }
   int size() const { return comm ? comm->size() : 1; }
   bool on() const { return size() > 1; }
@@ -28,6 +32,12 @@ struct TensorParallel {
 Tensor all_gather_rows(const Tensor& shard, const TensorParallel& tp);
 // [rows, h] partial sums -> this rank's [rows/tp, h] block of the sum.
 Tensor reduce_scatter_rows(const Tensor& full, const TensorParallel& tp);
+// Asynchronous forms: the buffers must stay alive until the handle is waited for (on the GPU,
+// waiting orders the compute stream after the transfer; the host does not block).
+// `full` must have tp.size() x the shard's rows (gathered_rows_buffer makes one).
+Tensor gathered_rows_buffer(const Tensor& shard, const TensorParallel& tp);
+comm::WorkHandle all_gather_rows_async(const Tensor& shard, Tensor& full, const TensorParallel& tp);
+comm::WorkHandle reduce_scatter_rows_async(const Tensor& full, Tensor& shard, const TensorParallel& tp);
 // In place sum over the TP group.
 void all_reduce_tp(Tensor& x, const TensorParallel& tp);
 // Along the last (feature) dimension, as Megatron's gather/scatter_along_last_dim: a

@@ -187,6 +187,9 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.value("--context-parallel-size", &a.context_parallel_size, "context-parallel size");
   p.value("--expert-model-parallel-size", &a.expert_model_parallel_size, "expert-parallel size");
   p.store_true("--sequence-parallel", &a.sequence_parallel, "sequence parallelism (with TP)");
+  p.store_true("--tp-comm-overlap", &a.tp_comm_overlap,
+               "overlap the sequence-parallel all-gathers and reduce-scatters of the column-parallel linears with "
+               "their GEMMs");
   p.store_true("--use-distributed-optimizer", &a.use_distributed_optimizer, "ZeRO-1 distributed optimizer");
   p.store_true("--overlap-grad-reduce", &a.overlap_grad_reduce, "reduce gradient buckets while backward runs");
   p.store_true("--overlap-param-gather", &a.overlap_param_gather,
@@ -277,6 +280,9 @@ void validate_parallel_args(Arguments& a) {
     log_warn("--sequence-parallel has no effect with --tensor-model-parallel-size 1; disabling it");
     a.sequence_parallel = false;
   }
+  if (a.tp_comm_overlap && !a.sequence_parallel)
+    fail("--tp-comm-overlap overlaps the sequence-parallel communication with the GEMMs: it needs "
+         "--sequence-parallel and --tensor-model-parallel-size > 1");
   if (a.overlap_param_gather && !a.use_distributed_optimizer)
     fail("--overlap-param-gather needs --use-distributed-optimizer (only it gathers parameters)");
   if (a.ddp_bucket_size < 0) fail("--ddp-bucket-size must be positive (got {})", a.ddp_bucket_size);

@@ -78,6 +78,7 @@ struct Arguments {
   int64_t microbatch_group_size_per_vp_stage = 0;       // interleaved: 0 -> PP (Megatron's default)
   int64_t expert_model_parallel_size = 1;
   bool sequence_parallel = false, use_distributed_optimizer = false;
+  bool tp_comm_overlap = false;  // overlap SP collectives with the GEMMs (needs --sequence-parallel)
   int64_t world_size = 1;
   int64_t data_parallel_size = 1;
   bool overlap_grad_reduce = false, overlap_param_gather = false;

@@ -128,7 +128,8 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   const parallel::PipelineLayout layout(args_.model.num_layers, pipeline_options(args_));
   model::PipelinePart part{layout.chunks(pg_.pp->rank()), pg_.pp->rank() == 0, pg_.pp->rank() == pg_.pp->size() - 1};
   model_ = std::make_unique<model::GPTModel>(
-      args_.model, model::ModelOptions{pg_.tp.get(), args_.sequence_parallel, ddp_->layout_fn(), std::move(part)});
+      args_.model, model::ModelOptions{pg_.tp.get(), args_.sequence_parallel, ddp_->layout_fn(), std::move(part),
+                                       args_.tp_comm_overlap});
   pipeline_ = std::make_unique<parallel::PipelineRunner>(*model_, pg_.pp, args_.microbatch_group_size_per_vp_stage);
   auto& ps = model_->params();
   ddp_->attach(ps);

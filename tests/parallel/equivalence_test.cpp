@@ -22,7 +22,7 @@ constexpr int32_t kVocab = 64;  // a multiple of 16 x TP for TP <= 4: the padded
 
 struct Layout {
   int world = 1, tp = 1;
-  bool sp = false, dist_opt = false, overlap_grad = false, overlap_param = false;
+  bool sp = false, dist_opt = false, overlap_grad = false, overlap_param = false, tp_overlap = false;
   int64_t bucket = 0;
   int64_t mbs = 4;  // the global batch is 8 whatever the layout; the micro-batch only regroups it
 };
@@ -53,6 +53,7 @@ Arguments make_args(Shape shape, const Layout& l) {
   a.use_distributed_optimizer = l.dist_opt;
   a.overlap_grad_reduce = l.overlap_grad;
   a.overlap_param_gather = l.overlap_param;
+  a.tp_comm_overlap = l.tp_overlap;
   a.ddp_bucket_size = l.bucket;
   validate_args(a, kVocab);
   return a;
@@ -116,9 +117,9 @@ void expect_same_as_single_rank(Shape shape, const Layout& l) {
     EXPECT_LT(rel, 1e-5) << "step " << i + 1 << ": " << got[i] << " vs single rank " << want[i];
   }
   EXPECT_LT(want.back(), want.front());  // it trains
-  std::printf("[ layout ] world %d tp %d%s%s%s%s: max relative loss difference over %d steps %.2e\n", l.world, l.tp,
+  std::printf("[ layout ] world %d tp %d%s%s%s%s%s: max relative loss difference over %d steps %.2e\n", l.world, l.tp,
               l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "", l.overlap_grad ? " overlap-grad" : "",
-              l.overlap_param ? " overlap-param" : "", kSteps, worst);
+              l.overlap_param ? " overlap-param" : "", l.tp_overlap ? " tp-comm-overlap" : "", kSteps, worst);
 }
 
 TEST(Equivalence, DP2) { expect_same_as_single_rank(Shape::Llama, {.world = 2}); }
@@ -139,6 +140,14 @@ TEST(Equivalence, TP4) { expect_same_as_single_rank(Shape::Llama, {.world = 4, .
 TEST(Equivalence, TP2SequenceParallel) { expect_same_as_single_rank(Shape::Llama, {.world = 2, .tp = 2, .sp = true}); }
 TEST(Equivalence, TP2SequenceParallelGpt) {
   expect_same_as_single_rank(Shape::Gpt, {.world = 2, .tp = 2, .sp = true});
+}
+// --tp-comm-overlap: the column-parallel GEMMs split by rows around the all-gather, and the
+// backward's data and weight GEMMs split around the collectives (biases on the GPT shape).
+TEST(Equivalence, TP2SequenceParallelCommOverlap) {
+  expect_same_as_single_rank(Shape::Llama, {.world = 2, .tp = 2, .sp = true, .tp_overlap = true});
+}
+TEST(Equivalence, TP4SequenceParallelCommOverlapGpt) {
+  expect_same_as_single_rank(Shape::Gpt, {.world = 4, .tp = 4, .sp = true, .tp_overlap = true});
 }
 TEST(Equivalence, TP2xDP2) { expect_same_as_single_rank(Shape::Gpt, {.world = 4, .tp = 2}); }
 TEST(Equivalence, TP2xDP2SequenceParallelDistributedOptimizerOverlap) {

@@ -36,7 +36,7 @@ int visible_gpus() {
 
 struct Layout {
   int world = 1, tp = 1, pp = 1, vpp = 0;
-  bool sp = false, dist_opt = false, overlap_grad = false, overlap_param = false, gpt = false;
+  bool sp = false, dist_opt = false, overlap_grad = false, overlap_param = false, gpt = false, tp_overlap = false;
   int64_t bucket = 0;
   double grad_tol = 1e-3, loss_tol = 2e-3;  // relative to the largest gradient / to the loss
 };
@@ -68,6 +68,7 @@ Arguments make_args(const Layout& l) {
   a.use_distributed_optimizer = l.dist_opt;
   a.overlap_grad_reduce = l.overlap_grad;
   a.overlap_param_gather = l.overlap_param;
+  a.tp_comm_overlap = l.tp_overlap;
   a.ddp_bucket_size = l.bucket;
   validate_args(a, kVocab);
   return a;
@@ -153,11 +154,11 @@ void expect_same_as_one_gpu(const Layout& l) {
     EXPECT_LT(rel, l.loss_tol) << "step " << i + 1 << ": " << got[i] << " vs one GPU " << want[i];
   }
   EXPECT_LT(want.back(), want.front() - 0.5);  // it trains
-  std::printf("[ gpu layout ] world %d tp %d pp %d vpp %d%s%s%s%s%s: loss %.4f -> %.4f, max relative loss difference "
-              "over %d steps %.2e\n",
+  std::printf("[ gpu layout ] world %d tp %d pp %d vpp %d%s%s%s%s%s%s: loss %.4f -> %.4f, max relative loss "
+              "difference over %d steps %.2e\n",
               l.world, l.tp, l.pp, l.vpp, l.gpt ? " gpt" : " llama", l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
-              l.overlap_grad ? " overlap-grad" : "", l.overlap_param ? " overlap-param" : "", want.front(), want.back(),
-              kSteps, worst);
+              l.overlap_grad ? " overlap-grad" : "", l.overlap_param ? " overlap-param" : "",
+              l.tp_overlap ? " tp-comm-overlap" : "", want.front(), want.back(), kSteps, worst);
 }
 
 // Data parallel: the same arithmetic per micro-batch, fp32 sums in another order.
@@ -176,6 +177,9 @@ TEST(GpuEquivalence, TP2SequenceParallel) {
 }
 TEST(GpuEquivalence, TP2SequenceParallelGpt) {
   expect_same_as_one_gpu({.world = 2, .tp = 2, .sp = true, .gpt = true, .grad_tol = 5e-2, .loss_tol = 1e-2});
+}
+TEST(GpuEquivalence, TP2SequenceParallelCommOverlap) {
+  expect_same_as_one_gpu({.world = 2, .tp = 2, .sp = true, .tp_overlap = true, .grad_tol = 5e-2, .loss_tol = 1e-2});
 }
 // Pipeline parallel: the same layers, activations passed on in bf16 unchanged.
 TEST(GpuEquivalence, PP2) { expect_same_as_one_gpu({.world = 2, .pp = 2}); }

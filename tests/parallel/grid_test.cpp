@@ -96,6 +96,10 @@ TEST(ParallelArgs, Validation) {
   a = args_for(2, 1);
   a.overlap_param_gather = true;
   EXPECT_NE(error_of([&] { validate_args(a, 50); }).find("--use-distributed-optimizer"), std::string::npos);
+  a = args_for(2, 2);
+  a.tp_comm_overlap = true;  // overlaps the sequence-parallel collectives: needs them
+  EXPECT_NE(error_of([&] { validate_args(a, 50); }).find("--tp-comm-overlap"), std::string::npos);
+  EXPECT_NE(error_of([&] { validate_args(a, 50); }).find("--sequence-parallel"), std::string::npos);
   a = args_for(4, 1);
   a.pipeline_model_parallel_size = 4;  // 2 layers over 4 stages
   EXPECT_NE(error_of([&] { validate_args(a, 50); }).find("--pipeline-model-parallel-size (4)"), std::string::npos);
@@ -113,8 +117,10 @@ TEST(ParallelArgs, Validation) {
 TEST(ParallelArgs, FlagsParse) {
   Arguments a = parse_pretrain_args({"--overlap-grad-reduce", "--ddp-bucket-size", "1000",
                                      "--distributed-timeout-minutes", "3", "--use-distributed-optimizer",
-                                     "--overlap-param-gather", "--tensor-model-parallel-size", "2"});
+                                     "--overlap-param-gather", "--tensor-model-parallel-size", "2",
+                                     "--sequence-parallel", "--tp-comm-overlap"});
   EXPECT_TRUE(a.overlap_grad_reduce);
+  EXPECT_TRUE(a.tp_comm_overlap);
   EXPECT_TRUE(a.overlap_param_gather);
   EXPECT_EQ(a.ddp_bucket_size, 1000);
   EXPECT_EQ(a.distributed_timeout_minutes, 3);

@@ -93,6 +93,25 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tenso
   return dx;
 }
 
+void linear_forward_into(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
+  MT_CHECK(y.numel() == rows * out && y.dtype() == DType::BF16, "linear_forward_into: bf16 output of {} x {} expected",
+           rows, out);
+  cuda::linear_forward(gemm(), b(x), b(w), bias ? b(*bias) : nullptr, b(y), rows, out, in, st());
+}
+
+Tensor linear_backward_data(const Tensor& dy, const Tensor& w) {
+  const int64_t out = w.dim(0), in = w.dim(1), rows = dy.numel() / out;
+  Tensor dx = act({rows, in});
+  cuda::linear_backward(gemm(), b(dy), nullptr, b(w), b(dx), nullptr, nullptr, rows, out, in, st());
+  return dx;
+}
+
+void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db) {
+  const int64_t out = dw.dim(0), in = dw.dim(1), rows = x.numel() / in;
+  cuda::linear_backward(gemm(), b(dy), b(x), nullptr, nullptr, f(dw), db ? f(*db) : nullptr, rows, out, in, st());
+}
+
 Tensor embedding_forward(const Tensor& ids, const Tensor& table) {
   const int64_t n = ids.numel(), h = table.dim(1);
   Tensor y = act({n, h});

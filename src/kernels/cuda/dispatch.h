@@ -28,6 +28,9 @@ std::string device_name();
 
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* b);
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx);
+void linear_forward_into(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
+Tensor linear_backward_data(const Tensor& dy, const Tensor& w);
+void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db);
 Tensor embedding_forward(const Tensor& ids, const Tensor& table);
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
 void add_position_embedding(Tensor& x, const Tensor& pe, int64_t S, int64_t B);
