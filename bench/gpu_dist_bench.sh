@@ -53,7 +53,8 @@ run() {
   TOK=$tok; MS=$ms
   local mem; mem=$(grep -oE 'peak GPU memory: [0-9.]+' "$OUT/$name.txt" | awk '{print $4}' | sort -n | tail -1)
   printf '{"bench":"%s","device":"%sx %s","gpus":%s,"tokens_per_s":%s,"model_tflops_per_gpu":%s,"mfu_pct":%.1f,"peak_mem_gib":%s,"step_time_median_ms":%s,"iters":%s,"wall_s":%s,"commit":"%s"}\n' \
-    "$name" "$n" "$GPU" "$n" "$tok" "$tf" "$(echo "$tf" | awk '{print 100 * $1 / 989}')" "${mem:-null}" "$ms" "$ITERS" \
+    "$name" "$n" "$GPU" "$n" "$tok" "$tf" "$(echo "$tf" | awk '{print 100 * $1 / 989}')" "${mem:-null}" "$ms" \
+    "$(grep -c '^ iteration' "$OUT/$name.txt")" \
     "$(( $(date +%s) - t0 ))" "$COMMIT"
   grep -E "time breakdown" "$OUT/$name.txt" | head -2
 }
