@@ -47,7 +47,7 @@ Arguments make_args(const Layout& l, const std::string& save, const std::string&
   m.attention_dropout = m.hidden_dropout = 0.f;
   if (!l.gpt) {
     testing::set_query_groups(a, 4);
-    testing::set_llama_blocks(m);
+    test::use_llama_blocks(m);
   }
   testing::set_short_run(a, kFirst + kRest, 2, 3e-3f, 3e-4);
   a.world_size = l.world;

@@ -54,7 +54,7 @@ Arguments make_args(const Layout& l) {
   m.bf16 = true;
   if (!l.gpt) {
     testing::set_query_groups(a, 2);
-    testing::set_llama_blocks(m);
+    test::use_llama_blocks(m);
   } else {
     m.position_embedding_type = "learned_absolute";  // tied embeddings, LayerNorm, biases, GELU
   }
@@ -139,21 +139,11 @@ void expect_same_as_one_gpu(const Layout& l) {
   const std::string out = tmp_dir() + "/run";
   std::remove((out + ".loss").c_str());
   auto res = testing::run_ranks(l.world, [&](comm::World& w) { train_rank(w, l, out, ref); }, gpu_ranks());
-  ASSERT_EQ(res.size(), static_cast<size_t>(l.world));
-  for (size_t r = 0; r < res.size(); ++r) {
-    ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
-    std::printf("%s", res[r].stderr_text.c_str());
-  }
-  auto want = testing::read_losses(ref + ".loss"), got = testing::read_losses(out + ".loss");
-  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(got.size(), want.size());
+  ASSERT_NO_FATAL_FAILURE(testing::expect_ranks_ok(res, l.world));
+  for (const auto& r : res) std::printf("%s", r.stderr_text.c_str());
   double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double rel = std::fabs(got[i] - want[i]) / std::fabs(want[i]);
-    worst = std::max(worst, rel);
-    EXPECT_LT(rel, l.loss_tol) << "step " << i + 1 << ": " << got[i] << " vs one GPU " << want[i];
-  }
-  EXPECT_LT(want.back(), want.front() - 0.5);  // it trains
+  std::vector<double> want;
+  ASSERT_NO_FATAL_FAILURE(testing::expect_losses_match(ref, out, kSteps, l.loss_tol, 0.5, "one GPU", worst, want));
   std::printf("[ gpu layout ] world %d tp %d pp %d vpp %d%s%s%s%s%s%s: loss %.4f -> %.4f, max relative loss "
               "difference over %d steps %.2e\n",
               l.world, l.tp, l.pp, l.vpp, l.gpt ? " gpt" : " llama", l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",

@@ -14,10 +14,14 @@
 #include <utility>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "comm/multiprocess.h"
 #include "core/error.h"
 #include "data/sample_source.h"
 #include "model/gpt_model.h"
 #include "model/params.h"
+#include "support/tiny_models.h"
 #include "training/arguments.h"
 
 namespace mt::testing {
@@ -43,16 +47,6 @@ inline void set_query_groups(Arguments& a, int64_t groups) {
   a.group_query_attention = true;
   a.given = {"--num-query-groups"};
   a.model.num_query_groups = groups;
-}
-
-// The Llama family's blocks: RMSNorm, SwiGLU, RoPE, no biases, untied output layer.
-inline void set_llama_blocks(model::TransformerConfig& m) {
-  m.normalization = "RMSNorm";
-  m.swiglu = true;
-  m.position_embedding_type = "rope";
-  m.add_bias_linear = false;
-  m.add_qkv_bias = false;
-  m.untie_embeddings_and_output_weights = true;
 }
 
 // What every layout test trains: mock data, a global batch of 8 in micro-batches of `mbs`,
@@ -171,12 +165,29 @@ inline std::vector<double> read_losses(const std::string& path) {
   return v;
 }
 
-// The largest relative difference of `got` from `want`, step by step (same length expected).
-inline double max_relative_difference(const std::vector<double>& want, const std::vector<double>& got) {
-  double worst = 0;
-  for (size_t i = 0; i < std::min(want.size(), got.size()); ++i)
-    worst = std::max(worst, std::fabs(got[i] - want[i]) / std::fabs(want[i]));
-  return worst;
+// Every rank of a layout run exited cleanly (a failing rank's stderr in the message).
+inline void expect_ranks_ok(const std::vector<RankResult>& res, int world) {
+  ASSERT_EQ(res.size(), static_cast<size_t>(world));
+  for (size_t r = 0; r < res.size(); ++r) ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
+}
+
+// The per-step losses of a layout run (`out`.loss) against the reference run's (`ref`.loss):
+// `steps` of them, each within `tol` relative (a failure names the step), and the reference
+// trains (its last loss below its first by more than `margin`). `worst` gets the largest
+// relative difference, `want` the reference losses.
+inline void expect_losses_match(const std::string& ref, const std::string& out, size_t steps, double tol,
+                                double margin, const char* against, double& worst, std::vector<double>& want) {
+  want = read_losses(ref + ".loss");
+  const std::vector<double> got = read_losses(out + ".loss");
+  worst = 0;
+  ASSERT_EQ(want.size(), steps);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double rel = std::fabs(got[i] - want[i]) / std::fabs(want[i]);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, tol) << "step " << i + 1 << ": " << got[i] << " vs " << against << " " << want[i];
+  }
+  EXPECT_LT(want.back(), want.front() - margin);  // it trains
 }
 
 // A 3-layer Llama-style model with dropout on (both streams drawn) and the given recomputation,
@@ -192,7 +203,7 @@ inline model::TransformerConfig recompute_tp_config(int64_t heads, bool qk_layer
   c.seq_length = 8;
   c.vocab_size = 64;
   c.orig_vocab_size = 60;
-  set_llama_blocks(c);
+  test::use_llama_blocks(c);
   c.qk_layernorm = qk_layernorm;
   c.attention_dropout = 0.2f;
   c.hidden_dropout = 0.2f;

@@ -71,7 +71,7 @@ Arguments make_args(const Layout& l) {
   m.hidden_dropout = 0.f;
   if (l.shape == Shape::Llama) {
     testing::set_query_groups(a, 4);
-    testing::set_llama_blocks(m);
+    test::use_llama_blocks(m);
   }
   testing::set_short_run(a, kSteps, l.mbs, 3e-3f, 3e-4);
   a.world_size = l.world;
@@ -147,18 +147,10 @@ void expect_same_as_single_rank(const Layout& l) {
   o.env = {{"OMP_NUM_THREADS", "1"}};
   auto res = testing::run_ranks(
       l.world, [&](comm::World& w) { train_rank(w, l, out, ref); }, o);
-  ASSERT_EQ(res.size(), static_cast<size_t>(l.world));
-  for (size_t r = 0; r < res.size(); ++r) ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
-  auto want = testing::read_losses(ref + ".loss"), got = testing::read_losses(out + ".loss");
-  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(got.size(), want.size());
+  ASSERT_NO_FATAL_FAILURE(testing::expect_ranks_ok(res, l.world));
   double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double rel = std::fabs(got[i] - want[i]) / std::fabs(want[i]);
-    worst = std::max(worst, rel);
-    EXPECT_LT(rel, 1e-5) << "step " << i + 1 << ": " << got[i] << " vs single rank " << want[i];
-  }
-  EXPECT_LT(want.back(), want.front());  // it trains
+  std::vector<double> want;
+  ASSERT_NO_FATAL_FAILURE(testing::expect_losses_match(ref, out, kSteps, 1e-5, 0.0, "single rank", worst, want));
   std::printf(
       "[ layout ] %s world %d tp %d pp %d vpp %ld first %ld last %ld%s%s: max relative loss difference over "
       "%d steps %.2e\n",

@@ -150,7 +150,7 @@ Arguments make_args(ModelShape shape, int64_t groups, const Layout& l) {
   m.hidden_dropout = 0.f;
   testing::set_query_groups(a, groups);
   if (shape == ModelShape::Llama) {
-    testing::set_llama_blocks(m);
+    test::use_llama_blocks(m);
   } else {
     m.position_embedding_type = "learned_absolute";  // tied embeddings, LayerNorm, biases (qkv's too), GELU
   }
@@ -205,18 +205,10 @@ void expect_same_as_single_rank(ModelShape shape, int64_t groups, const Layout& 
   testing::RankOptions o;
   o.env = {{"OMP_NUM_THREADS", "1"}};
   auto res = testing::run_ranks(l.world, [&](comm::World& w) { train_rank(w, shape, groups, l, out, ref); }, o);
-  ASSERT_EQ(res.size(), static_cast<size_t>(l.world));
-  for (size_t r = 0; r < res.size(); ++r) ASSERT_EQ(res[r].exit_code, 0) << "rank " << r << ": " << res[r].stderr_text;
-  auto want = testing::read_losses(ref + ".loss"), got = testing::read_losses(out + ".loss");
-  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(got.size(), want.size());
+  ASSERT_NO_FATAL_FAILURE(testing::expect_ranks_ok(res, l.world));
   double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double rel = std::fabs(got[i] - want[i]) / std::fabs(want[i]);
-    worst = std::max(worst, rel);
-    EXPECT_LT(rel, 1e-5) << "step " << i + 1 << ": " << got[i] << " vs single rank " << want[i];
-  }
-  EXPECT_LT(want.back(), want.front());
+  std::vector<double> want;
+  ASSERT_NO_FATAL_FAILURE(testing::expect_losses_match(ref, out, kSteps, 1e-5, 0.0, "single rank", worst, want));
   std::printf("[ layout ] %s world %d tp %d%s: max relative loss difference over %d steps %.2e\n", tag.c_str(),
               l.world, l.tp, l.sp ? " sp" : "", kSteps, worst);
 }
