@@ -4,6 +4,10 @@
 # parts (default all): build, tests, smoke, single, breakdown, dp, pp, tp, pp8b. Prints one JSON line per
 # benchmark (DESIGN.md) plus the derived figures: DP scaling against twice the one-GPU rate,
 # pipeline bubble against (PP-1)/(M+PP-1), 1F1B against interleaved. Logs go to $OUT.
+# Knobs: MT_COMMIT, MT_BENCH_ITERS, MT_ONE_GPU_TOKS (a one-GPU rate to reuse), MT_RUN_TIMEOUT,
+# MT_CTEST_TIMEOUT/MT_CTEST_ARGS, MT_PP_M (micro-batch counts), MT_PP_SPLITS (even balanced),
+# MT_PP_EXTRA (flags added to the PP runs, e.g. --timing-log-level 1 for per-stage times),
+# MT_LLAMA8_ITERS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"

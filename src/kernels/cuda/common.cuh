@@ -124,6 +124,15 @@ __device__ __forceinline__ void store_group(T* p, int cnt, bool vec, const float
   }
 }
 
+// ---- RoPE (rotate-half): one pair, x1 at i < half and x2 at i + half, with si = sign * sin
+// (sign -1 rotates back). Shared by the RoPE kernel and the QKV layout kernels that fuse it, so
+// both round alike: o1 as plain mul, mul, sub; o2 with x1 * si rounded before the fused
+// multiply-add, spelled out so the choice does not depend on how a caller's loop compiles.
+__device__ __forceinline__ void rope_pair(float x1, float x2, float c, float si, float& o1, float& o2) {
+  o1 = x1 * c - x2 * si;
+  o2 = __fmaf_rn(x2, c, __fmul_rn(x1, si));
+}
+
 // ---- reductions (fixed butterfly order: deterministic)
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -174,14 +174,8 @@ __global__ void rope_kernel(T* __restrict__ x, const float* __restrict__ cs, con
       } else {
         x1[0] = to_f(r[0]), x2[0] = to_f(r[half]);
       }
-      // o2 = fma(x2, c, round(x1 * si)) spelled out, so that which product gets fused does not
-      // depend on how the compiler arranges the loop (this is what the one-pair-per-thread
-      // version of this kernel compiled to); o1 stays the plain mul, mul, sub it compiled to.
 #pragma unroll
-      for (int e = 0; e < G; ++e) {
-        o1[e] = x1[e] * c[e] - x2[e] * si[e];
-        o2[e] = __fmaf_rn(x2[e], c[e], __fmul_rn(x1[e], si[e]));
-      }
+      for (int e = 0; e < G; ++e) rope_pair(x1[e], x2[e], c[e], si[e], o1[e], o2[e]);
       if constexpr (VEC) {
         Vec<T>::store(r, o1);
         Vec<T>::store(r + half, o2);

@@ -56,7 +56,10 @@ __device__ __forceinline__ void rope_chunk(float* x, const float* y, int d0, int
 #pragma unroll
   for (int e = 0; e < kChunk; ++e) {
     const float c = cs[i0 + e], si = sign * sn[i0 + e];
-    x[e] = first ? x[e] * c - y[e] * si : x[e] * c + y[e] * si;
+    float o1, o2;
+    if (first) rope_pair(x[e], y[e], c, si, o1, o2);
+    else rope_pair(y[e], x[e], c, si, o1, o2);
+    x[e] = first ? o1 : o2;
   }
 }
 
