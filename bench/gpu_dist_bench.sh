@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Multi-GPU checks and benchmarks on a 2-GPU machine, from the repository root:
 #   scripts/device_prep.sh (here), then on the device: bash bench/gpu_dist_bench.sh [parts]
-# parts (default all): build, tests, smoke, single, breakdown, dp, pp, tp, pp8b. Prints one JSON line per
+# parts (default all but ops, quickstart, attn): build, tests, ops, quickstart, smoke, single, attn, breakdown, dp,
+# pp, tp, pp8b. Prints one JSON line per
 # benchmark (DESIGN.md) plus the derived figures: DP scaling against twice the one-GPU rate,
 # pipeline bubble against (PP-1)/(M+PP-1), 1F1B against interleaved. Logs go to $OUT.
 # Knobs: MT_COMMIT, MT_BENCH_ITERS, MT_ONE_GPU_TOKS (a one-GPU rate to reuse), MT_RUN_TIMEOUT,
 # MT_CTEST_TIMEOUT/MT_CTEST_ARGS, MT_PP_M (micro-batch counts), MT_PP_SPLITS (even balanced),
 # MT_PP_EXTRA (flags added to the PP runs, e.g. --timing-log-level 1 for per-stage times),
-# MT_LLAMA8_ITERS.
+# MT_LLAMA8_ITERS, MT_TP_TIMED=1 (adds a timed TP run), MT_RUN_EXTRA (flags added to every training run, e.g. --attention-backend flash).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
@@ -38,8 +39,20 @@ if has tests; then
   grep -E "\[ gpu layout \]" "$OUT/ctest.txt"
 fi
 
+if has ops; then  # kernel micro-benchmarks: GEMM shapes, attention (each backend), memory-bound ops
+  "$B/bin/cuda_ops_bench" ${MT_OPS_ARGS:-} >"$OUT/ops.txt" 2>&1 || { echo "cuda_ops_bench failed"; tail -5 "$OUT/ops.txt"; }
+  grep -E "^attention|^flash|^cudnn" "$OUT/ops.txt"
+fi
+if has quickstart; then  # README command 1's training on the GPU (data/brown and the GPT-2 files carried)
+  t0=$(date +%s)
+  MT_QUICKSTART_BIN="$M" MT_QUICKSTART_RUN=/tmp/mt_quickstart ./scripts/quickstart.sh >"$OUT/quickstart.txt" 2>&1
+  echo "quickstart rc $? ($(( $(date +%s) - t0 )) s): $(grep -E 'held-out loss' "$OUT/quickstart.txt")"
+  grep -m1 -E "^ iteration" "$OUT/quickstart.txt"; grep -m1 -iE "device|GPU" "$OUT/quickstart.txt"; tail -2 "$OUT/quickstart.txt"
+fi
+
+# shellcheck disable=SC2206
 COMMON=(--mock-data --bf16 --device cuda --log-interval 1 --eval-iters 0 --no-progress-bar --lr 1e-4 --clip-grad 1.0
-        --attention-dropout 0 --hidden-dropout 0 --data-cache-path /tmp/mt_cache)
+        --attention-dropout 0 --hidden-dropout 0 --data-cache-path /tmp/mt_cache ${MT_RUN_EXTRA:-})
 # run NAME NPROC ARGS...: trains, prints the JSON line, leaves "median tokens/s" in $TOK.
 run() {
   local name=$1 n=$2; shift 2
@@ -84,6 +97,10 @@ ONE=${MT_ONE_GPU_TOKS:-0}  # a one-GPU rate measured earlier, to skip re-measuri
 if has single || { [ "$ONE" = 0 ] && { has dp || has pp; }; }; then
   run llama-1.5b-1gpu 1 "${LLAMA[@]}" --global-batch-size 32; ONE=$TOK
 fi
+if has attn; then  # the same run with our flash kernels instead of the automatic choice (cuDNN where it serves)
+  run llama-1.5b-1gpu-flash 1 "${LLAMA[@]}" --global-batch-size 32 --attention-backend flash
+  run llama-1.5b-1gpu-fused 1 "${LLAMA[@]}" --global-batch-size 32 --attention-backend fused
+fi
 if has breakdown; then  # per-op GPU time (CUDA events cost a little, so a run of its own)
   run llama-1.5b-1gpu-timed 1 "${LLAMA[@]}" --global-batch-size 32 --timing-log-level 1
 fi
@@ -120,6 +137,10 @@ if has tp; then
   run llama-8b-tp2-sp 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel
   run llama-8b-tp2-sp-overlap 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel \
     --tp-comm-overlap
+  if [ -n "${MT_TP_TIMED:-}" ]; then  # per-op breakdown of the overlapped run (CUDA events cost a little)
+    run llama-8b-tp2-sp-overlap-timed 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 \
+      --sequence-parallel --tp-comm-overlap --timing-log-level 1
+  fi
 fi
 if has pp8b; then
   # A model that needs the pipeline: llama-8b's bf16 weights, fp32 main params, grads and Adam

@@ -5,9 +5,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
-./scripts/install_deps.sh
-MT_BUILD_TARGETS=megatron ./scripts/build.sh
-MEGATRON=./build/bin/megatron
+# MT_QUICKSTART_BIN=<prebuilt megatron> skips installing and building (used to check the GPU
+# path on a machine without network, with data/brown and the GPT-2 files already present).
+if [ -n "${MT_QUICKSTART_BIN:-}" ]; then
+  MEGATRON=$MT_QUICKSTART_BIN
+else
+  ./scripts/install_deps.sh
+  MT_BUILD_TARGETS=megatron ./scripts/build.sh
+  MEGATRON=./build/bin/megatron
+fi
 DATA=data/brown
 RUN=${MT_QUICKSTART_RUN:-runs/quickstart}
 

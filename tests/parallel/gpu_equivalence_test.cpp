@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "comm/multiprocess.h"
 #ifdef MT_HAVE_CUDA
@@ -38,6 +40,7 @@ struct Layout {
   int world = 1, tp = 1, pp = 1, vpp = 0;
   bool sp = false, dist_opt = false, overlap_grad = false, overlap_param = false, gpt = false, tp_overlap = false;
   int64_t bucket = 0;
+  int query_groups = 2;  // Llama only; 1 with tp = 2 replicates the KV head (TP > groups)
   double grad_tol = 1e-3, loss_tol = 2e-3;  // relative to the largest gradient / to the loss
 };
 
@@ -53,7 +56,7 @@ Arguments make_args(const Layout& l) {
   m.hidden_dropout = 0.f;
   m.bf16 = true;
   if (!l.gpt) {
-    testing::set_query_groups(a, 2);
+    testing::set_query_groups(a, l.query_groups);
     test::use_llama_blocks(m);
   } else {
     m.position_embedding_type = "learned_absolute";  // tied embeddings, LayerNorm, biases, GELU
@@ -115,13 +118,16 @@ testing::RankOptions gpu_ranks() {
   return o;
 }
 
-const std::string& reference(bool gpt) {
-  static std::string paths[2];
-  std::string& p = paths[gpt ? 1 : 0];
+// One single-GPU reference per model (GPT; Llama with 2 or 1 query groups), made on first use.
+const std::string& reference(bool gpt, int query_groups) {
+  static std::map<std::string, std::string> paths;
+  const std::string key = gpt ? "gpt" : "llama_g" + std::to_string(query_groups);
+  std::string& p = paths[key];
   if (p.empty()) {
-    std::string out = tmp_dir() + (gpt ? "/ref_gpt" : "/ref_llama");
+    std::string out = tmp_dir() + "/ref_" + key;
     Layout one;
     one.gpt = gpt;
+    one.query_groups = query_groups;
     auto res = testing::run_ranks(1, [&](comm::World& w) { train_rank(w, one, out, ""); }, gpu_ranks());
     if (res.size() != 1 || res[0].exit_code != 0)
       throw Error("single-GPU reference run failed: " + (res.empty() ? std::string() : res[0].stderr_text));
@@ -135,7 +141,7 @@ void expect_same_as_one_gpu(const Layout& l) {
   GTEST_SKIP() << "built without CUDA";
 #endif
   if (visible_gpus() < l.world) GTEST_SKIP() << "needs " << l.world << " GPUs";
-  const std::string ref = reference(l.gpt);
+  const std::string ref = reference(l.gpt, l.query_groups);
   const std::string out = tmp_dir() + "/run";
   std::remove((out + ".loss").c_str());
   auto res = testing::run_ranks(l.world, [&](comm::World& w) { train_rank(w, l, out, ref); }, gpu_ranks());
@@ -146,7 +152,7 @@ void expect_same_as_one_gpu(const Layout& l) {
   ASSERT_NO_FATAL_FAILURE(testing::expect_losses_match(ref, out, kSteps, l.loss_tol, 0.5, "one GPU", worst, want));
   std::printf("[ gpu layout ] world %d tp %d pp %d vpp %d%s%s%s%s%s%s: loss %.4f -> %.4f, max relative loss "
               "difference over %d steps %.2e\n",
-              l.world, l.tp, l.pp, l.vpp, l.gpt ? " gpt" : " llama", l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
+              l.world, l.tp, l.pp, l.vpp, l.gpt ? " gpt" : (l.query_groups == 1 ? " llama 1-group" : " llama"), l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
               l.overlap_grad ? " overlap-grad" : "", l.overlap_param ? " overlap-param" : "",
               l.tp_overlap ? " tp-comm-overlap" : "", want.front(), want.back(), kSteps, worst);
 }
@@ -170,6 +176,10 @@ TEST(GpuEquivalence, TP2SequenceParallelGpt) {
 }
 TEST(GpuEquivalence, TP2SequenceParallelCommOverlap) {
   expect_same_as_one_gpu({.world = 2, .tp = 2, .sp = true, .tp_overlap = true, .grad_tol = 5e-2, .loss_tol = 1e-2});
+}
+// TP > query groups: one KV head, replicated on both ranks (its gradient summed over TP).
+TEST(GpuEquivalence, TP2OneQueryGroup) {
+  expect_same_as_one_gpu({.world = 2, .tp = 2, .sp = true, .query_groups = 1, .grad_tol = 5e-2, .loss_tol = 1e-2});
 }
 // Pipeline parallel: the same layers, activations passed on in bf16 unchanged.
 TEST(GpuEquivalence, PP2) { expect_same_as_one_gpu({.world = 2, .pp = 2}); }
