@@ -1,8 +1,9 @@
 // Microbenchmarks of the CUDA ops at llama-1.5b shapes (DESIGN.md): cuBLASLt GEMMs, flash
-// attention forward/backward, and the memory-bound kernels. Timed with CUDA events after
-// warm-up; each figure is the median of several timed batches. Inputs are random (never zeros)
-// and memory-bound kernels rotate over several input sets so that the 50 MB L2 does not serve
-// repeated reads. Prints one JSON line per measurement and a table at the end.
+// attention forward/backward (our kernels, then cuDNN's where available), and the memory-bound
+// kernels. Timed with CUDA events after warm-up; each figure is the median of several timed
+// batches. Inputs are random (never zeros) and memory-bound kernels rotate over several input
+// sets so that the 50 MB L2 does not serve repeated reads. Prints one JSON line per measurement
+// and a table at the end.
 //
 //   cuda_ops_bench [--quick] [--only=gemm|attn|mem]
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -109,11 +111,37 @@ void bench_attention(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t D) {
                 static_cast<long long>(H), static_cast<long long>(Hkv), static_cast<long long>(S),
                 static_cast<long long>(D));
   const int it = g_quick ? 3 : 10;
+  // Our flash kernels (--attention-backend flash), then cuDNN's fused attention (fused) where
+  // this build and the loaded cuDNN can run the shape.
+  set_attention_backend(AttentionBackend::Flash);
   const double f = time_ms([&](int) { attention_forward(p, q, k, v, out, lse, nullptr); }, it);
   const double b = time_ms([&](int) { attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr); }, it);
+  set_attention_backend(AttentionBackend::Auto);
   report("attn_fwd", shape, f, fwd_flop / f * 1e-9, "TFLOP/s");
   report("attn_bwd", shape, b, bwd_flop / b * 1e-9, "TFLOP/s");
   report("attn_fwd_bwd", shape, f + b, (fwd_flop + bwd_flop) / (f + b) * 1e-9, "TFLOP/s");
+  std::string why;
+  if (!cudnn_attention_supported(p, &why)) {
+    std::printf("cudnn attention unavailable for %s: %s\n", shape, why.c_str());
+    return;
+  }
+  for (bool bwd : {false, true})
+    if (const std::string e = cudnn_attention_prepare(p, bwd); !e.empty()) {
+      std::printf("cudnn attention unavailable for %s: %s\n", shape, e.c_str());
+      return;
+    }
+  const double cf = time_ms([&](int) { cudnn_attention_forward(p, q, k, v, out, lse, nullptr); }, it);
+  const double cb =
+      time_ms([&](int) { cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr); }, it);
+  report("attn_fwd_cudnn", shape, cf, fwd_flop / cf * 1e-9, "TFLOP/s");
+  report("attn_bwd_cudnn", shape, cb, bwd_flop / cb * 1e-9, "TFLOP/s");
+  report("attn_fwd_bwd_cudnn", shape, cf + cb, (fwd_flop + bwd_flop) / (cf + cb) * 1e-9, "TFLOP/s");
+  // For reference only: cuDNN's dQ-atomics backward (not run-to-run deterministic, not used).
+  if (cudnn_attention_prepare(p, true, false).empty()) {
+    const double cn = time_ms(
+        [&](int) { cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr, false); }, it);
+    report("attn_bwd_cudnn_nondet", shape, cn, bwd_flop / cn * 1e-9, "TFLOP/s");
+  }
 }
 
 void bench_memory_bound() {

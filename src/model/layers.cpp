@@ -178,6 +178,7 @@ Tensor Dropout::backward(const Tensor& dy, const Saved& s, OpTimes* times) const
 }
 
 void round_to_half_inplace(Tensor& t, Half h) {
+  if (t.device() == Device::CUDA) return;  // GPU tensors are stored in the half type already
   if (h == Half::BF16) ops::round_bf16_inplace(t);
   else if (h == Half::FP16) ops::round_f16_inplace(t);
 }

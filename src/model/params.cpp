@@ -126,11 +126,11 @@ void ParamStore::initialize(uint64_t seed, float std, int64_t num_layers) {
 void ParamStore::to_device(Device d) {
   MT_CHECK(allocated_, "to_device before allocate");
   if (d == main_.device()) return;
-  MT_CHECK(d == Device::CUDA && half_ == Half::BF16, "parameters move to the GPU only as bf16 models");
-  // fp32 main params and grads on the device; the compute copy becomes a real bf16 tensor.
+  MT_CHECK(d == Device::CUDA && half_ != Half::None, "parameters move to the GPU only as bf16 or fp16 models");
+  // fp32 main params and grads on the device; the compute copy becomes a real bf16 (fp16) tensor.
   main_ = main_.to_device(d);
   grad_ = Tensor::zeros({total_}, DType::F32, d);
-  model_ = Tensor::empty({total_}, DType::BF16, d);
+  model_ = Tensor::empty({total_}, half_ == Half::FP16 ? DType::F16 : DType::BF16, d);
   for (auto& p : params_) {
     p.main = main_.flat_range(p.offset, p.shape);
     p.grad = grad_.flat_range(p.offset, p.shape);

@@ -81,7 +81,7 @@ class ParamStore {
   // parameters nor on which pipeline stage holds it. A tensor-parallel shard is cut from the
   // full tensor drawn the same way, so every layout starts from the single-rank weights.
   void initialize(uint64_t seed, float std, int64_t num_layers);
-  // Moves every buffer to device d (CUDA: fp32 main params and grads, bf16 compute copy);
+  // Moves every buffer to device d (CUDA: fp32 main params and grads, bf16/fp16 compute copy);
   // views are rebuilt at the same offsets. Host-side code (checkpoints) then needs copies.
   void to_device(Device d);
   Device device() const { return main_.device(); }

@@ -16,11 +16,14 @@ comm::DataType comm_type(const Tensor& t) {
     case DType::F32:
       return comm::DataType::F32;
     case DType::BF16:
+    // fp16 travels as 2-byte bf16 elements: send and receive copy bytes and never look at them
+    // (the communicators have no fp16 type).
+    case DType::F16:
       return comm::DataType::BF16;
     default:
       break;
   }
-  throw Error("pipeline activations must be fp32 or bf16");
+  throw Error("pipeline activations must be fp32, bf16 or fp16");
 }
 
 // The point-to-point traffic of one batch on one rank, keyed by the pass that consumes each
@@ -123,8 +126,10 @@ class Exchange {
       const Incoming& in = peer.incoming[peer.next_post++];
       const model::Batch& b = batches_[static_cast<size_t>(in.consumer.microbatch)];
       Posted p;
-      // Hidden states travel in the compute precision: fp32 on the CPU, bf16 on the GPU.
-      const DType dt = model_.device() == Device::CPU ? DType::F32 : DType::BF16;
+      // Hidden states travel in the compute precision: fp32 on the CPU, the model's bf16 or fp16
+      // on the GPU.
+      DType dt = DType::F32;
+      if (model_.device() != Device::CPU) dt = model_.config().fp16 ? DType::F16 : DType::BF16;
       p.buf = Tensor::empty({model_.activation_rows(b.B, b.S), model_.config().hidden_size}, dt, model_.device());
       p.sent_after = in.sent_after;
       p.work = guarded("receiving from", from, [&] {

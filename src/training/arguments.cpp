@@ -64,6 +64,19 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.custom("--attention-softmax-in-fp32", false, [](const std::string&) {},
            "softmax in fp32 (always the case in megatron.cpp)");
   p.custom("--use-flash-attn", false, [](const std::string&) {}, "accepted: attention is always flash-style");
+  p.custom("--attention-backend", true,
+           [&a](const std::string& v) {
+             if (v == "unfused" || v == "local")
+               fail("--attention-backend {}: megatron.cpp has no '{}' attention; the backends here are auto (cuDNN "
+                    "fused attention where it applies, else flash), flash (megatron.cpp's own flash-attention "
+                    "kernels) and fused (cuDNN)",
+                    v, v);
+             if (v != "auto" && v != "flash" && v != "fused")
+               fail("--attention-backend got '{}'; expected auto, flash or fused", v);
+             a.attention_backend = v;
+           },
+           "GPU attention: auto (default: cuDNN fused attention where supported, else flash), flash (own "
+           "kernels), fused (cuDNN; an error where it does not apply)");
   p.custom("--transformer-impl", true,
            [](const std::string& v) {
              if (v != "local" && v != "transformer_engine")
@@ -356,6 +369,12 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
     fail("--num-query-groups needs --group-query-attention (Megatron ignores it otherwise)");
   if (!a.group_query_attention) a.model.num_query_groups = 0;
 
+  // cuDNN's path has no attention dropout matching ours (CPU-identical Philox mask), so fused needs it off.
+  if (a.attention_backend == "fused" && a.model.attention_dropout > 0)
+    fail("--attention-backend fused (cuDNN) does not apply attention dropout; set --attention-dropout 0 or use "
+         "--attention-backend auto (which uses the flash kernels while dropout is on)");
+  if (a.attention_backend == "fused" && a.device == "cpu")
+    fail("--attention-backend fused runs cuDNN on the GPU; it cannot be combined with --device cpu");
   if (a.micro_batch_size <= 0) fail("--micro-batch-size must be positive (got {})", a.micro_batch_size);
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * a.data_parallel_size;
   if (a.global_batch_size % (a.micro_batch_size * a.data_parallel_size) != 0)

@@ -65,6 +65,7 @@ struct Arguments {
   bool eval_at_start = false;      // --eval-at-start (megatron.cpp): evaluate before the first step
   bool log_progress_bar = true;   // a progress bar when stdout is a terminal
   std::string device = "auto";    // --device cpu|cuda|auto
+  std::string attention_backend = "auto";  // --attention-backend auto|flash|fused (GPU attention)
   int64_t num_threads = 0;        // --num-threads (0: OMP/OpenBLAS default)
 
   // Parallelism. world_size comes from the launcher's environment (set before validate_args);

@@ -38,16 +38,18 @@ int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEn
 
 namespace {
 // --device auto picks the GPU when this build has the CUDA backend and a GPU is visible.
-// The GPU path runs bf16 on one device for now; the other combinations are refused by name.
+// The GPU path trains in bf16 or fp16 (with loss scaling); fp32 on the GPU is refused by name.
 void resolve_device(Arguments& a) {
 #ifdef MT_HAVE_CUDA
   const bool have_gpu = ops::gpu::available();
 #else
   const bool have_gpu = false;
 #endif
-  if (a.device == "auto") a.device = have_gpu && a.model.bf16 ? "cuda" : "cpu";
+  const bool half = a.model.bf16 || a.model.fp16;
+  if (a.device == "auto") a.device = have_gpu && half ? "cuda" : "cpu";
   if (a.device != "cuda") return;
-  if (a.model.fp16) fail("--fp16 on the GPU is not implemented yet; use --bf16 (or --device cpu for fp16)");
+  // The flags first: the same mistake reads the same on machines with and without a GPU.
+  if (!half) fail("--device cuda trains in bf16 or fp16: add --bf16 (or --fp16)");
   if (!have_gpu)
     fail("--device cuda: {}; use --device cpu",
 #ifdef MT_HAVE_CUDA
@@ -56,7 +58,6 @@ void resolve_device(Arguments& a) {
          "this build has no CUDA backend (nvcc was not found at build time)"
 #endif
     );
-  if (!a.model.bf16) fail("--device cuda trains in bf16: add --bf16");
 }
 
 #ifdef MT_HAVE_CUDA

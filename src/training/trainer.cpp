@@ -13,6 +13,7 @@
 #include "training/flops.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/ops_cuda.h"
 #endif
 
 namespace mt {
@@ -141,6 +142,7 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
     // Parameters, grads and AdamW state live on the device; the host keeps the loop.
     if (args_.optimizer.type != "adam") fail("--device cuda supports --optimizer adam only for now");
     ops::gpu::init();  // a multi-GPU launch picked this rank's device before (pretrain)
+    cuda::set_attention_backend(cuda::attention_backend_from_name(args_.attention_backend));
     model_->to_device(Device::CUDA);
     time_ops_ = args_.timing_log_level >= 1;
     if (time_ops_) op_times_.set_device(Device::CUDA);
@@ -148,7 +150,7 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
       gpu_adam_.push_back({lo, hi,
                            std::make_unique<ops::gpu::AdamW>(hi - lo, parallel::spans_within(ps.spans(), lo, hi),
                                                              args_.optimizer.adam_beta1, args_.optimizer.adam_beta2,
-                                                             args_.optimizer.adam_eps)});
+                                                             args_.optimizer.adam_eps, ps.model_buffer().dtype())});
   }
 #endif
   if (ddp_->sharded()) {
@@ -270,7 +272,6 @@ IterationResult Trainer::train_step() {
   // --fp16: the backward starts from the loss times the loss scale (fp16 gradients would
   // underflow otherwise); the fp32 main grads are unscaled after the reduction.
   optim::GradScaler* scaler = grad_scaler();
-  MT_CHECK(!scaler || ps.grad_buffer().device() == Device::CPU, "--fp16 trains on the CPU only");
   model::PassContext ctx;
   ctx.training = true;
   ctx.rng = &dropout_rng_;
@@ -310,7 +311,12 @@ IterationResult Trainer::train_step() {
     // ranks, so every rank skips or steps alike; the scaler backs off or grows from the verdict.
     const float inv = scaler->inv_scale();
     int64_t found = 0;
-    for (auto [lo, hi] : optimizer_ranges()) found |= optim::unscale_and_check(grads + lo, hi - lo, inv) ? 1 : 0;
+#ifdef MT_HAVE_CUDA
+    if (ps.grad_buffer().device() == Device::CUDA)
+      found = ops::gpu::unscale_and_check(grads, optimizer_ranges(), inv) ? 1 : 0;  // one device flag, read once
+    else
+#endif
+      for (auto [lo, hi] : optimizer_ranges()) found |= optim::unscale_and_check(grads + lo, hi - lo, inv) ? 1 : 0;
     pg_.mp->all_reduce(&found, 1, comm::ReduceOp::Max);
     pg_.dp->all_reduce(&found, 1, comm::ReduceOp::Max);
     found_inf = found != 0;
@@ -343,7 +349,7 @@ IterationResult Trainer::train_step() {
 #ifdef MT_HAVE_CUDA
     if (!gpu_adam_.empty()) {
       if (args_.clip_grad > 0) ops::gpu::clip_grads(grads, ps.numel(), r.grad_norm, args_.clip_grad);
-      // The update also writes the bf16 compute copy of the owned ranges: no separate sync pass.
+      // The update also writes the bf16 (fp16) compute copy of the owned ranges: no separate sync pass.
       float* main = ps.main_buffer().data<float>();
       uint16_t* model16 = ps.model_buffer().data<uint16_t>();
       for (auto& part : gpu_adam_)

@@ -52,7 +52,7 @@ expect_error "--loss-scale needs --fp16" pretrain "${BASE[@]}" --loss-scale 1024
 expect_error "--initial-loss-scale needs --fp16" pretrain "${BASE[@]}" --bf16 --initial-loss-scale 65536
 expect_error "--hysteresis must be > 0, got 0" pretrain "${BASE[@]}" --fp16 --hysteresis 0
 expect_error "--min-loss-scale (8) must not exceed --initial-loss-scale (4)" pretrain "${BASE[@]}" --fp16 --min-loss-scale 8 --initial-loss-scale 4
-expect_error "--fp16 on the GPU is not implemented yet; use --bf16" pretrain "${BASE[@]}" --fp16 --device cuda
+expect_error "--device cuda trains in bf16 or fp16: add --bf16 (or --fp16)" pretrain "${BASE[@]}" --device cuda
 mkdir -p "$TMP/ck" && echo "abc" >"$TMP/ck/latest_checkpointed_iteration.txt"
 expect_error "should hold an iteration number" pretrain "${BASE[@]}" --load "$TMP/ck"
 

@@ -21,17 +21,7 @@ namespace mt::cuda {
 namespace {
 
 using test::random_vec;
-
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    num += d * d;
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  if (!std::isfinite(num)) return INFINITY;
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using test::rel_l2;
 
 std::vector<float> rounded(std::vector<float> v) {
   for (auto& x : v) x = round_bf16(x);

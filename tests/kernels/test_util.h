@@ -1,5 +1,5 @@
 #pragma once
-// Helpers shared by the CPU kernel tests: random data, finite-difference gradient checks in
+// Helpers shared by the CPU and GPU kernel tests: random data, finite-difference gradient checks in
 // fp64, and running a callable under a given OpenMP thread count.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -23,6 +23,28 @@ std::vector<T> random_vec(size_t n, uint64_t seed, double lo = -1.0, double hi =
 }
 
 inline std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+
+// ||got - want|| / ||want|| in fp64 (the GPU tests' error measure); inf when got has a non-finite value.
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  if (!std::isfinite(num)) return INFINITY;
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Largest |a - b|; NaN propagates.
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(static_cast<double>(a[i]) - b[i]);
+    if (!(d <= m)) m = d;
+  }
+  return m;
+}
 
 inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
   double s = 0;

@@ -296,6 +296,36 @@ TEST(GpuTensorParallel, CollectivesSendBf16DeviceTensorsAsBf16) {
   EXPECT_EQ(rec.calls.size(), 4u);
 }
 
+// fp16 (--fp16) device tensors: the communicators have no fp16 type, so gathers send the bytes
+// as 2-byte bf16 elements and reductions run in fp32 on widened copies, rounded back to fp16.
+TEST(GpuTensorParallel, CollectivesSendFp16GathersAsBytesAndReduceInFp32) {
+  MT_REQUIRE_GPU();
+  RecordingComm rec;
+  TensorParallel tp;
+  tp.comm = &rec;
+  tp.sequence_parallel = true;
+  std::vector<float> vals(24);
+  for (size_t i = 0; i < vals.size(); ++i) vals[i] = round_bf16(0.37f * static_cast<float>(i) - 3.f);  // fp16-exact
+  Tensor g = Tensor::from_vector(vals, {4, 6}).to(DType::F16).to_device(Device::CUDA);
+  all_reduce_tp(g, tp);  // the recording communicator sums nothing: the fp32 round trip is exact
+  EXPECT_EQ(g.dtype(), DType::F16);
+  EXPECT_EQ(host(g), vals);
+  Tensor full = all_gather_rows(g, tp);
+  Tensor shard = reduce_scatter_rows(g, tp);
+  EXPECT_EQ(full.shape(), (Shape{8, 6}));
+  EXPECT_EQ(full.dtype(), DType::F16);
+  EXPECT_EQ(shard.shape(), (Shape{2, 6}));
+  EXPECT_EQ(shard.dtype(), DType::F16);
+  ASSERT_EQ(rec.calls.size(), 3u);
+  EXPECT_EQ(rec.calls[0].type, comm::DataType::F32);  // all-reduce of the widened copy
+  EXPECT_EQ(rec.calls[0].count, 24u);
+  EXPECT_NE(rec.calls[0].buf, g.raw());
+  EXPECT_EQ(rec.calls[1].type, comm::DataType::BF16);  // all-gather: the fp16 bytes themselves
+  EXPECT_EQ(rec.calls[1].buf, g.raw());
+  EXPECT_EQ(rec.calls[2].type, comm::DataType::F32);  // reduce-scatter in fp32
+  EXPECT_EQ(rec.calls[2].count, 12u);
+}
+
 TransformerConfig gpu_llama() {
   TransformerConfig c;
   c.num_layers = 2;

@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_tc.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -324,6 +325,11 @@ void attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const
                         const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s) {
   check_params(p);
   if (p.B * p.Hq * p.S == 0) return;
+  const void* ptrs[] = {q, k, v, out, lse, dout, dq, dk, dv};
+  if (attention_use_cudnn(p, true, ptrs, 9)) {  // --attention-backend (attention_cudnn.h)
+    cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, s);
+    return;
+  }
   if (!attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(dout) ||
       !aligned16(dq)) {
     attention_backward_generic(p, q, k, v, out, lse, dout, dq, dk, dv, s);

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_tc.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -205,6 +206,11 @@ void attention_forward(const AttnParams& p, const bf16* q, const bf16* k, const 
                        cudaStream_t s) {
   check_params(p);
   if (p.B * p.Hq * p.S == 0) return;
+  const void* ptrs[] = {q, k, v, out, lse};
+  if (attention_use_cudnn(p, false, ptrs, 5)) {  // --attention-backend (attention_cudnn.h)
+    cudnn_attention_forward(p, q, k, v, out, lse, s);
+    return;
+  }
   if (!attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) {
     attention_forward_generic(p, q, k, v, out, lse, s);
     return;

@@ -127,12 +127,20 @@ void cross_entropy_forward(const bf16* logits, const int32_t* targets, float* lo
                            int64_t valid_v, cudaStream_t s) {
   ce_fwd(logits, targets, losses, lse, N, V, valid_v, s);
 }
+void cross_entropy_forward(const f16* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
+                           int64_t valid_v, cudaStream_t s) {
+  ce_fwd(logits, targets, losses, lse, N, V, valid_v, s);
+}
 void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
                            int64_t valid_v, cudaStream_t s) {
   ce_fwd(logits, targets, losses, lse, N, V, valid_v, s);
 }
 void cross_entropy_backward(const bf16* logits, const int32_t* targets, const float* lse, const float* dloss,
                             bf16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s) {
+  ce_bwd(logits, targets, lse, dloss, dlogits, N, V, valid_v, s);
+}
+void cross_entropy_backward(const f16* logits, const int32_t* targets, const float* lse, const float* dloss,
+                            f16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s) {
   ce_bwd(logits, targets, lse, dloss, dlogits, N, V, valid_v, s);
 }
 void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,

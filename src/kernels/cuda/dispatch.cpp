@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
+
 #include "core/error.h"
 #include "kernels/cuda/layout.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -29,18 +31,40 @@ cuda::Gemm& gemm() {
   return *ctx().gemm;
 }
 
+// Activations and compute copies are stored in half precision: bf16 (--bf16) or IEEE fp16
+// (--fp16), chosen by the model and seen here as the tensors' dtype. Every op dispatches on the
+// dtype of its main input (with_half) and checks that the other half tensors agree (h<T>); the
+// kernels are the same templates instantiated for both types.
 using bf16 = cuda::bf16;
-bf16* b(const Tensor& t) {
-  MT_CHECK(t.dtype() == DType::BF16 && t.device() == Device::CUDA, "expected a CUDA bf16 tensor, got {} {}",
-           dtype_name(t.dtype()), t.shape_str());
-  return t.data<bf16>();
+using f16 = cuda::f16;
+template <typename T>
+constexpr DType half_dtype() {
+  return std::is_same_v<T, f16> ? DType::F16 : DType::BF16;
+}
+template <typename T>
+T* h(const Tensor& t) {
+  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, f16>);
+  MT_CHECK(t.dtype() == half_dtype<T>() && t.device() == Device::CUDA, "expected a CUDA {} tensor, got {} {}",
+           dtype_name(half_dtype<T>()), dtype_name(t.dtype()), t.shape_str());
+  return t.data<T>();
 }
 float* f(const Tensor& t) {
   MT_CHECK(t.dtype() == DType::F32 && t.device() == Device::CUDA, "expected a CUDA f32 tensor, got {} {}",
            dtype_name(t.dtype()), t.shape_str());
   return t.data<float>();
 }
-Tensor act(const Shape& s) { return Tensor::empty(s, DType::BF16, Device::CUDA); }
+// Calls fn with a null pointer of t's half type (bf16* or f16*): fn is a template lambda
+// `[&]<typename T>(T*) { ... h<T>(x) ... }` whose T picks the kernels' overloads.
+template <typename F>
+decltype(auto) with_half(const Tensor& t, F&& fn) {
+  if (t.dtype() == DType::F16) return fn(static_cast<f16*>(nullptr));
+  MT_CHECK(t.dtype() == DType::BF16 && t.device() == Device::CUDA,
+           "expected a CUDA bf16 or fp16 tensor, got {} {} on {}", dtype_name(t.dtype()), t.shape_str(),
+           t.device() == Device::CPU ? "the CPU" : "the GPU");
+  return fn(static_cast<bf16*>(nullptr));
+}
+// A half tensor of the same dtype as `like`.
+Tensor act(const Shape& s, const Tensor& like) { return Tensor::empty(s, like.dtype(), Device::CUDA); }
 Tensor stat(const Shape& s) { return Tensor::empty(s, DType::F32, Device::CUDA); }
 
 }  // namespace
@@ -80,86 +104,113 @@ std::string device_name() {
 
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias) {
   const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
-  Tensor y = act({rows, out});
-  cuda::linear_forward(gemm(), b(x), b(w), bias ? b(*bias) : nullptr, b(y), rows, out, in, st());
+  Tensor y = act({rows, out}, x);
+  with_half(x, [&]<typename T>(T*) {
+    cuda::linear_forward(gemm(), h<T>(x), h<T>(w), bias ? h<T>(*bias) : nullptr, h<T>(y), rows, out, in, st());
+  });
   return y;
 }
 
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx) {
   const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
-  Tensor dx = need_dx ? act({rows, in}) : Tensor();
-  cuda::linear_backward(gemm(), b(dy), b(x), b(w), need_dx ? b(dx) : nullptr, f(dw), db ? f(*db) : nullptr, rows, out,
-                        in, st());
+  Tensor dx = need_dx ? act({rows, in}, dy) : Tensor();
+  with_half(dy, [&]<typename T>(T*) {
+    cuda::linear_backward(gemm(), h<T>(dy), h<T>(x), h<T>(w), need_dx ? h<T>(dx) : nullptr, f(dw),
+                          db ? f(*db) : nullptr, rows, out, in, st());
+  });
   return dx;
 }
 
 void linear_forward_into(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
-  MT_CHECK(y.numel() == rows * out && y.dtype() == DType::BF16, "linear_forward_into: bf16 output of {} x {} expected",
-           rows, out);
-  cuda::linear_forward(gemm(), b(x), b(w), bias ? b(*bias) : nullptr, b(y), rows, out, in, st());
+  MT_CHECK(y.numel() == rows * out && y.dtype() == x.dtype(), "linear_forward_into: {} output of {} x {} expected",
+           dtype_name(x.dtype()), rows, out);
+  with_half(x, [&]<typename T>(T*) {
+    cuda::linear_forward(gemm(), h<T>(x), h<T>(w), bias ? h<T>(*bias) : nullptr, h<T>(y), rows, out, in, st());
+  });
 }
 
 Tensor linear_backward_data(const Tensor& dy, const Tensor& w) {
   const int64_t out = w.dim(0), in = w.dim(1), rows = dy.numel() / out;
-  Tensor dx = act({rows, in});
-  cuda::linear_backward(gemm(), b(dy), nullptr, b(w), b(dx), nullptr, nullptr, rows, out, in, st());
+  Tensor dx = act({rows, in}, dy);
+  with_half(dy, [&]<typename T>(T*) {
+    cuda::linear_backward(gemm(), h<T>(dy), nullptr, h<T>(w), h<T>(dx), nullptr, nullptr, rows, out, in, st());
+  });
   return dx;
 }
 
 void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db) {
   const int64_t out = dw.dim(0), in = dw.dim(1), rows = x.numel() / in;
-  cuda::linear_backward(gemm(), b(dy), b(x), nullptr, nullptr, f(dw), db ? f(*db) : nullptr, rows, out, in, st());
+  with_half(dy, [&]<typename T>(T*) {
+    cuda::linear_backward(gemm(), h<T>(dy), h<T>(x), nullptr, nullptr, f(dw), db ? f(*db) : nullptr, rows, out, in,
+                          st());
+  });
 }
 
 Tensor embedding_forward(const Tensor& ids, const Tensor& table) {
-  const int64_t n = ids.numel(), h = table.dim(1);
-  Tensor y = act({n, h});
-  cuda::embedding_forward(ids.data<int32_t>(), b(table), b(y), n, h, st());
+  const int64_t n = ids.numel(), hd = table.dim(1);
+  Tensor y = act({n, hd}, table);
+  with_half(table, [&]<typename T>(T*) {
+    cuda::embedding_forward(ids.data<int32_t>(), h<T>(table), h<T>(y), n, hd, st());
+  });
   return y;
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
-  cuda::embedding_backward(ids.data<int32_t>(), b(dout), f(dtable), ids.numel(), dtable.dim(1), st());
+  with_half(dout, [&]<typename T>(T*) {
+    cuda::embedding_backward(ids.data<int32_t>(), h<T>(dout), f(dtable), ids.numel(), dtable.dim(1), st());
+  });
 }
 
 void add_position_embedding(Tensor& x, const Tensor& pe, int64_t S, int64_t B) {
-  cuda::add_position_embedding(b(x), b(pe), S, B, pe.dim(1), st());
+  with_half(x, [&]<typename T>(T*) {
+    cuda::add_position_embedding(h<T>(x), h<T>(pe), S, B, pe.dim(1), st());
+  });
 }
 
 void position_embedding_backward(const Tensor& dx, Tensor& dpe, int64_t S, int64_t B) {
-  cuda::position_embedding_backward(b(dx), f(dpe), S, B, dpe.dim(1), st());
+  with_half(dx, [&]<typename T>(T*) {
+    cuda::position_embedding_backward(h<T>(dx), f(dpe), S, B, dpe.dim(1), st());
+  });
 }
 
 Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd) {
   const int64_t dim = w.numel(), rows = x.numel() / dim;
-  Tensor y = act({rows, dim});
+  Tensor y = act({rows, dim}, x);
   rstd = stat({rows});
-  cuda::rmsnorm_forward(b(x), b(w), b(y), f(rstd), rows, dim, eps, st());
+  with_half(x, [&]<typename T>(T*) {
+    cuda::rmsnorm_forward(h<T>(x), h<T>(w), h<T>(y), f(rstd), rows, dim, eps, st());
+  });
   return y;
 }
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dw) {
   const int64_t dim = w.numel(), rows = x.numel() / dim;
-  Tensor dx = act({rows, dim});
-  cuda::rmsnorm_backward(b(dy), b(x), b(w), f(rstd), b(dx), f(dw), rows, dim, st());
+  Tensor dx = act({rows, dim}, dy);
+  with_half(dy, [&]<typename T>(T*) {
+    cuda::rmsnorm_backward(h<T>(dy), h<T>(x), h<T>(w), f(rstd), h<T>(dx), f(dw), rows, dim, st());
+  });
   return dx;
 }
 
 Tensor layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& bias, float eps, Tensor& mean, Tensor& rstd) {
   const int64_t dim = w.numel(), rows = x.numel() / dim;
-  Tensor y = act({rows, dim});
+  Tensor y = act({rows, dim}, x);
   mean = stat({rows});
   rstd = stat({rows});
-  cuda::layernorm_forward(b(x), b(w), b(bias), b(y), f(mean), f(rstd), rows, dim, eps, st());
+  with_half(x, [&]<typename T>(T*) {
+    cuda::layernorm_forward(h<T>(x), h<T>(w), h<T>(bias), h<T>(y), f(mean), f(rstd), rows, dim, eps, st());
+  });
   return y;
 }
 
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                           Tensor& dw, Tensor& db) {
   const int64_t dim = w.numel(), rows = x.numel() / dim;
-  Tensor dx = act({rows, dim});
-  cuda::layernorm_backward(b(dy), b(x), b(w), f(mean), f(rstd), b(dx), f(dw), f(db), rows, dim, st());
+  Tensor dx = act({rows, dim}, dy);
+  with_half(dy, [&]<typename T>(T*) {
+    cuda::layernorm_backward(h<T>(dy), h<T>(x), h<T>(w), f(mean), f(rstd), h<T>(dx), f(dw), f(db), rows, dim, st());
+  });
   return dx;
 }
 
@@ -172,88 +223,146 @@ cuda::RopeArgs rope_args(const RopeRef& r) {
 
 void qkv_split(const Tensor& packed, Tensor& q, Tensor& k, Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
                int64_t D, const RopeRef& rope) {
-  q = act({B, G * qpg, S, D});
-  k = act({B, G, S, D});
-  v = act({B, G, S, D});
-  cuda::qkv_split(b(packed), b(q), b(k), b(v), S, B, G, qpg, D, rope_args(rope), st());
+  q = act({B, G * qpg, S, D}, packed);
+  k = act({B, G, S, D}, packed);
+  v = act({B, G, S, D}, packed);
+  with_half(packed, [&]<typename T>(T*) {
+    cuda::qkv_split(h<T>(packed), h<T>(q), h<T>(k), h<T>(v), S, B, G, qpg, D, rope_args(rope), st());
+  });
 }
 
 Tensor qkv_merge(const Tensor& q, const Tensor& k, const Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
                  int64_t D, const RopeRef& rope) {
-  Tensor packed = act({S * B, G * (qpg + 2) * D});
-  cuda::qkv_merge(b(q), b(k), b(v), b(packed), S, B, G, qpg, D, rope_args(rope), st());
+  Tensor packed = act({S * B, G * (qpg + 2) * D}, q);
+  with_half(q, [&]<typename T>(T*) {
+    cuda::qkv_merge(h<T>(q), h<T>(k), h<T>(v), h<T>(packed), S, B, G, qpg, D, rope_args(rope), st());
+  });
   return packed;
 }
 
 Tensor heads_to_rows(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D) {
-  Tensor r = act({S * B, H * D});
-  cuda::heads_to_rows(b(x), b(r), S, B, H, D, st());
+  Tensor r = act({S * B, H * D}, x);
+  with_half(x, [&]<typename T>(T*) {
+    cuda::heads_to_rows(h<T>(x), h<T>(r), S, B, H, D, st());
+  });
   return r;
 }
 
 Tensor rows_to_heads(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D) {
-  Tensor h = act({B, H, S, D});
-  cuda::rows_to_heads(b(x), b(h), S, B, H, D, st());
-  return h;
+  Tensor hd = act({B, H, S, D}, x);
+  with_half(x, [&]<typename T>(T*) {
+    cuda::rows_to_heads(h<T>(x), h<T>(hd), S, B, H, D, st());
+  });
+  return hd;
 }
 
 void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, int64_t rot_dim) {
-  cuda::rope_forward(b(x), f(cos), f(sin), x.dim(0), x.dim(1), x.dim(2), x.dim(3), rot_dim, st());
+  with_half(x, [&]<typename T>(T*) {
+    cuda::rope_forward(h<T>(x), f(cos), f(sin), x.dim(0), x.dim(1), x.dim(2), x.dim(3), rot_dim, st());
+  });
 }
 
 void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, int64_t rot_dim) {
-  cuda::rope_backward(b(dx), f(cos), f(sin), dx.dim(0), dx.dim(1), dx.dim(2), dx.dim(3), rot_dim, st());
+  with_half(dx, [&]<typename T>(T*) {
+    cuda::rope_backward(h<T>(dx), f(cos), f(sin), dx.dim(0), dx.dim(1), dx.dim(2), dx.dim(3), rot_dim, st());
+  });
 }
+
+namespace {
+// fp16 attention, the correctness path: the flash kernels are bf16-only, so fp16 tensors are
+// widened to fp32 scratch (exact), run through the generic fp32 kernels (fp32 math, as every
+// path), and the results rounded back to fp16 once, the same single rounding a fused fp16
+// kernel would make. It costs extra memory traffic and the tensor cores; a fused fp16 path is
+// future work.
+Tensor widen(const Tensor& t) {
+  Tensor r = stat(t.shape());
+  cuda::cast(h<f16>(t), f(r), t.numel(), st());
+  return r;
+}
+Tensor narrow_f16(const Tensor& t) {
+  Tensor r = Tensor::empty(t.shape(), DType::F16, Device::CUDA);
+  cuda::cast(f(t), h<f16>(r), t.numel(), st());
+  return r;
+}
+}  // namespace
 
 void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& lse) {
-  out = act(q.shape());
   lse = stat({p.B, p.Hq, p.S});
-  cuda::attention_forward(p, b(q), b(k), b(v), b(out), f(lse), st());
+  if (q.dtype() == DType::F16) {
+    Tensor q32 = widen(q), k32 = widen(k), v32 = widen(v), o32 = stat(q.shape());
+    cuda::attention_forward(p, f(q32), f(k32), f(v32), f(o32), f(lse), st());
+    out = narrow_f16(o32);
+    return;
+  }
+  out = act(q.shape(), q);
+  cuda::attention_forward(p, h<bf16>(q), h<bf16>(k), h<bf16>(v), h<bf16>(out), f(lse), st());
 }
 
 void attention_backward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
-  dq = act(q.shape());
-  dk = act(k.shape());
-  dv = act(v.shape());
-  cuda::attention_backward(p, b(q), b(k), b(v), b(out), f(lse), b(dout), b(dq), b(dk), b(dv), st());
+  if (q.dtype() == DType::F16) {  // the fp16 correctness path (see widen above)
+    Tensor q32 = widen(q), k32 = widen(k), v32 = widen(v), o32 = widen(out), do32 = widen(dout);
+    Tensor dq32 = stat(q.shape()), dk32 = stat(k.shape()), dv32 = stat(v.shape());
+    cuda::attention_backward(p, f(q32), f(k32), f(v32), f(o32), f(lse), f(do32), f(dq32), f(dk32), f(dv32), st());
+    dq = narrow_f16(dq32);
+    dk = narrow_f16(dk32);
+    dv = narrow_f16(dv32);
+    return;
+  }
+  dq = act(q.shape(), q);
+  dk = act(k.shape(), q);
+  dv = act(v.shape(), q);
+  cuda::attention_backward(p, h<bf16>(q), h<bf16>(k), h<bf16>(v), h<bf16>(out), f(lse), h<bf16>(dout), h<bf16>(dq),
+                           h<bf16>(dk), h<bf16>(dv), st());
 }
 
-Tensor swiglu_forward(const Tensor& h) {
-  const int64_t rows = h.dim(0), F = h.dim(1) / 2;
-  Tensor y = act({rows, F});
-  cuda::swiglu_forward(b(h), b(y), rows, F, st());
+Tensor swiglu_forward(const Tensor& x) {
+  const int64_t rows = x.dim(0), F = x.dim(1) / 2;
+  Tensor y = act({rows, F}, x);
+  with_half(x, [&]<typename T>(T*) {
+    cuda::swiglu_forward(h<T>(x), h<T>(y), rows, F, st());
+  });
   return y;
 }
 
-Tensor swiglu_backward(const Tensor& dy, const Tensor& h) {
-  Tensor dh = act(h.shape());
-  cuda::swiglu_backward(b(dy), b(h), b(dh), h.dim(0), h.dim(1) / 2, st());
-  return dh;
+Tensor swiglu_backward(const Tensor& dy, const Tensor& x) {
+  Tensor dx = act(x.shape(), x);
+  with_half(x, [&]<typename T>(T*) {
+    cuda::swiglu_backward(h<T>(dy), h<T>(x), h<T>(dx), x.dim(0), x.dim(1) / 2, st());
+  });
+  return dx;
 }
 
-Tensor gelu_forward(const Tensor& h, bool tanh_approx) {
-  Tensor y = act(h.shape());
-  cuda::gelu_forward(b(h), b(y), h.numel(), tanh_approx, st());
+Tensor gelu_forward(const Tensor& x, bool tanh_approx) {
+  Tensor y = act(x.shape(), x);
+  with_half(x, [&]<typename T>(T*) {
+    cuda::gelu_forward(h<T>(x), h<T>(y), x.numel(), tanh_approx, st());
+  });
   return y;
 }
 
-Tensor gelu_backward(const Tensor& dy, const Tensor& h, bool tanh_approx) {
-  Tensor dh = act(h.shape());
-  cuda::gelu_backward(b(dy), b(h), b(dh), h.numel(), tanh_approx, st());
-  return dh;
+Tensor gelu_backward(const Tensor& dy, const Tensor& x, bool tanh_approx) {
+  Tensor dx = act(x.shape(), x);
+  with_half(x, [&]<typename T>(T*) {
+    cuda::gelu_backward(h<T>(dy), h<T>(x), h<T>(dx), x.numel(), tanh_approx, st());
+  });
+  return dx;
 }
 
 Tensor dropout_forward(const Tensor& x, float p, uint64_t seed, uint64_t offset) {
-  Tensor y = act(x.shape());
-  cuda::dropout_forward(b(x), b(y), x.numel(), p, seed, offset, st());
+  Tensor y = act(x.shape(), x);
+  with_half(x, [&]<typename T>(T*) {
+    cuda::dropout_forward(h<T>(x), h<T>(y), x.numel(), p, seed, offset, st());
+  });
   return y;
 }
 
 Tensor dropout_backward(const Tensor& dy, float p, uint64_t seed, uint64_t offset) {
-  Tensor dx = act(dy.shape());
-  cuda::dropout_backward(b(dy), b(dx), dy.numel(), p, seed, offset, st());
+  Tensor dx = act(dy.shape(), dy);
+  with_half(dy, [&]<typename T>(T*) {
+    cuda::dropout_backward(h<T>(dy), h<T>(dx), dy.numel(), p, seed, offset, st());
+  });
   return dx;
 }
 
@@ -261,25 +370,39 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
   const int64_t N = logits.dim(0), V = logits.dim(1);
   losses = stat({N});
   lse = stat({N});
-  cuda::cross_entropy_forward(b(logits), targets.data<int32_t>(), f(losses), f(lse), N, V, V, st());
+  with_half(logits, [&]<typename T>(T*) {
+    cuda::cross_entropy_forward(h<T>(logits), targets.data<int32_t>(), f(losses), f(lse), N, V, V, st());
+  });
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss) {
   const int64_t N = logits.dim(0), V = logits.dim(1);
   // In place: the logits are not needed after their gradient is formed.
-  cuda::cross_entropy_backward(b(logits), targets.data<int32_t>(), f(lse), f(dloss), b(logits), N, V, V, st());
+  with_half(logits, [&]<typename T>(T*) {
+    cuda::cross_entropy_backward(h<T>(logits), targets.data<int32_t>(), f(lse), f(dloss), h<T>(logits), N, V, V,
+                                 st());
+  });
   return logits;
 }
 
 void add_inplace(Tensor& y, const Tensor& x) {
   MT_CHECK(y.numel() == x.numel(), "add_inplace: {} vs {}", y.shape_str(), x.shape_str());
-  cuda::add_inplace(b(y), b(x), y.numel(), st());
+  with_half(y, [&]<typename T>(T*) {
+    cuda::add_inplace(h<T>(y), h<T>(x), y.numel(), st());
+  });
 }
 
 void cast(const Tensor& src, Tensor& dst) {
   MT_CHECK(src.numel() == dst.numel(), "cast: {} vs {}", src.shape_str(), dst.shape_str());
-  if (src.dtype() == DType::F32) cuda::cast(f(src), b(dst), src.numel(), st());
-  else cuda::cast(b(src), f(dst), src.numel(), st());
+  if (src.dtype() == DType::F32) {
+    with_half(dst, [&]<typename T>(T*) {
+      cuda::cast(f(src), h<T>(dst), src.numel(), st());
+    });
+  } else {
+    with_half(src, [&]<typename T>(T*) {
+      cuda::cast(h<T>(src), f(dst), src.numel(), st());
+    });
+  }
 }
 
 double grad_norm_squared(const float* grads, int64_t n) {
@@ -294,6 +417,19 @@ double grad_norm_squared(const float* grads, const std::vector<std::pair<int64_t
   return cuda::grad_norm_squared_host(spans, st());
 }
 
+bool unscale_and_check(float* grads, const std::vector<std::pair<int64_t, int64_t>>& ranges, float inv_scale) {
+  std::vector<cuda::GradSpan> spans;
+  for (auto [lo, hi] : ranges)
+    if (hi > lo) spans.push_back(cuda::GradSpan{grads + lo, hi - lo});
+  Tensor flag = Tensor::zeros({1}, DType::I32, Device::CUDA);  // zeroed on the compute stream
+  cuda::unscale_and_check(spans, inv_scale, flag.data<int32_t>(), st());
+  // The one host read per step: the scaler decides here whether the optimizer runs.
+  int32_t found = 0;
+  MT_CUDA_CHECK(cudaMemcpyAsync(&found, flag.data<int32_t>(), sizeof(found), cudaMemcpyDeviceToHost, st()));
+  MT_CUDA_CHECK(cudaStreamSynchronize(st()));
+  return found != 0;
+}
+
 void clip_grads(float* grads, int64_t n, double total_norm, double max_norm) {
   const double c = max_norm / (total_norm + 1e-6);
   if (c < 1.0) cuda::scale_inplace(grads, static_cast<float>(c), n, st());
@@ -304,10 +440,13 @@ struct AdamWState {
   float* m = nullptr;
   float* v = nullptr;
   double beta1, beta2, eps;
+  DType half;
 };
 
-AdamW::AdamW(int64_t numel, std::vector<optim::ParamSpan> spans, double beta1, double beta2, double eps)
-    : st_(new AdamWState{std::move(spans), nullptr, nullptr, beta1, beta2, eps}) {
+AdamW::AdamW(int64_t numel, std::vector<optim::ParamSpan> spans, double beta1, double beta2, double eps, DType half)
+    : st_(new AdamWState{std::move(spans), nullptr, nullptr, beta1, beta2, eps, half}) {
+  MT_CHECK(half == DType::BF16 || half == DType::F16, "AdamW: the compute copy is bf16 or fp16, not {}",
+           dtype_name(half));
   MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st_->m), static_cast<size_t>(numel) * 4));
   MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st_->v), static_cast<size_t>(numel) * 4));
   MT_CUDA_CHECK(cudaMemset(st_->m, 0, static_cast<size_t>(numel) * 4));
@@ -323,7 +462,7 @@ AdamW::~AdamW() {
 float* AdamW::exp_avg() const { return st_->m; }
 float* AdamW::exp_avg_sq() const { return st_->v; }
 
-void AdamW::step(float* params, const float* grads, uint16_t* params_bf16, double lr, double wd) {
+void AdamW::step(float* params, const float* grads, uint16_t* params_half, double lr, double wd) {
   ++step_;
   std::vector<cuda::AdamWTensor> ts;
   for (const auto& sp : st_->spans) {
@@ -332,7 +471,8 @@ void AdamW::step(float* params, const float* grads, uint16_t* params_bf16, doubl
     t.grad = grads + sp.offset;
     t.exp_avg = st_->m + sp.offset;
     t.exp_avg_sq = st_->v + sp.offset;
-    t.param_bf16 = params_bf16 ? reinterpret_cast<bf16*>(params_bf16) + sp.offset : nullptr;
+    if (params_half && st_->half == DType::F16) t.param_f16 = reinterpret_cast<f16*>(params_half) + sp.offset;
+    else if (params_half) t.param_bf16 = reinterpret_cast<bf16*>(params_half) + sp.offset;
     t.numel = sp.numel;
     t.weight_decay = sp.weight_decay;
     ts.push_back(t);

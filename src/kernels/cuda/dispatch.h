@@ -1,7 +1,7 @@
 #pragma once
-// The CUDA side of kernels/ops.h: the same Tensor-level ops for Device::CUDA tensors (bf16
-// activations and parameter copies, fp32 main grads and statistics), on the device's compute
-// stream. ops.cpp forwards here when its inputs live on the GPU.
+// The CUDA side of kernels/ops.h: the same Tensor-level ops for Device::CUDA tensors (bf16 or
+// fp16 activations and parameter copies, by the tensors' dtype; fp32 main grads and statistics),
+// on the device's compute stream. ops.cpp forwards here when its inputs live on the GPU.
 #include "core/tensor.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
@@ -61,20 +61,26 @@ Tensor dropout_backward(const Tensor& dy, float p, uint64_t seed, uint64_t offse
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss);
 void add_inplace(Tensor& y, const Tensor& x);
-void cast(const Tensor& src, Tensor& dst);  // f32 <-> bf16, same numel, both on the GPU
+void cast(const Tensor& src, Tensor& dst);  // f32 <-> bf16 or fp16, same numel, both on the GPU
 
 // Optimizer-side helpers on flat fp32 device buffers.
 double grad_norm_squared(const float* grads, int64_t n);
 // Sum of squares over the [begin, end) ranges of `grads` (one pass, one host sync).
 double grad_norm_squared(const float* grads, const std::vector<std::pair<int64_t, int64_t>>& ranges);
 void clip_grads(float* grads, int64_t n, double total_norm, double max_norm);
+// Loss scaling (--fp16): grads *= inv_scale over the [begin, end) ranges of the fp32 grad
+// buffer, returning whether any result is inf or nan (optim::unscale_and_check's semantics).
+// One device flag, read once: synchronises the stream.
+bool unscale_and_check(float* grads, const std::vector<std::pair<int64_t, int64_t>>& ranges, float inv_scale);
 struct AdamWState;
-// AdamW over the spans of a flat buffer, writing the bf16 compute copy in the same pass.
+// AdamW over the spans of a flat buffer, writing the compute copy (`half`: bf16 or fp16) in the
+// same pass.
 class AdamW {
  public:
-  AdamW(int64_t numel, std::vector<optim::ParamSpan> spans, double beta1, double beta2, double eps);
+  AdamW(int64_t numel, std::vector<optim::ParamSpan> spans, double beta1, double beta2, double eps,
+        DType half = DType::BF16);
   ~AdamW();
-  void step(float* params, const float* grads, uint16_t* params_bf16, double lr, double wd);
+  void step(float* params, const float* grads, uint16_t* params_half, double lr, double wd);
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
   float* exp_avg() const;

@@ -340,16 +340,24 @@ void cast_impl(const TI* x, TO* y, int64_t n, cudaStream_t s) {
 }  // namespace
 
 void swiglu_forward(const bf16* x, bf16* y, int64_t rows, int64_t F, cudaStream_t s) { swiglu_fwd(x, y, rows, F, s); }
+void swiglu_forward(const f16* x, f16* y, int64_t rows, int64_t F, cudaStream_t s) { swiglu_fwd(x, y, rows, F, s); }
 void swiglu_forward(const float* x, float* y, int64_t rows, int64_t F, cudaStream_t s) { swiglu_fwd(x, y, rows, F, s); }
 void swiglu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t rows, int64_t F, cudaStream_t s) {
+  swiglu_bwd(dy, x, dx, rows, F, s);
+}
+void swiglu_backward(const f16* dy, const f16* x, f16* dx, int64_t rows, int64_t F, cudaStream_t s) {
   swiglu_bwd(dy, x, dx, rows, F, s);
 }
 void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, int64_t F, cudaStream_t s) {
   swiglu_bwd(dy, x, dx, rows, F, s);
 }
 void gelu_forward(const bf16* x, bf16* y, int64_t n, bool t, cudaStream_t s) { gelu_fwd(x, y, n, t, s); }
+void gelu_forward(const f16* x, f16* y, int64_t n, bool t, cudaStream_t s) { gelu_fwd(x, y, n, t, s); }
 void gelu_forward(const float* x, float* y, int64_t n, bool t, cudaStream_t s) { gelu_fwd(x, y, n, t, s); }
 void gelu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t n, bool t, cudaStream_t s) {
+  gelu_bwd(dy, x, dx, n, t, s);
+}
+void gelu_backward(const f16* dy, const f16* x, f16* dx, int64_t n, bool t, cudaStream_t s) {
   gelu_bwd(dy, x, dx, n, t, s);
 }
 void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool t, cudaStream_t s) {
@@ -358,10 +366,16 @@ void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool t
 void dropout_forward(const bf16* x, bf16* y, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
   dropout(x, y, n, p, seed, off, s);
 }
+void dropout_forward(const f16* x, f16* y, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
+  dropout(x, y, n, p, seed, off, s);
+}
 void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
   dropout(x, y, n, p, seed, off, s);
 }
 void dropout_backward(const bf16* dy, bf16* dx, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
+  dropout(dy, dx, n, p, seed, off, s);
+}
+void dropout_backward(const f16* dy, f16* dx, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
   dropout(dy, dx, n, p, seed, off, s);
 }
 void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
@@ -382,6 +396,10 @@ void rope_forward(bf16* x, const float* c, const float* sn, int64_t B, int64_t H
                   cudaStream_t s) {
   rope(x, c, sn, B, H, S, D, r, 1.f, s);
 }
+void rope_forward(f16* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
+                  cudaStream_t s) {
+  rope(x, c, sn, B, H, S, D, r, 1.f, s);
+}
 void rope_forward(float* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
                   cudaStream_t s) {
   rope(x, c, sn, B, H, S, D, r, 1.f, s);
@@ -390,16 +408,25 @@ void rope_backward(bf16* x, const float* c, const float* sn, int64_t B, int64_t 
                    cudaStream_t s) {
   rope(x, c, sn, B, H, S, D, r, -1.f, s);
 }
+void rope_backward(f16* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
+                   cudaStream_t s) {
+  rope(x, c, sn, B, H, S, D, r, -1.f, s);
+}
 void rope_backward(float* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
                    cudaStream_t s) {
   rope(x, c, sn, B, H, S, D, r, -1.f, s);
 }
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
+void add_inplace(f16* y, const f16* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
 void add_inplace(float* y, const float* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
 void add_inplace(float* y, const bf16* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
+void add_inplace(float* y, const f16* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
 void scale_inplace(bf16* y, float a, int64_t n, cudaStream_t s) { scale(y, a, n, s); }
+void scale_inplace(f16* y, float a, int64_t n, cudaStream_t s) { scale(y, a, n, s); }
 void scale_inplace(float* y, float a, int64_t n, cudaStream_t s) { scale(y, a, n, s); }
 void cast(const float* x, bf16* y, int64_t n, cudaStream_t s) { cast_impl(x, y, n, s); }
+void cast(const float* x, f16* y, int64_t n, cudaStream_t s) { cast_impl(x, y, n, s); }
 void cast(const bf16* x, float* y, int64_t n, cudaStream_t s) { cast_impl(x, y, n, s); }
+void cast(const f16* x, float* y, int64_t n, cudaStream_t s) { cast_impl(x, y, n, s); }
 
 }  // namespace mt::cuda

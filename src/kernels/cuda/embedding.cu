@@ -89,10 +89,16 @@ void scatter_add(const int32_t* ids, const T* dout, float* dtable, int64_t n, in
 void embedding_forward(const int32_t* ids, const bf16* table, bf16* out, int64_t n, int64_t dim, cudaStream_t s) {
   gather(ids, table, out, n, dim, s);
 }
+void embedding_forward(const int32_t* ids, const f16* table, f16* out, int64_t n, int64_t dim, cudaStream_t s) {
+  gather(ids, table, out, n, dim, s);
+}
 void embedding_forward(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim, cudaStream_t s) {
   gather(ids, table, out, n, dim, s);
 }
 void embedding_backward(const int32_t* ids, const bf16* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s) {
+  scatter_add(ids, dout, dtable, n, dim, s);
+}
+void embedding_backward(const int32_t* ids, const f16* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s) {
   scatter_add(ids, dout, dtable, n, dim, s);
 }
 void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s) {

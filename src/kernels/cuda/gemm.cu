@@ -199,6 +199,10 @@ void linear_forward(Gemm& g, const bf16* x, const bf16* w, const bf16* b, bf16* 
                     cudaStream_t s) {
   forward_impl(g, x, w, b, y, M, N, K, s, CUDA_R_16BF, CUDA_R_16BF);
 }
+void linear_forward(Gemm& g, const f16* x, const f16* w, const f16* b, f16* y, int64_t M, int64_t N, int64_t K,
+                    cudaStream_t s) {
+  forward_impl(g, x, w, b, y, M, N, K, s, CUDA_R_16F, CUDA_R_16F);
+}
 void linear_forward(Gemm& g, const bf16* x, const bf16* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
                     cudaStream_t s) {
   forward_impl(g, x, w, b, y, M, N, K, s, CUDA_R_16BF, CUDA_R_32F);
@@ -210,6 +214,10 @@ void linear_forward(Gemm& g, const float* x, const float* w, const float* b, flo
 void linear_backward(Gemm& g, const bf16* dy, const bf16* x, const bf16* w, bf16* dx, float* dw, float* db, int64_t M,
                      int64_t N, int64_t K, cudaStream_t s) {
   backward_impl(g, dy, x, w, dx, dw, db, M, N, K, s, CUDA_R_16BF);
+}
+void linear_backward(Gemm& g, const f16* dy, const f16* x, const f16* w, f16* dx, float* dw, float* db, int64_t M,
+                     int64_t N, int64_t K, cudaStream_t s) {
+  backward_impl(g, dy, x, w, dx, dw, db, M, N, K, s, CUDA_R_16F);
 }
 void linear_backward(Gemm& g, const float* dy, const float* x, const float* w, float* dx, float* dw, float* db,
                      int64_t M, int64_t N, int64_t K, cudaStream_t s) {

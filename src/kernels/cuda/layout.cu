@@ -2,7 +2,7 @@
 // tensors (with RoPE fused in: the split rotates q and k on the way, the merge rotates their
 // gradients back), per-head <-> rows, and learned position embeddings.
 //
-// Fast path: a thread moves one 16-byte chunk (8 bf16) of a head row; blockIdx.y walks token
+// Fast path: a thread moves one 16-byte chunk (8 bf16 or fp16) of a head row; blockIdx.y walks token
 // rows (s*B + b) and threads the chunks of a row, so index math is a few 32-bit divisions by
 // launch constants. (One thread per element with 64-bit div/mod, the fallback below for head
 // dims that are not a multiple of 8, is instruction-bound at several times the copy's time.)
@@ -40,7 +40,8 @@ __global__ void heads_rows_kernel(T* heads, T* rows, int64_t S, int64_t B, int64
 }
 
 constexpr int kVecThreads = 128;
-constexpr int kChunk = 8;  // bf16 per 16-byte chunk
+constexpr int kChunk = 8;  // bf16 or fp16 values per 16-byte chunk
+static_assert(Vec<bf16>::N == kChunk && Vec<f16>::N == kChunk, "a chunk is one 16-byte vector");
 
 dim3 row_chunk_grid(int64_t rows, int64_t chunks) {
   return dim3(static_cast<unsigned>((chunks + kVecThreads - 1) / kVecThreads),
@@ -65,35 +66,35 @@ __device__ __forceinline__ void rope_chunk(float* x, const float* y, int d0, int
 
 // packed: [S*B, G*(qpg+2)*D]; q: [B, G*qpg, S, D]; k, v: [B, G, S, D]. half > 0: RoPE on q and
 // k over the first 2*half of each head, tables [S, half].
-template <bool kToHeads>
-__global__ void qkv_vec_kernel(bf16* packed, bf16* q, bf16* k, bf16* v, int S, int B, int G, int qpg, int D,
+template <typename T, bool kToHeads>
+__global__ void qkv_vec_kernel(T* packed, T* q, T* k, T* v, int S, int B, int G, int qpg, int D,
                                const float* cs, const float* sn, int half, float sign) {
   const int cph = D / kChunk, per_group = (qpg + 2) * cph, chunks = G * per_group;
   for (int row = blockIdx.y; row < S * B; row += gridDim.y) {
     const int s = row / B, b = row - s * B;
-    bf16* prow = packed + static_cast<int64_t>(row) * chunks * kChunk;
+    T* prow = packed + static_cast<int64_t>(row) * chunks * kChunk;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += gridDim.x * blockDim.x) {
       const int g = c / per_group, jc = c - g * per_group, j = jc / cph, d0 = (jc - j * cph) * kChunk;
-      bf16* head = j < qpg ? q + ((static_cast<int64_t>(b) * G + g) * qpg + j) * S * D
+      T* head = j < qpg ? q + ((static_cast<int64_t>(b) * G + g) * qpg + j) * S * D
                            : (j == qpg ? k : v) + (static_cast<int64_t>(b) * G + g) * S * D;
       head += static_cast<int64_t>(s) * D;
-      bf16* phead = prow + (c - d0 / kChunk) * kChunk;  // this head's D values in the packed row
-      const bf16* src = kToHeads ? phead : head;
-      bf16* dst = kToHeads ? head : phead;
+      T* phead = prow + (c - d0 / kChunk) * kChunk;  // this head's D values in the packed row
+      const T* src = kToHeads ? phead : head;
+      T* dst = kToHeads ? head : phead;
       float x[kChunk];
-      Vec<bf16>::load(src + d0, x);
+      Vec<T>::load(src + d0, x);
       if (j <= qpg && d0 < 2 * half) {
         float y[kChunk];
-        Vec<bf16>::load(src + (d0 < half ? d0 + half : d0 - half), y);
+        Vec<T>::load(src + (d0 < half ? d0 + half : d0 - half), y);
         rope_chunk(x, y, d0, half, cs + static_cast<int64_t>(s) * half, sn + static_cast<int64_t>(s) * half, sign);
       }
-      Vec<bf16>::store(dst + d0, x);
+      Vec<T>::store(dst + d0, x);
     }
   }
 }
 
-template <bool kToRows>
-__global__ void heads_rows_vec_kernel(bf16* heads, bf16* rows, int S, int B, int H, int D) {
+template <typename T, bool kToRows>
+__global__ void heads_rows_vec_kernel(T* heads, T* rows, int S, int B, int H, int D) {
   const int cph = D / kChunk, chunks = H * cph;
   for (int row = blockIdx.y; row < S * B; row += gridDim.y) {
     const int s = row / B, b = row - s * B;
@@ -145,19 +146,22 @@ bool vec_layout_ok(int64_t rows, int64_t row_elems, int64_t D, int64_t half, std
 }
 }  // namespace
 
-void qkv_split(const bf16* packed, bf16* q, bf16* k, bf16* v, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
-               const RopeArgs& rope, cudaStream_t s) {
+namespace {
+
+template <typename T>
+void qkv_split_t(const T* packed, T* q, T* k, T* v, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
+                 const RopeArgs& rope, cudaStream_t s) {
   const int64_t rows = S * B, per_row = G * (qpg + 2) * D, half = rope.rot_dim / 2;
   if (rows * per_row == 0) return;
   if (vec_layout_ok(rows, per_row, D, half, {packed, q, k, v})) {
-    qkv_vec_kernel<true><<<row_chunk_grid(rows, per_row / kChunk), kVecThreads, 0, s>>>(
-        const_cast<bf16*>(packed), q, k, v, static_cast<int>(S), static_cast<int>(B), static_cast<int>(G),
+    qkv_vec_kernel<T, true><<<row_chunk_grid(rows, per_row / kChunk), kVecThreads, 0, s>>>(
+        const_cast<T*>(packed), q, k, v, static_cast<int>(S), static_cast<int>(B), static_cast<int>(G),
         static_cast<int>(qpg), static_cast<int>(D), rope.cos, rope.sin, static_cast<int>(half), 1.f);
     MT_CUDA_LAUNCH_CHECK();
     return;
   }
-  qkv_kernel<bf16, true><<<grid_for(rows * per_row, kThreads), kThreads, 0, s>>>(const_cast<bf16*>(packed), q, k, v, S,
-                                                                                 B, G, qpg, D);
+  qkv_kernel<T, true><<<grid_for(rows * per_row, kThreads), kThreads, 0, s>>>(const_cast<T*>(packed), q, k, v, S, B,
+                                                                              G, qpg, D);
   MT_CUDA_LAUNCH_CHECK();
   if (rope.rot_dim > 0) {
     rope_forward(q, rope.cos, rope.sin, B, G * qpg, S, D, rope.rot_dim, s);
@@ -165,13 +169,14 @@ void qkv_split(const bf16* packed, bf16* q, bf16* k, bf16* v, int64_t S, int64_t
   }
 }
 
-void qkv_merge(bf16* q, bf16* k, const bf16* v, bf16* packed, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
-               const RopeArgs& rope, cudaStream_t s) {
+template <typename T>
+void qkv_merge_t(T* q, T* k, const T* v, T* packed, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
+                 const RopeArgs& rope, cudaStream_t s) {
   const int64_t rows = S * B, per_row = G * (qpg + 2) * D, half = rope.rot_dim / 2;
   if (rows * per_row == 0) return;
   if (vec_layout_ok(rows, per_row, D, half, {packed, q, k, v})) {
-    qkv_vec_kernel<false><<<row_chunk_grid(rows, per_row / kChunk), kVecThreads, 0, s>>>(
-        packed, q, k, const_cast<bf16*>(v), static_cast<int>(S), static_cast<int>(B), static_cast<int>(G),
+    qkv_vec_kernel<T, false><<<row_chunk_grid(rows, per_row / kChunk), kVecThreads, 0, s>>>(
+        packed, q, k, const_cast<T*>(v), static_cast<int>(S), static_cast<int>(B), static_cast<int>(G),
         static_cast<int>(qpg), static_cast<int>(D), rope.cos, rope.sin, static_cast<int>(half), -1.f);
     MT_CUDA_LAUNCH_CHECK();
     return;
@@ -180,46 +185,93 @@ void qkv_merge(bf16* q, bf16* k, const bf16* v, bf16* packed, int64_t S, int64_t
     rope_backward(q, rope.cos, rope.sin, B, G * qpg, S, D, rope.rot_dim, s);
     rope_backward(k, rope.cos, rope.sin, B, G, S, D, rope.rot_dim, s);
   }
-  qkv_kernel<bf16, false><<<grid_for(rows * per_row, kThreads), kThreads, 0, s>>>(packed, q, k, const_cast<bf16*>(v), S,
-                                                                                  B, G, qpg, D);
+  qkv_kernel<T, false><<<grid_for(rows * per_row, kThreads), kThreads, 0, s>>>(packed, q, k, const_cast<T*>(v), S, B,
+                                                                               G, qpg, D);
   MT_CUDA_LAUNCH_CHECK();
 }
 
-void heads_to_rows(const bf16* heads, bf16* rows, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
+template <typename T>
+void heads_to_rows_t(const T* heads, T* rows, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
   if (S * B * H * D == 0) return;
   if (vec_layout_ok(S * B, H * D, D, 0, {heads, rows})) {
-    heads_rows_vec_kernel<true><<<row_chunk_grid(S * B, H * D / kChunk), kVecThreads, 0, s>>>(
-        const_cast<bf16*>(heads), rows, static_cast<int>(S), static_cast<int>(B), static_cast<int>(H),
+    heads_rows_vec_kernel<T, true><<<row_chunk_grid(S * B, H * D / kChunk), kVecThreads, 0, s>>>(
+        const_cast<T*>(heads), rows, static_cast<int>(S), static_cast<int>(B), static_cast<int>(H),
         static_cast<int>(D));
   } else {
-    heads_rows_kernel<bf16, true><<<grid_for(S * B * H * D, kThreads), kThreads, 0, s>>>(const_cast<bf16*>(heads), rows,
-                                                                                          S, B, H, D);
+    heads_rows_kernel<T, true><<<grid_for(S * B * H * D, kThreads), kThreads, 0, s>>>(const_cast<T*>(heads), rows, S,
+                                                                                       B, H, D);
   }
   MT_CUDA_LAUNCH_CHECK();
 }
 
-void rows_to_heads(const bf16* rows, bf16* heads, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
+template <typename T>
+void rows_to_heads_t(const T* rows, T* heads, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
   if (S * B * H * D == 0) return;
   if (vec_layout_ok(S * B, H * D, D, 0, {heads, rows})) {
-    heads_rows_vec_kernel<false><<<row_chunk_grid(S * B, H * D / kChunk), kVecThreads, 0, s>>>(
-        heads, const_cast<bf16*>(rows), static_cast<int>(S), static_cast<int>(B), static_cast<int>(H),
+    heads_rows_vec_kernel<T, false><<<row_chunk_grid(S * B, H * D / kChunk), kVecThreads, 0, s>>>(
+        heads, const_cast<T*>(rows), static_cast<int>(S), static_cast<int>(B), static_cast<int>(H),
         static_cast<int>(D));
   } else {
-    heads_rows_kernel<bf16, false><<<grid_for(S * B * H * D, kThreads), kThreads, 0, s>>>(
-        heads, const_cast<bf16*>(rows), S, B, H, D);
+    heads_rows_kernel<T, false><<<grid_for(S * B * H * D, kThreads), kThreads, 0, s>>>(
+        heads, const_cast<T*>(rows), S, B, H, D);
   }
   MT_CUDA_LAUNCH_CHECK();
 }
 
-void add_position_embedding(bf16* x, const bf16* pe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
+template <typename T>
+void add_position_embedding_t(T* x, const T* pe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
   if (S * B * h == 0) return;
-  add_pos_kernel<bf16><<<row_chunk_grid(S * B, h), kVecThreads, 0, s>>>(x, pe, S, B, h);
+  add_pos_kernel<T><<<row_chunk_grid(S * B, h), kVecThreads, 0, s>>>(x, pe, S, B, h);
   MT_CUDA_LAUNCH_CHECK();
 }
 
-void position_embedding_backward(const bf16* dx, float* dpe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
-  pos_backward_kernel<bf16><<<grid_for(S * h, kThreads), kThreads, 0, s>>>(dx, dpe, S, B, h);
+template <typename T>
+void position_embedding_backward_t(const T* dx, float* dpe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
+  pos_backward_kernel<T><<<grid_for(S * h, kThreads), kThreads, 0, s>>>(dx, dpe, S, B, h);
   MT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void qkv_split(const bf16* packed, bf16* q, bf16* k, bf16* v, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
+               const RopeArgs& rope, cudaStream_t s) {
+  qkv_split_t(packed, q, k, v, S, B, G, qpg, D, rope, s);
+}
+void qkv_split(const f16* packed, f16* q, f16* k, f16* v, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
+               const RopeArgs& rope, cudaStream_t s) {
+  qkv_split_t(packed, q, k, v, S, B, G, qpg, D, rope, s);
+}
+void qkv_merge(bf16* q, bf16* k, const bf16* v, bf16* packed, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
+               const RopeArgs& rope, cudaStream_t s) {
+  qkv_merge_t(q, k, v, packed, S, B, G, qpg, D, rope, s);
+}
+void qkv_merge(f16* q, f16* k, const f16* v, f16* packed, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
+               const RopeArgs& rope, cudaStream_t s) {
+  qkv_merge_t(q, k, v, packed, S, B, G, qpg, D, rope, s);
+}
+void heads_to_rows(const bf16* heads, bf16* rows, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
+  heads_to_rows_t(heads, rows, S, B, H, D, s);
+}
+void heads_to_rows(const f16* heads, f16* rows, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
+  heads_to_rows_t(heads, rows, S, B, H, D, s);
+}
+void rows_to_heads(const bf16* rows, bf16* heads, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
+  rows_to_heads_t(rows, heads, S, B, H, D, s);
+}
+void rows_to_heads(const f16* rows, f16* heads, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
+  rows_to_heads_t(rows, heads, S, B, H, D, s);
+}
+void add_position_embedding(bf16* x, const bf16* pe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
+  add_position_embedding_t(x, pe, S, B, h, s);
+}
+void add_position_embedding(f16* x, const f16* pe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
+  add_position_embedding_t(x, pe, S, B, h, s);
+}
+void position_embedding_backward(const bf16* dx, float* dpe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
+  position_embedding_backward_t(dx, dpe, S, B, h, s);
+}
+void position_embedding_backward(const f16* dx, float* dpe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
+  position_embedding_backward_t(dx, dpe, S, B, h, s);
 }
 
 }  // namespace mt::cuda

@@ -282,6 +282,13 @@ __device__ __forceinline__ void unpack_raw(const uint4& u, float* out) {
   if constexpr (std::is_same_v<T, float>) {
     out[0] = __uint_as_float(u.x), out[1] = __uint_as_float(u.y), out[2] = __uint_as_float(u.z);
     out[3] = __uint_as_float(u.w);
+  } else if constexpr (std::is_same_v<T, __half>) {
+    const uint32_t wd[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&wd[i]));
+      out[2 * i] = f.x, out[2 * i + 1] = f.y;
+    }
   } else {
     const uint32_t wd[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -493,6 +500,10 @@ void rmsnorm_forward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t
                      cudaStream_t s) {
   norm_fwd<bf16, false, false>(x, nullptr, nullptr, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
 }
+void rmsnorm_forward(const f16* x, const f16* w, f16* y, float* rstd, int64_t rows, int64_t dim, float eps,
+                     cudaStream_t s) {
+  norm_fwd<f16, false, false>(x, nullptr, nullptr, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
+}
 void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps,
                      cudaStream_t s) {
   norm_fwd<float, false, false>(x, nullptr, nullptr, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
@@ -500,6 +511,10 @@ void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int6
 void add_rmsnorm_forward(const bf16* x, const bf16* res, bf16* sum, const bf16* w, bf16* y, float* rstd, int64_t rows,
                          int64_t dim, float eps, cudaStream_t s) {
   norm_fwd<bf16, false, true>(x, res, sum, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
+}
+void add_rmsnorm_forward(const f16* x, const f16* res, f16* sum, const f16* w, f16* y, float* rstd, int64_t rows,
+                         int64_t dim, float eps, cudaStream_t s) {
+  norm_fwd<f16, false, true>(x, res, sum, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
 }
 void add_rmsnorm_forward(const float* x, const float* res, float* sum, const float* w, float* y, float* rstd,
                          int64_t rows, int64_t dim, float eps, cudaStream_t s) {
@@ -509,6 +524,10 @@ void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float*
                       int64_t rows, int64_t dim, cudaStream_t s, const bf16* dx_add) {
   norm_bwd<bf16, false>(dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, dim, dx_add, s);
 }
+void rmsnorm_backward(const f16* dy, const f16* x, const f16* w, const float* rstd, f16* dx, float* dw,
+                      int64_t rows, int64_t dim, cudaStream_t s, const f16* dx_add) {
+  norm_bwd<f16, false>(dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, dim, dx_add, s);
+}
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
                       int64_t rows, int64_t dim, cudaStream_t s, const float* dx_add) {
   norm_bwd<float, false>(dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, dim, dx_add, s);
@@ -516,6 +535,10 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
 void layernorm_forward(const bf16* x, const bf16* w, const bf16* b, bf16* y, float* mean, float* rstd, int64_t rows,
                        int64_t dim, float eps, cudaStream_t s) {
   norm_fwd<bf16, true, false>(x, nullptr, nullptr, w, b, y, mean, rstd, rows, dim, eps, s);
+}
+void layernorm_forward(const f16* x, const f16* w, const f16* b, f16* y, float* mean, float* rstd, int64_t rows,
+                       int64_t dim, float eps, cudaStream_t s) {
+  norm_fwd<f16, true, false>(x, nullptr, nullptr, w, b, y, mean, rstd, rows, dim, eps, s);
 }
 void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
                        int64_t dim, float eps, cudaStream_t s) {
@@ -525,6 +548,10 @@ void add_layernorm_forward(const bf16* x, const bf16* res, bf16* sum, const bf16
                            float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
   norm_fwd<bf16, true, true>(x, res, sum, w, b, y, mean, rstd, rows, dim, eps, s);
 }
+void add_layernorm_forward(const f16* x, const f16* res, f16* sum, const f16* w, const f16* b, f16* y,
+                           float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
+  norm_fwd<f16, true, true>(x, res, sum, w, b, y, mean, rstd, rows, dim, eps, s);
+}
 void add_layernorm_forward(const float* x, const float* res, float* sum, const float* w, const float* b, float* y,
                            float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
   norm_fwd<float, true, true>(x, res, sum, w, b, y, mean, rstd, rows, dim, eps, s);
@@ -532,6 +559,10 @@ void add_layernorm_forward(const float* x, const float* res, float* sum, const f
 void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* mean, const float* rstd, bf16* dx,
                         float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s, const bf16* dx_add) {
   norm_bwd<bf16, true>(dy, x, w, mean, rstd, dx, dw, db, rows, dim, dx_add, s);
+}
+void layernorm_backward(const f16* dy, const f16* x, const f16* w, const float* mean, const float* rstd, f16* dx,
+                        float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s, const f16* dx_add) {
+  norm_bwd<f16, true>(dy, x, w, mean, rstd, dx, dw, db, rows, dim, dx_add, s);
 }
 void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                         float* dx, float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s,

@@ -1,8 +1,9 @@
 #pragma once
 // CUDA versions of the CPU reference ops (kernels/cpu/ops.h), for device pointers.
 // Conventions (in addition to ops.h's):
-//  * Storage is bf16 (the training path) or fp32 (where cheap; the tests use it to compare with
-//    the CPU tightly). Arithmetic is fp32 everywhere; row statistics (rstd, mean, lse) are fp32.
+//  * Storage is bf16 or fp16 (the --bf16 / --fp16 training paths) or fp32 (where cheap; the
+//    tests use it to compare with the CPU tightly). Arithmetic is fp32 everywhere; row
+//    statistics (rstd, mean, lse) are fp32.
 //  * Every call is asynchronous on the given stream; nothing synchronises the host unless the
 //    function says so. Temporary scratch comes from the device's default stream-ordered pool
 //    (cudaMallocAsync on the same stream), which CudaAllocator also draws from.
@@ -12,11 +13,13 @@
 //    the same inputs give bit-identical outputs run to run (on the same GPU model).
 //  * Errors (CUDA or cuBLAS failures, unsupported shapes) throw mt::Error.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
@@ -25,6 +28,7 @@
 namespace mt::cuda {
 
 using bf16 = __nv_bfloat16;
+using f16 = __half;  // IEEE half: the --fp16 storage type, with the same overloads as bf16
 using AttnParams = mt::cpu::AttnParams;
 
 // Throws mt::Error naming the failed call when e != cudaSuccess.
@@ -83,6 +87,8 @@ class Gemm {
 // fp32 accumulation; output bf16 (bias bf16) or fp32 (bias fp32); or all fp32 (no TF32).
 void linear_forward(Gemm& g, const bf16* x, const bf16* w, const bf16* b, bf16* y, int64_t M, int64_t N, int64_t K,
                     cudaStream_t s);
+void linear_forward(Gemm& g, const f16* x, const f16* w, const f16* b, f16* y, int64_t M, int64_t N, int64_t K,
+                    cudaStream_t s);
 void linear_forward(Gemm& g, const bf16* x, const bf16* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
                     cudaStream_t s);
 void linear_forward(Gemm& g, const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
@@ -91,6 +97,8 @@ void linear_forward(Gemm& g, const float* x, const float* w, const float* b, flo
 // db[N] += column sums of dy (if db, deterministic).
 void linear_backward(Gemm& g, const bf16* dy, const bf16* x, const bf16* w, bf16* dx, float* dw, float* db, int64_t M,
                      int64_t N, int64_t K, cudaStream_t s);
+void linear_backward(Gemm& g, const f16* dy, const f16* x, const f16* w, f16* dx, float* dw, float* db, int64_t M,
+                     int64_t N, int64_t K, cudaStream_t s);
 void linear_backward(Gemm& g, const float* dy, const float* x, const float* w, float* dx, float* dw, float* db,
                      int64_t M, int64_t N, int64_t K, cudaStream_t s);
 
@@ -98,8 +106,10 @@ void linear_backward(Gemm& g, const float* dy, const float* x, const float* w, f
 // The backward sorts positions by id (stable radix sort) and each distinct id's rows are summed
 // by one block in increasing n: deterministic, no atomics.
 void embedding_forward(const int32_t* ids, const bf16* table, bf16* out, int64_t n, int64_t dim, cudaStream_t s);
+void embedding_forward(const int32_t* ids, const f16* table, f16* out, int64_t n, int64_t dim, cudaStream_t s);
 void embedding_forward(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim, cudaStream_t s);
 void embedding_backward(const int32_t* ids, const bf16* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s);
+void embedding_backward(const int32_t* ids, const f16* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s);
 void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s);
 
 // ---- RMSNorm / LayerNorm, one block per row (forward) and per fixed chunk of rows (backward,
@@ -109,27 +119,39 @@ void embedding_backward(const int32_t* ids, const float* dout, float* dtable, in
 // a gradient added to dx (the residual branch's gradient), so dx = norm_backward(dy) + dx_add.
 void rmsnorm_forward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t rows, int64_t dim, float eps,
                      cudaStream_t s);
+void rmsnorm_forward(const f16* x, const f16* w, f16* y, float* rstd, int64_t rows, int64_t dim, float eps,
+                     cudaStream_t s);
 void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps,
                      cudaStream_t s);
 void add_rmsnorm_forward(const bf16* x, const bf16* residual, bf16* sum, const bf16* w, bf16* y, float* rstd,
+                         int64_t rows, int64_t dim, float eps, cudaStream_t s);
+void add_rmsnorm_forward(const f16* x, const f16* residual, f16* sum, const f16* w, f16* y, float* rstd,
                          int64_t rows, int64_t dim, float eps, cudaStream_t s);
 void add_rmsnorm_forward(const float* x, const float* residual, float* sum, const float* w, float* y, float* rstd,
                          int64_t rows, int64_t dim, float eps, cudaStream_t s);
 void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, bf16* dx, float* dw,
                       int64_t rows, int64_t dim, cudaStream_t s, const bf16* dx_add = nullptr);
+void rmsnorm_backward(const f16* dy, const f16* x, const f16* w, const float* rstd, f16* dx, float* dw,
+                      int64_t rows, int64_t dim, cudaStream_t s, const f16* dx_add = nullptr);
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
                       int64_t rows, int64_t dim, cudaStream_t s, const float* dx_add = nullptr);
 
 void layernorm_forward(const bf16* x, const bf16* w, const bf16* b, bf16* y, float* mean, float* rstd, int64_t rows,
                        int64_t dim, float eps, cudaStream_t s);
+void layernorm_forward(const f16* x, const f16* w, const f16* b, f16* y, float* mean, float* rstd, int64_t rows,
+                       int64_t dim, float eps, cudaStream_t s);
 void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
                        int64_t dim, float eps, cudaStream_t s);
 void add_layernorm_forward(const bf16* x, const bf16* residual, bf16* sum, const bf16* w, const bf16* b, bf16* y,
+                           float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s);
+void add_layernorm_forward(const f16* x, const f16* residual, f16* sum, const f16* w, const f16* b, f16* y,
                            float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s);
 void add_layernorm_forward(const float* x, const float* residual, float* sum, const float* w, const float* b, float* y,
                            float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s);
 void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* mean, const float* rstd, bf16* dx,
                         float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s, const bf16* dx_add = nullptr);
+void layernorm_backward(const f16* dy, const f16* x, const f16* w, const float* mean, const float* rstd, f16* dx,
+                        float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s, const f16* dx_add = nullptr);
 void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                         float* dx, float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s,
                         const float* dx_add = nullptr);
@@ -140,9 +162,13 @@ void layernorm_backward(const float* dy, const float* x, const float* w, const f
 void rope_tables(int64_t seq, int64_t rot_dim, double base, float* cos_out, float* sin_out, cudaStream_t s);
 void rope_forward(bf16* x, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
                   int64_t rot_dim, cudaStream_t s);
+void rope_forward(f16* x, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
+                  int64_t rot_dim, cudaStream_t s);
 void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
                   int64_t rot_dim, cudaStream_t s);
 void rope_backward(bf16* dx, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
+                   int64_t rot_dim, cudaStream_t s);
+void rope_backward(f16* dx, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
                    int64_t rot_dim, cudaStream_t s);
 void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
                    int64_t rot_dim, cudaStream_t s);
@@ -166,20 +192,36 @@ void attention_backward_generic(const AttnParams& p, const bf16* q, const bf16* 
                                 const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s);
 // True when the tensor-core kernels serve this shape and storage.
 bool attention_uses_tensor_cores(const AttnParams& p);
+// Which implementation serves the bf16 attention entry points (Megatron's --attention-backend).
+// Flash: the kernels above. Fused: cuDNN's fused flash attention graph (attention_cudnn.h); an
+// error where it cannot serve a call. Auto: cuDNN where it supports the call (bf16, no dropout,
+// a shape its engines accept, cuDNN present), else the kernels above. Process-wide; default Auto.
+// The fp32 overloads always run the generic kernels.
+enum class AttentionBackend { Auto, Flash, Fused };
+void set_attention_backend(AttentionBackend b);
+AttentionBackend attention_backend();
+// "auto" | "flash" | "fused"; throws mt::Error listing the choices for anything else.
+AttentionBackend attention_backend_from_name(const std::string& name);
 
 // ---- Activations and dropout (elementwise, fp32 math).
 void swiglu_forward(const bf16* x, bf16* y, int64_t rows, int64_t F, cudaStream_t s);
+void swiglu_forward(const f16* x, f16* y, int64_t rows, int64_t F, cudaStream_t s);
 void swiglu_forward(const float* x, float* y, int64_t rows, int64_t F, cudaStream_t s);
 void swiglu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t rows, int64_t F, cudaStream_t s);
+void swiglu_backward(const f16* dy, const f16* x, f16* dx, int64_t rows, int64_t F, cudaStream_t s);
 void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, int64_t F, cudaStream_t s);
 void gelu_forward(const bf16* x, bf16* y, int64_t n, bool tanh_approx, cudaStream_t s);
+void gelu_forward(const f16* x, f16* y, int64_t n, bool tanh_approx, cudaStream_t s);
 void gelu_forward(const float* x, float* y, int64_t n, bool tanh_approx, cudaStream_t s);
 void gelu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t n, bool tanh_approx, cudaStream_t s);
+void gelu_backward(const f16* dy, const f16* x, f16* dx, int64_t n, bool tanh_approx, cudaStream_t s);
 void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool tanh_approx, cudaStream_t s);
 // Keeps element i when Philox::uniform(seed, offset, i) >= p (the CPU's stream, bit for bit).
 void dropout_forward(const bf16* x, bf16* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
+void dropout_forward(const f16* x, f16* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
 void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
 void dropout_backward(const bf16* dy, bf16* dx, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
+void dropout_backward(const f16* dy, f16* dx, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
 void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
 // Philox::uniform(seed, offset, first + i) for i < n, from the device generator (tests).
 void philox_uniform(float* out, int64_t n, uint64_t seed, uint64_t offset, uint64_t first, cudaStream_t s);
@@ -190,21 +232,30 @@ void philox_uniform(float* out, int64_t n, uint64_t seed, uint64_t offset, uint6
 // logits buffer itself (in place).
 void cross_entropy_forward(const bf16* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
                            int64_t valid_v, cudaStream_t s);
+void cross_entropy_forward(const f16* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
+                           int64_t valid_v, cudaStream_t s);
 void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
                            int64_t valid_v, cudaStream_t s);
 void cross_entropy_backward(const bf16* logits, const int32_t* targets, const float* lse, const float* dloss,
                             bf16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
+void cross_entropy_backward(const f16* logits, const int32_t* targets, const float* lse, const float* dloss,
+                            f16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
 void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,
                             float* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
 
 // ---- Elementwise helpers and casts.
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s);  // y += x
+void add_inplace(f16* y, const f16* x, int64_t n, cudaStream_t s);
 void add_inplace(float* y, const float* x, int64_t n, cudaStream_t s);
 void add_inplace(float* y, const bf16* x, int64_t n, cudaStream_t s);  // fp32 accumulate of a bf16 grad
+void add_inplace(float* y, const f16* x, int64_t n, cudaStream_t s);
 void scale_inplace(bf16* y, float a, int64_t n, cudaStream_t s);
+void scale_inplace(f16* y, float a, int64_t n, cudaStream_t s);
 void scale_inplace(float* y, float a, int64_t n, cudaStream_t s);
 void cast(const float* x, bf16* y, int64_t n, cudaStream_t s);  // round to nearest even
+void cast(const float* x, f16* y, int64_t n, cudaStream_t s);
 void cast(const bf16* x, float* y, int64_t n, cudaStream_t s);
+void cast(const f16* x, float* y, int64_t n, cudaStream_t s);
 
 // ---- Optimizer. AdamW as optim/adamw.cpp (torch's AdamW): decoupled decay, bias correction,
 // fp32 moments, the same fp32 operations in the same order without FMA contraction, so the
@@ -218,6 +269,7 @@ struct AdamWTensor {
   bf16* param_bf16 = nullptr;
   int64_t numel = 0;
   bool weight_decay = true;
+  f16* param_f16 = nullptr;  // the --fp16 compute copy instead (a call sets one kind or none)
 };
 struct AdamWHyper {
   double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
@@ -237,5 +289,9 @@ double grad_norm_squared_host(const std::vector<GradSpan>& spans, cudaStream_t s
 // Megatron's clip: c = max_norm / (sqrt(*norm_sq) + 1e-6), applied when c < 1 (a NaN norm leaves
 // the grads alone). Reads the norm on the device: no host sync.
 void clip_grads(const std::vector<GradSpan>& spans, const double* norm_sq, double max_norm, cudaStream_t s);
+// Loss scaling (--fp16): grads *= inv_scale over every span, and *found_inf (a device int) is set
+// to 1 if any result is inf or nan (never cleared here: the caller zeroes it once per step).
+// The same fp32 product as optim::unscale_and_check on the CPU. No host sync.
+void unscale_and_check(const std::vector<GradSpan>& spans, float inv_scale, int32_t* found_inf, cudaStream_t s);
 
 }  // namespace mt::cuda

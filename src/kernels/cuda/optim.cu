@@ -1,5 +1,6 @@
 // Multi-tensor optimizer kernels over fp32 main params and grads: AdamW (with an optional bf16
-// copy of the updated params), the global grad norm, and clipping. A launch carries a table of
+// or fp16 copy of the updated params), the global grad norm, clipping, and the loss scaler's
+// unscale-and-check. A launch carries a table of
 // up to kMaxTensors tensors in its parameters; block b finds its tensor by the table's prefix of
 // block counts, so one launch covers tensors of any size.
 #include <cmath>
@@ -21,7 +22,7 @@ struct AdamBatch {
   const float* g[kMaxTensors];
   float* m[kMaxTensors];
   float* v[kMaxTensors];
-  bf16* out[kMaxTensors];
+  void* out[kMaxTensors];  // bf16 or fp16 compute copies (the kernel's TO), or null
   int64_t n[kMaxTensors];
   int64_t block_start[kMaxTensors + 1];
   float df[kMaxTensors];
@@ -40,6 +41,8 @@ __device__ __forceinline__ int find_tensor(const int64_t* block_start, int count
 
 // The CPU's expression, operation for operation, with explicit round-to-nearest intrinsics so
 // the compiler cannot contract into FMAs: the result equals optim/adamw.cpp bit for bit.
+// TO: the compute copy's type (bf16 or fp16); the fp32 update is the same either way.
+template <typename TO>
 __global__ void adamw_kernel(const __grid_constant__ AdamBatch batch, AdamScalars c) {
   const int64_t b = blockIdx.x;
   const int t = find_tensor(batch.block_start, batch.count, b);
@@ -49,7 +52,7 @@ __global__ void adamw_kernel(const __grid_constant__ AdamBatch batch, AdamScalar
   const float* __restrict__ g = batch.g[t];
   float* __restrict__ m = batch.m[t];
   float* __restrict__ v = batch.v[t];
-  bf16* __restrict__ out = batch.out[t];
+  TO* __restrict__ out = static_cast<TO*>(batch.out[t]);
   const float df = batch.df[t];
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float gi = g[i];
@@ -61,7 +64,7 @@ __global__ void adamw_kernel(const __grid_constant__ AdamBatch batch, AdamScalar
     const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
     const float np = __fsub_rn(pi, __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
     p[i] = np;
-    if (out) out[i] = __float2bfloat16_rn(np);
+    if (out) out[i] = from_f<TO>(np);
   }
 }
 
@@ -110,6 +113,24 @@ __global__ void clip_kernel(const __grid_constant__ NormBatch batch, const doubl
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] *= c;
 }
 
+// grads *= inv_scale; a non-finite product sets *found (every writer stores the same 1, so the
+// unordered stores do not make the result depend on timing).
+__global__ void unscale_check_kernel(const __grid_constant__ NormBatch batch, float inv_scale,
+                                     int32_t* __restrict__ found) {
+  const int64_t b = blockIdx.x;
+  const int t = find_tensor(batch.block_start, batch.count, b);
+  const int64_t begin = (b - batch.block_start[t]) * kNormChunk;
+  const int64_t end = min(batch.n[t], begin + kNormChunk);
+  float* x = const_cast<float*>(batch.x[t]);
+  bool bad = false;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float g = __fmul_rn(x[i], inv_scale);
+    bad |= !isfinite(g);
+    x[i] = g;
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *found = 1;
+}
+
 // Splits `spans` into batches of at most kMaxTensors non-empty tensors and calls f(batch, blocks).
 template <typename F>
 void for_norm_batches(const std::vector<GradSpan>& spans, F f) {
@@ -149,12 +170,20 @@ void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h, cu
   c.eps = static_cast<float>(h.eps);
   const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
 
+  // One compute-copy type per call: a model is all bf16 or all fp16.
+  bool half_out = false, bf16_out = false;
+  for (const AdamWTensor& t : tensors) half_out |= t.param_f16 != nullptr, bf16_out |= t.param_bf16 != nullptr;
+  MT_CHECK(!(half_out && bf16_out), "adamw_step: a call writes bf16 or fp16 compute copies, not both");
+
   AdamBatch batch{};
   int64_t blocks = 0;
   auto flush = [&] {
     if (batch.count == 0) return;
     batch.block_start[batch.count] = blocks;
-    adamw_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(batch, c);
+    if (half_out)
+      adamw_kernel<f16><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(batch, c);
+    else
+      adamw_kernel<bf16><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(batch, c);
     MT_CUDA_LAUNCH_CHECK();
     batch = AdamBatch{};
     blocks = 0;
@@ -168,7 +197,7 @@ void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h, cu
     batch.g[i] = t.grad;
     batch.m[i] = t.exp_avg;
     batch.v[i] = t.exp_avg_sq;
-    batch.out[i] = t.param_bf16;
+    batch.out[i] = half_out ? static_cast<void*>(t.param_f16) : static_cast<void*>(t.param_bf16);
     batch.n[i] = t.numel;
     batch.df[i] = t.weight_decay ? decay : 1.0f;
     batch.block_start[i] = blocks;
@@ -209,6 +238,13 @@ double grad_norm_squared_host(const std::vector<GradSpan>& spans, cudaStream_t s
 void clip_grads(const std::vector<GradSpan>& spans, const double* norm_sq, double max_norm, cudaStream_t s) {
   for_norm_batches(spans, [&](const NormBatch& nb, int64_t blocks) {
     clip_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(nb, norm_sq, max_norm);
+    MT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void unscale_and_check(const std::vector<GradSpan>& spans, float inv_scale, int32_t* found_inf, cudaStream_t s) {
+  for_norm_batches(spans, [&](const NormBatch& nb, int64_t blocks) {
+    unscale_check_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(nb, inv_scale, found_inf);
     MT_CUDA_LAUNCH_CHECK();
   });
 }

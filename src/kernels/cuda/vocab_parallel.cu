@@ -228,6 +228,7 @@ namespace mt::ops::gpu {
 namespace {
 
 using cuda::bf16;
+using cuda::f16;
 
 // The compute stream is the one the CUDA allocator orders its allocations on (ops::gpu::init).
 cudaStream_t compute_stream() {
@@ -241,8 +242,9 @@ void check_cuda_tensor(const Tensor& t, DType want, const char* what) {
            dtype_name(want), dtype_name(t.dtype()), t.shape_str(), t.device() == Device::CPU ? "the CPU" : "the GPU");
 }
 void check_float_tensor(const Tensor& t, const char* what) {
-  MT_CHECK(t.device() == Device::CUDA && (t.dtype() == DType::BF16 || t.dtype() == DType::F32),
-           "{}: expected a CUDA bf16 or f32 tensor, got {} {}", what, dtype_name(t.dtype()), t.shape_str());
+  const DType d = t.dtype();
+  MT_CHECK(t.device() == Device::CUDA && (d == DType::BF16 || d == DType::F16 || d == DType::F32),
+           "{}: expected a CUDA bf16, fp16 or f32 tensor, got {} {}", what, dtype_name(t.dtype()), t.shape_str());
 }
 const int32_t* i32(const Tensor& t, int64_t n, const char* what) {
   check_cuda_tensor(t, DType::I32, what);
@@ -255,10 +257,11 @@ const float* f32(const Tensor& t, int64_t n, const char* what) {
   return t.data<float>();
 }
 
-// Calls f with the typed pointer of a bf16 or f32 tensor.
+// Calls f with the typed pointer of a bf16, fp16 or f32 tensor.
 template <typename F>
 void with_float_type(const Tensor& t, F&& f) {
   if (t.dtype() == DType::BF16) f(t.data<bf16>());
+  else if (t.dtype() == DType::F16) f(t.data<f16>());
   else f(t.data<float>());
 }
 

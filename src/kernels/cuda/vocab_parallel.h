@@ -2,7 +2,7 @@
 // The GPU side of model/vocab_parallel.cpp: what one tensor-parallel rank computes between the
 // TP collectives for the vocab-parallel embedding and cross-entropy, when it holds vocabulary
 // rows (embedding) or logit columns (loss) [start, start + vl). Tensors live on the GPU (ids
-// and labels I32, statistics f32, activations bf16 or f32); every call is asynchronous on the
+// and labels I32, statistics f32, activations bf16, fp16 or f32); every call is asynchronous on the
 // compute stream, deterministic, and never forms a probability tensor.
 #include "core/tensor.h"
 

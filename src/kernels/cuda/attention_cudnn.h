@@ -1,0 +1,53 @@
+#pragma once
+// Flash attention through cuDNN's fused attention engines (cuDNN 9 backend graph API), the
+// second implementation behind cuda::attention_forward/backward (bf16) next to our own kernels;
+// --attention-backend picks between them (ops_cuda.h). Same tensors and semantics as those:
+// q [B,Hq,S,D], k/v [B,Hkv,S,D] bf16 contiguous, lse fp32 [B,Hq,S] = natural-log logsumexp of
+// the scaled, masked scores (cuDNN's "Stats"), dq/dk/dv written.
+//
+// One graph + execution plan per (device, shape, scale, causal, direction, determinism), built
+// on first use and cached; later calls only bind pointers and launch (no host sync, workspace
+// from the stream-ordered pool). The backward defaults to cuDNN's deterministic variant.
+//
+// Diagnosing a failure: the error text carries cuDNN's own reason per tried engine config; for
+// more, run with CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG=stderr.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "kernels/cuda/ops_cuda.h"
+
+namespace mt::cuda {
+
+// True when this build links cuDNN (MT_HAVE_CUDNN).
+bool cudnn_attention_compiled();
+// The cuDNN version loaded at run time (e.g. 91900), 0 without cuDNN.
+long cudnn_runtime_version();
+
+// Static support check (no graph is built): bf16 storage is implied by the callers; no dropout,
+// D a multiple of 8 up to 128, Hq a multiple of Hkv, cuDNN present and recent enough, and the
+// sequence length restrictions of the loaded cuDNN version. `why` (optional) gets the reason.
+bool cudnn_attention_supported(const AttnParams& p, std::string* why = nullptr);
+
+// Builds (once, cached) the graph and plan for this call shape on the current device; returns ""
+// when it is ready, else the reason it could not be built (also cached: a failing shape is not
+// retried). Throws only for CUDA errors. Tests use it to print the cuDNN reason on failure.
+std::string cudnn_attention_prepare(const AttnParams& p, bool backward, bool deterministic = true);
+
+// Run on stream s; throw mt::Error (with the reason from cudnn_attention_prepare and the shape)
+// when the shape is unsupported or the graph cannot be built.
+void cudnn_attention_forward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+                             cudaStream_t s);
+// deterministic = false allows cuDNN's faster backward that accumulates dQ with atomics
+// (run-to-run bits may differ); training uses the default.
+void cudnn_attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
+                              const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s,
+                              bool deterministic = true);
+
+// The policy behind the bf16 entry points: whether this call goes to cuDNN under the current
+// attention_backend(). Flash: never. Fused: always (an unsupported shape or a failed build then
+// throws mt::Error from here, with the reason). Auto: when supported, all pointers are 16-byte
+// aligned and the graph builds; a failed build logs one warning line per shape on stderr.
+bool attention_use_cudnn(const AttnParams& p, bool backward, const void* const* ptrs, int nptrs);
+
+}  // namespace mt::cuda

@@ -1,0 +1,588 @@
+// The cuDNN fused flash attention graphs (cuDNN 9 backend API), their cache and execution.
+//
+// Why composite graphs and not CUDNN_BACKEND_OPERATION_SDPA_FWD/BWD_DESCRIPTOR: those single
+// nodes (cuDNN >= 9.13) carry no causal mask attribute (only block masks and paging) and are
+// what the frontend uses for Blackwell/inference; on Hopper, causal GQA training runs through
+// the runtime-fusion engines, which recognise the pattern below (the one cudnn-frontend's
+// composite SDPA nodes emit for cuDNN 9 before the unified softmax op of 9.21).
+//
+// Forward (s = b,hq,sq,skv scores, r = b,hq,sq,1 row vectors; fp32 unless noted):
+//   S = matmul(Q, Kᵀ)            Kᵀ is K's memory seen as [b,hkv,d,s] (strides swapped);
+//                                GQA is the matmul's head broadcast hkv -> hq
+//   S = S * scale                by-value scalar
+//   [causal] r_i = gen_index(S, axis 2), c_i = gen_index(S, axis 3) (int32);
+//            keep = r_i >= c_i (bool); S = select(S, -inf, keep)
+//   M = max_reduce(S) ; E = exp(S - M) ; Z = sum_reduce(E)
+//   Stats = M + log(Z)           -> lse output [b,hq,s,1]
+//   P = E / Z ; O = matmul(P, V) -> bf16 output
+// Backward:
+//   softmax_sum = sum_reduce(dO * O) * 1      fp32 [b,hq,s,1], non-virtual (workspace; a
+//                                             virtual one in the fallback variant, see build())
+//   S as above through the mask, P = exp(S - Stats)
+//   dV = matmul(reshape(P -> Pᵀ, bf16), dO)   [GQA: to b,hq,s,d then sum_reduce over the group]
+//   dP = matmul(dO, Vᵀ) ; dS = (dP - softmax_sum) * P * scale
+//   dK = matmul(reshape(dS -> dSᵀ, bf16), Q)  [GQA: as dV]
+//   dQ = matmul(dS, reshape(Kᵀ -> K))
+//   Non-deterministic variant: dQ goes through an fp32 dQ_accum workspace tensor (atomics),
+//   then identity -> dQ. Its absence is how the backend is asked for the deterministic
+//   ("dP workspace") algorithm; that is what the frontend's set_deterministic_algorithm does
+//   on Hopper. Engine configs whose numerical notes say NONDETERMINISTIC are skipped as well.
+#ifdef MT_HAVE_CUDNN
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "core/error.h"
+#include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/cudnn_backend.h"
+
+namespace mt::cuda {
+
+namespace {
+
+using cudnn::Desc;
+
+// Non-virtual tensors of the variant pack.
+enum Uid : int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kScale,
+  kMaskVal,
+  kOne,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSoftmaxSum,
+  kDQAccum,
+  kFirstVirtual = 100,
+};
+
+std::string shape_str(const AttnParams& p) {
+  return fmt::format("B={} Hq={} Hkv={} S={} D={} causal={} scale={}", p.B, p.Hq, p.Hkv, p.S, p.D, p.causal ? 1 : 0,
+                     p.scale);
+}
+
+int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// ---- graph construction
+struct Tensor {
+  const Desc* d = nullptr;
+};
+
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(std::deque<Desc>& keep) : keep_(keep) {}
+
+  Tensor tensor(int64_t uid, cudnnDataType_t dt, const std::vector<int64_t>& dims, const std::vector<int64_t>& strides,
+                bool is_virtual, bool by_value = false) {
+    Desc& t = add(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    t.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
+        .set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, dt)
+        .set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16)
+        .set_i64s(CUDNN_ATTR_TENSOR_DIMENSIONS, dims)
+        .set_i64s(CUDNN_ATTR_TENSOR_STRIDES, strides)
+        .set_bool(CUDNN_ATTR_TENSOR_IS_VIRTUAL, is_virtual);
+    if (by_value) t.set_bool(CUDNN_ATTR_TENSOR_IS_BY_VALUE, true);
+    t.finalize(fmt::format("tensor uid {}", uid).c_str());
+    return {&t};
+  }
+  Tensor virt(cudnnDataType_t dt, const std::vector<int64_t>& dims, const std::vector<int64_t>& strides) {
+    return tensor(next_uid_++, dt, dims, strides, true);
+  }
+  Tensor scalar(int64_t uid) { return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
+
+  // y = mode(x[, b[, t]]); axis for GEN_INDEX.
+  void pointwise(const char* name, cudnnPointwiseMode_t mode, cudnnDataType_t prec, Tensor x, const Tensor* b,
+                 const Tensor* t, Tensor y, int64_t axis = -1) {
+    Desc& pw = add(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode)
+        .set_dtype(CUDNN_ATTR_POINTWISE_MATH_PREC, prec);
+    if (axis >= 0) pw.set_i64(CUDNN_ATTR_POINTWISE_AXIS, axis);
+    pw.finalize(name);
+    Desc& op = add(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw).set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, *x.d);
+    if (b) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b->d);
+    if (t) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t->d);
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, *y.d);
+    finish(op, name);
+  }
+  void reduction(const char* name, cudnnReduceTensorOp_t red, Tensor x, Tensor y) {
+    Desc& rd = add(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    rd.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &red)
+        .set_dtype(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT);
+    rd.finalize(name);
+    Desc& op = add(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, *x.d)
+        .set_desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, *y.d)
+        .set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd);
+    finish(op, name);
+  }
+  void matmul(const char* name, Tensor a, Tensor b, Tensor c) {
+    Desc& mm = add(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    mm.set_dtype(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
+    mm.finalize(name);
+    Desc& op = add(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, *a.d)
+        .set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, *b.d)
+        .set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, *c.d)
+        .set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
+    finish(op, name);
+  }
+  void reshape(const char* name, Tensor x, Tensor y) {
+    Desc& op = add(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, *x.d).set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, *y.d);
+    finish(op, name);
+  }
+
+  const std::vector<cudnnBackendDescriptor_t>& ops() const { return ops_; }
+  const std::string& op_names() const { return names_; }
+
+ private:
+  Desc& add(cudnnBackendDescriptorType_t type) { return keep_.emplace_back(type); }
+  void finish(Desc& op, const char* name) {
+    op.finalize(name);
+    ops_.push_back(op.get());
+    names_ += names_.empty() ? name : std::string(", ") + name;
+  }
+
+  std::deque<Desc>& keep_;
+  std::vector<cudnnBackendDescriptor_t> ops_;
+  std::string names_;
+  int64_t next_uid_ = kFirstVirtual;
+};
+
+struct Dims {
+  int64_t b, h, hk, s, d;
+  std::vector<int64_t> bhsd() const { return {b, h, s, d}; }
+  std::vector<int64_t> bhsd_str() const { return {h * s * d, s * d, d, 1}; }
+  std::vector<int64_t> kv() const { return {b, hk, s, d}; }
+  std::vector<int64_t> kv_str() const { return {hk * s * d, s * d, d, 1}; }
+  // K or V memory seen transposed: [b, hk, d, s].
+  std::vector<int64_t> kvT() const { return {b, hk, d, s}; }
+  std::vector<int64_t> kvT_str() const { return {hk * s * d, s * d, 1, d}; }
+  std::vector<int64_t> ss() const { return {b, h, s, s}; }
+  std::vector<int64_t> ss_str() const { return {h * s * s, s * s, s, 1}; }
+  std::vector<int64_t> ssT_str() const { return {h * s * s, s * s, 1, s}; }
+  std::vector<int64_t> row() const { return {b, h, s, 1}; }
+  std::vector<int64_t> row_str() const { return {h * s, s, 1, 1}; }
+};
+
+// S = select(S, mask value, row >= col): the causal mask as the fusion engines expect it.
+Tensor causal_mask(GraphBuilder& g, const Dims& n, Tensor s, Tensor mask_val) {
+  const Tensor row = g.virt(CUDNN_DATA_INT32, n.ss(), n.ss_str()), col = g.virt(CUDNN_DATA_INT32, n.ss(), n.ss_str());
+  g.pointwise("gen_row_index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, nullptr, nullptr, row, 2);
+  g.pointwise("gen_col_index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, nullptr, nullptr, col, 3);
+  const Tensor keep = g.virt(CUDNN_DATA_BOOLEAN, n.ss(), n.ss_str());
+  g.pointwise("row_ge_col", CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, &col, nullptr, keep);
+  const Tensor out = g.virt(CUDNN_DATA_FLOAT, n.ss(), n.ss_str());
+  g.pointwise("causal_select", CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s, &mask_val, &keep, out);
+  return out;
+}
+
+// scale * Q Kᵀ, causally masked: shared by both directions.
+Tensor scores(GraphBuilder& g, const Dims& n, bool causal, Tensor q, Tensor kT, Tensor scale, Tensor mask_val) {
+  const Tensor s0 = g.virt(CUDNN_DATA_FLOAT, n.ss(), n.ss_str()), s1 = g.virt(CUDNN_DATA_FLOAT, n.ss(), n.ss_str());
+  g.matmul("matmul_Q_KT", q, kT, s0);
+  g.pointwise("mul_scale", CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s0, &scale, nullptr, s1);
+  return causal ? causal_mask(g, n, s1, mask_val) : s1;
+}
+
+void build_forward(GraphBuilder& g, const Dims& n, bool causal, cudnnDataType_t p_type) {
+  const Tensor q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
+  const Tensor kT = g.tensor(kK, CUDNN_DATA_BFLOAT16, n.kvT(), n.kvT_str(), false);
+  const Tensor v = g.tensor(kV, CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str(), false);
+  const Tensor o = g.tensor(kO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
+  const Tensor stats = g.tensor(kStats, CUDNN_DATA_FLOAT, n.row(), n.row_str(), false);
+  const Tensor scale = g.scalar(kScale);
+  const Tensor mask_val = causal ? g.scalar(kMaskVal) : Tensor{};
+  const Tensor s = scores(g, n, causal, q, kT, scale, mask_val);
+  auto full = [&] { return g.virt(CUDNN_DATA_FLOAT, n.ss(), n.ss_str()); };
+  auto rows = [&] { return g.virt(CUDNN_DATA_FLOAT, n.row(), n.row_str()); };
+  const Tensor m = rows(), z = full(), e = full(), sum = rows(), lg = rows();
+  const Tensor p = g.virt(p_type, n.ss(), n.ss_str());
+  g.reduction("max", CUDNN_REDUCE_TENSOR_MAX, s, m);
+  g.pointwise("sub_max", CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, s, &m, nullptr, z);
+  g.pointwise("exp", CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, z, nullptr, nullptr, e);
+  g.reduction("sum", CUDNN_REDUCE_TENSOR_ADD, e, sum);
+  g.pointwise("log", CUDNN_POINTWISE_LOG, CUDNN_DATA_FLOAT, sum, nullptr, nullptr, lg);
+  g.pointwise("stats", CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, m, &lg, nullptr, stats);
+  g.pointwise("div_sum", CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, e, &sum, nullptr, p);
+  g.matmul("matmul_P_V", p, v, o);
+}
+
+// dX = matmul(a, b) written to `out` [b, hk, s, d]; with GQA through a per-query-head [b, hq,
+// s, d] virtual product summed over each group.
+void grad_kv(GraphBuilder& g, const Dims& n, const char* name, Tensor a, Tensor b, Tensor out) {
+  if (n.h == n.hk) {
+    g.matmul(name, a, b, out);
+    return;
+  }
+  const Tensor full = g.virt(CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str());
+  g.matmul(name, a, b, full);
+  g.reduction("sum_group_heads", CUDNN_REDUCE_TENSOR_ADD, full, out);
+}
+
+void build_backward(GraphBuilder& g, const Dims& n, bool causal, bool deterministic, bool sum_in_workspace) {
+  const Tensor q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
+  const Tensor kT = g.tensor(kK, CUDNN_DATA_BFLOAT16, n.kvT(), n.kvT_str(), false);
+  const Tensor vT = g.tensor(kV, CUDNN_DATA_BFLOAT16, n.kvT(), n.kvT_str(), false);
+  const Tensor o = g.tensor(kO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
+  const Tensor dO = g.tensor(kDO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
+  const Tensor stats = g.tensor(kStats, CUDNN_DATA_FLOAT, n.row(), n.row_str(), false);
+  const Tensor dQ = g.tensor(kDQ, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
+  const Tensor dK = g.tensor(kDK, CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str(), false);
+  const Tensor dV = g.tensor(kDV, CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str(), false);
+  const Tensor scale = g.scalar(kScale), one = g.scalar(kOne);
+  const Tensor mask_val = causal ? g.scalar(kMaskVal) : Tensor{};
+  auto full = [&] { return g.virt(CUDNN_DATA_FLOAT, n.ss(), n.ss_str()); };
+
+  // softmax_sum = rowsum(dO * O): the delta term of dS = P * (dP - delta).
+  const Tensor dOO = g.virt(CUDNN_DATA_FLOAT, n.bhsd(), n.bhsd_str());
+  const Tensor rsum = g.virt(CUDNN_DATA_FLOAT, n.row(), n.row_str());
+  const Tensor softmax_sum = sum_in_workspace ? g.tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, n.row(), n.row_str(), false)
+                                              : g.virt(CUDNN_DATA_FLOAT, n.row(), n.row_str());
+  g.pointwise("mul_dO_O", CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dO, &o, nullptr, dOO);
+  g.reduction("sum_dO_O", CUDNN_REDUCE_TENSOR_ADD, dOO, rsum);
+  g.pointwise("softmax_sum", CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, rsum, &one, nullptr, softmax_sum);
+
+  // P = exp(S - lse); dV = Pᵀ dO.
+  const Tensor s = scores(g, n, causal, q, kT, scale, mask_val);
+  const Tensor z = full(), p = full();
+  g.pointwise("sub_stats", CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, s, &stats, nullptr, z);
+  g.pointwise("exp_s", CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, z, nullptr, nullptr, p);
+  const Tensor pT = g.virt(CUDNN_DATA_BFLOAT16, n.ss(), n.ssT_str());
+  g.reshape("reshape_P_T", p, pT);
+  grad_kv(g, n, "matmul_PT_dO", pT, dO, dV);
+
+  // dS = P * (dO Vᵀ - softmax_sum) * scale; dK = dSᵀ Q; dQ = dS K.
+  const Tensor dP = full(), dS0 = full(), dS1 = full(), dS = full();
+  g.matmul("matmul_dO_VT", dO, vT, dP);
+  g.pointwise("sub_softmax_sum", CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, dP, &softmax_sum, nullptr, dS0);
+  g.pointwise("mul_P", CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dS0, &p, nullptr, dS1);
+  g.pointwise("mul_dS_scale", CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dS1, &scale, nullptr, dS);
+  const Tensor dST = g.virt(CUDNN_DATA_BFLOAT16, n.ss(), n.ssT_str());
+  g.reshape("reshape_dS_T", dS, dST);
+  grad_kv(g, n, "matmul_dST_Q", dST, q, dK);
+  const Tensor k = g.virt(CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str());
+  g.reshape("reshape_KT_K", kT, k);
+  if (deterministic) {
+    g.matmul("matmul_dS_K", dS, k, dQ);
+  } else {
+    const Tensor acc = g.tensor(kDQAccum, CUDNN_DATA_FLOAT, n.bhsd(), n.bhsd_str(), false);
+    g.matmul("matmul_dS_K", dS, k, acc);
+    g.pointwise("identity_dQ", CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, acc, nullptr, nullptr, dQ);
+  }
+}
+
+// ---- plans and their cache
+struct Key {
+  int device;
+  int64_t B, Hq, Hkv, S, D;
+  uint32_t scale_bits;
+  bool causal, backward, deterministic;
+  auto tie() const { return std::tie(device, B, Hq, Hkv, S, D, scale_bits, causal, backward, deterministic); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+struct Plan {
+  std::deque<Desc> keep;  // tensors, operations, graph: alive as long as the plan
+  Desc plan;
+  int64_t engine_ws = 0;  // the engine's own workspace
+  int64_t softmax_sum_off = 0, dq_accum_off = 0, dq_accum_bytes = 0, total_ws = 0;
+  bool sum_in_workspace = false;  // backward: softmax_sum is a workspace tensor (variant 0)
+  std::string error;              // non-empty: this shape cannot run on cuDNN
+};
+
+long version() { return static_cast<long>(cudnnGetVersion()); }
+
+bool has_note(cudnnBackendDescriptor_t engine, cudnnBackendNumericalNote_t want) {
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) != CUDNN_STATUS_SUCCESS)
+    return false;
+  for (int64_t i = 0; i < n; ++i)
+    if (notes[i] == want) return true;
+  return false;
+}
+
+// Heuristics (mode A, then the fallback list); the first config whose plan finalizes wins.
+// Throws mt::Error listing every config tried and cuDNN's reason for each.
+void choose_engine(cudnnHandle_t h, const Desc& graph, bool need_deterministic, Plan& out) {
+  std::string tried;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "A" : "FALLBACK";
+    Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
+        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    if (const cudnnStatus_t st = heur.try_finalize(); st != CUDNN_STATUS_SUCCESS) {
+      tried += fmt::format(" [heuristics {}: {}]", mode_name, cudnn::describe(st));
+      continue;
+    }
+    int64_t count = 0;
+    cudnn::check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                          &count, nullptr),
+                 "engine heuristics result count");
+    if (count == 0) {
+      tried += fmt::format(" [heuristics {}: no engine configs]", mode_name);
+      continue;
+    }
+    std::vector<Desc> cfgs;
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (int64_t i = 0; i < count; ++i) raw.push_back(cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR).get());
+    int64_t got = 0;
+    cudnn::check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                          count, &got, raw.data()),
+                 "engine heuristics results");
+    for (int64_t i = 0; i < got; ++i) {
+      Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+      cudnnBackendDescriptor_t eraw = engine.get();
+      int64_t n = 0, index = -1;
+      if (cudnnBackendGetAttribute(raw[i], CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &eraw) ==
+          CUDNN_STATUS_SUCCESS)
+        cudnnBackendGetAttribute(eraw, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index);
+      if (need_deterministic && has_note(eraw, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)) {
+        tried += fmt::format(" [{} #{} engine {}: skipped, nondeterministic]", mode_name, i, index);
+        continue;
+      }
+      Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      plan.set_handle(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h).set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[i]);
+      if (const cudnnStatus_t st = plan.try_finalize(); st != CUDNN_STATUS_SUCCESS) {
+        tried += fmt::format(" [{} #{} engine {}: {}]", mode_name, i, index, cudnn::describe(st));
+        continue;
+      }
+      int64_t ws = 0;
+      cudnn::check(
+          cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws),
+          "plan workspace size");
+      out.plan = std::move(plan);
+      out.engine_ws = ws;
+      for (Desc& c : cfgs) out.keep.push_back(std::move(c));
+      return;
+    }
+  }
+  fail("no cuDNN engine config could be finalized:{}", tried);
+}
+
+class Registry {
+ public:
+  static Registry& get() {
+    static Registry r;
+    return r;
+  }
+  std::mutex mu;
+
+  cudnnHandle_t handle(int device) {
+    auto it = handles_.find(device);
+    if (it != handles_.end()) return it->second;
+    cudnnHandle_t h = nullptr;
+    cudnn::check(cudnnCreate(&h), "cudnnCreate");
+    // One handle per device for the process; never destroyed (cuDNN tears down with the context).
+    return handles_[device] = h;
+  }
+
+  Plan& plan(const AttnParams& p, bool backward, bool deterministic) {
+    int device = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&device));
+    uint32_t bits = 0;
+    std::memcpy(&bits, &p.scale, sizeof bits);
+    const Key key{device, p.B, p.Hq, p.Hkv, p.S, p.D, bits, p.causal, backward, backward && deterministic};
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return *it->second;
+    auto pl = std::make_unique<Plan>();
+    build(*pl, p, device, backward, key.deterministic);
+    return *(plans_[key] = std::move(pl));
+  }
+
+ private:
+  void build(Plan& pl, const AttnParams& p, int device, bool backward, bool deterministic) {
+    std::string why;
+    if (!cudnn_attention_supported(p, &why)) {
+      pl.error = why;
+      return;
+    }
+    const Dims n{p.B, p.Hq, p.Hkv, p.S, p.D};
+    // Variant 0 is the graph current cudnn-frontend emits. Variant 1 is its older form (forward:
+    // P rounded to bf16 before the PV matmul; backward: softmax_sum virtual), tried when the first
+    // is rejected, so that one GPU run covers both and the error lists the reasons for each.
+    std::string errors;
+    for (int variant = 0; variant < 2; ++variant) {
+      pl.keep.clear();
+      GraphBuilder g(pl.keep);
+      try {
+        const cudnnHandle_t h = handle(device);
+        if (backward)
+          build_backward(g, n, p.causal, deterministic, variant == 0);
+        else
+          build_forward(g, n, p.causal, variant == 0 ? CUDNN_DATA_FLOAT : CUDNN_DATA_BFLOAT16);
+        Desc& graph = pl.keep.emplace_back(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+        graph.set_handle(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, h)
+            .set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(g.ops().size()),
+                 g.ops().data());
+        graph.finalize("operation graph");
+        choose_engine(h, graph, backward && deterministic, pl);
+        pl.sum_in_workspace = backward && variant == 0;
+        errors.clear();
+        break;
+      } catch (const Error& e) {
+        errors += fmt::format(" [graph variant {}: {} Ops: {}]", variant, e.what(), g.op_names());
+      }
+    }
+    if (!errors.empty()) {
+      pl.error =
+          fmt::format("cuDNN {}{} graph for {} (cuDNN {}) cannot be built:{}", backward ? "backward" : "forward",
+                      (deterministic || !backward) ? "" : " (nondeterministic)", shape_str(p), version(), errors);
+      return;
+    }
+    // Workspace: the engine's, then the graph's own non-virtual intermediates (256-aligned).
+    int64_t off = round_up(pl.engine_ws, 256);
+    if (pl.sum_in_workspace) {
+      pl.softmax_sum_off = off;
+      off += round_up(p.B * p.Hq * p.S * int64_t{4}, 256);
+    }
+    if (backward && !deterministic) {
+      pl.dq_accum_off = off;
+      pl.dq_accum_bytes = p.B * p.Hq * p.S * p.D * int64_t{4};
+      off += round_up(pl.dq_accum_bytes, 256);
+    }
+    pl.total_ws = off;
+  }
+
+  std::map<int, cudnnHandle_t> handles_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+// Stream-ordered workspace from the device's default pool (the one CudaAllocator draws from).
+class Workspace {
+ public:
+  Workspace(int64_t bytes, cudaStream_t s) : s_(s) {
+    if (bytes > 0) MT_CUDA_CHECK(cudaMallocAsync(&p_, static_cast<size_t>(bytes), s));
+  }
+  ~Workspace() {
+    if (p_) cudaFreeAsync(p_, s_);
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  char* get() const { return static_cast<char*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t s_;
+};
+
+void execute(const Plan& pl, cudnnHandle_t h, std::vector<int64_t> uids, std::vector<void*> ptrs, void* ws,
+             cudaStream_t s, const char* what) {
+  Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()), uids.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()), ptrs.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+  vp.finalize("variant pack");
+  cudnn::check(cudnnSetStream(h, s), "cudnnSetStream");
+  cudnn::check(cudnnBackendExecute(h, pl.plan.get(), vp.get()), what);
+}
+
+// The value masked scores take: cuDNN < 9.10 wants the lowest finite float (as the frontend).
+float mask_value() {
+  return version() < 91000 ? std::numeric_limits<float>::lowest() : -std::numeric_limits<float>::infinity();
+}
+
+}  // namespace
+
+bool cudnn_attention_compiled() { return true; }
+long cudnn_runtime_version() { return version(); }
+
+bool cudnn_attention_supported(const AttnParams& p, std::string* why) {
+  auto no = [&](std::string r) {
+    if (why) *why = std::move(r);
+    return false;
+  };
+  const long ver = version();
+  if (ver < 90000) return no(fmt::format("cuDNN {} is loaded; the fused attention graphs here need cuDNN 9", ver));
+  if (p.dropout_p > 0.f)
+    return no("attention dropout is not supported by the cuDNN path (our kernels apply the CPU-matching Philox mask)");
+  if (p.D % 8 != 0 || p.D > 128) return no(fmt::format("head dim {} (cuDNN needs a multiple of 8, at most 128)", p.D));
+  if (p.Hkv <= 0 || p.Hq % p.Hkv != 0) return no(fmt::format("Hq {} is not a multiple of Hkv {}", p.Hq, p.Hkv));
+  // cudnn-frontend works around a cuDNN <= 9.15 backward problem with S % 128 != 0 by adding a
+  // padding mask with per-batch lengths; that variant is not built here.
+  if (p.S % 128 != 0 && ver <= 91500)
+    return no(fmt::format("S={} is not a multiple of 128, which cuDNN {} (<= 9.15) handles only with a padding mask",
+                          p.S, ver));
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return no("no CUDA device");
+  }
+  if (major < 8) return no(fmt::format("compute capability {}.x (cuDNN fused attention needs 8.0+)", major));
+  return true;
+}
+
+std::string cudnn_attention_prepare(const AttnParams& p, bool backward, bool deterministic) {
+  Registry& r = Registry::get();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.plan(p, backward, deterministic).error;
+}
+
+void cudnn_attention_forward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+                             cudaStream_t s) {
+  Registry& r = Registry::get();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const Plan& pl = r.plan(p, false, true);
+  if (!pl.error.empty()) fail("cuDNN attention forward unavailable: {}", pl.error);
+  int device = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&device));
+  float scale = p.scale, mask = mask_value();
+  Workspace ws(pl.total_ws, s);
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs{const_cast<bf16*>(q), const_cast<bf16*>(k), const_cast<bf16*>(v), out, lse, &scale};
+  if (p.causal) uids.push_back(kMaskVal), ptrs.push_back(&mask);
+  execute(pl, r.handle(device), std::move(uids), std::move(ptrs), ws.get(), s, "attention forward execute");
+}
+
+void cudnn_attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
+                              const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s,
+                              bool deterministic) {
+  Registry& r = Registry::get();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const Plan& pl = r.plan(p, true, deterministic);
+  if (!pl.error.empty()) fail("cuDNN attention backward unavailable: {}", pl.error);
+  int device = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&device));
+  float scale = p.scale, one = 1.f, mask = mask_value();
+  Workspace ws(pl.total_ws, s);
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne};
+  std::vector<void*> ptrs{const_cast<bf16*>(q),
+                          const_cast<bf16*>(k),
+                          const_cast<bf16*>(v),
+                          const_cast<bf16*>(out),
+                          const_cast<bf16*>(dout),
+                          const_cast<float*>(lse),
+                          dq,
+                          dk,
+                          dv,
+                          &scale,
+                          &one};
+  if (pl.sum_in_workspace) uids.push_back(kSoftmaxSum), ptrs.push_back(ws.get() + pl.softmax_sum_off);
+  if (p.causal) uids.push_back(kMaskVal), ptrs.push_back(&mask);
+  if (pl.dq_accum_bytes > 0) {
+    // cuDNN < 9.6 expects the accumulator zeroed by the caller (as the frontend does).
+    if (version() < 90600)
+      MT_CUDA_CHECK(cudaMemsetAsync(ws.get() + pl.dq_accum_off, 0, static_cast<size_t>(pl.dq_accum_bytes), s));
+    uids.push_back(kDQAccum), ptrs.push_back(ws.get() + pl.dq_accum_off);
+  }
+  execute(pl, r.handle(device), std::move(uids), std::move(ptrs), ws.get(), s, "attention backward execute");
+}
+
+}  // namespace mt::cuda
+
+#endif  // MT_HAVE_CUDNN
