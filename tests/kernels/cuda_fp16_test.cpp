@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "core/dtype.h"
@@ -353,7 +354,13 @@ TEST_F(GpuFp16, UnscaleAndCheckFindsInfAndNan) {
     for (size_t s = 0; s < sizes.size(); ++s) {
       std::vector<float> want(host[s].size());
       for (size_t i = 0; i < want.size(); ++i) want[i] = host[s][i] * scale;  // the CPU's fp32 product
-      EXPECT_TRUE(test::bit_equal(dev[s].download(), want)) << s;
+      // Bit for bit, except that a NaN may come back with another payload (the GPU writes the
+      // canonical NaN, x86 keeps the operand's).
+      const auto got = dev[s].download();
+      int64_t off = 0;
+      for (size_t i = 0; i < want.size(); ++i)
+        off += !(std::isnan(got[i]) && std::isnan(want[i])) && std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+      EXPECT_EQ(off, 0) << "span " << s;
     }
     return flag.download()[0];
   };
