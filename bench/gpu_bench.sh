@@ -65,6 +65,8 @@ LLAMA=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query
        --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
        --vocab-size 128255 --micro-batch-size 4)
 bench llama-1.5b "${LLAMA[@]}" --global-batch-size 32
+# The same with our own flash kernels instead of the automatic choice (cuDNN's fused attention).
+[ -n "${MT_AB_FLASH:-}" ] && bench llama-1.5b-flash "${LLAMA[@]}" --global-batch-size 32 --attention-backend flash
 GPT2=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024
       --vocab-size 50257 --micro-batch-size 16 --global-batch-size 16)
 bench gpt2-124m "${GPT2[@]}"
@@ -74,3 +76,13 @@ GPT2XL=(--num-layers 48 --hidden-size 1600 --num-attention-heads 25 --seq-length
 bench gpt2-1.5b "${GPT2XL[@]}"
 # Where the time goes (CUDA-event op breakdown; costs a few percent, so a run of its own).
 bench llama-1.5b-timed "${LLAMA[@]}" --global-batch-size 32 --timing-log-level 1
+# Per-kernel GPU time of a few llama-1.5b steps (Nsight Systems, when the image has it).
+NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+if [ -n "${MT_NSYS:-}" ] && [ -n "$NSYS" ]; then
+  "$NSYS" profile -o /tmp/mt_prof --force-overwrite true "$M" pretrain "${LLAMA[@]}" --global-batch-size 8 \
+    --mock-data --bf16 --device cuda --train-iters 4 --log-interval 1 --eval-iters 0 --lr 1e-4 --attention-dropout 0 \
+    --hidden-dropout 0 --data-cache-path /tmp/mt_cache >"$OUT/nsys_run.txt" 2>&1
+  "$NSYS" stats --report cuda_gpu_kern_sum --format csv /tmp/mt_prof.nsys-rep >"$OUT/kernels.csv" 2>/dev/null
+  echo "top kernels (4 steps of 2 micro-batches; % of GPU kernel time):"
+  awk -F, 'NR > 1 && NR < 30 { gsub(/"/, ""); printf "%6s%% %10.1f ms %7s x  %s\n", $1, $2 / 1e6, $3, substr($9, 1, 90) }' "$OUT/kernels.csv"
+fi

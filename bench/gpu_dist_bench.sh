@@ -99,7 +99,6 @@ if has single || { [ "$ONE" = 0 ] && { has dp || has pp; }; }; then
 fi
 if has attn; then  # the same run with our flash kernels instead of the automatic choice (cuDNN where it serves)
   run llama-1.5b-1gpu-flash 1 "${LLAMA[@]}" --global-batch-size 32 --attention-backend flash
-  run llama-1.5b-1gpu-fused 1 "${LLAMA[@]}" --global-batch-size 32 --attention-backend fused
 fi
 if has breakdown; then  # per-op GPU time (CUDA events cost a little, so a run of its own)
   run llama-1.5b-1gpu-timed 1 "${LLAMA[@]}" --global-batch-size 32 --timing-log-level 1
