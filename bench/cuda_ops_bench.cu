@@ -136,12 +136,19 @@ void bench_attention(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t D) {
   report("attn_fwd_cudnn", shape, cf, fwd_flop / cf * 1e-9, "TFLOP/s");
   report("attn_bwd_cudnn", shape, cb, bwd_flop / cb * 1e-9, "TFLOP/s");
   report("attn_fwd_bwd_cudnn", shape, cf + cb, (fwd_flop + bwd_flop) / (cf + cb) * 1e-9, "TFLOP/s");
-  // For reference only: cuDNN's dQ-atomics backward (not run-to-run deterministic, not used).
-  if (cudnn_attention_prepare(p, true, false).empty()) {
-    const double cn = time_ms(
-        [&](int) { cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr, false); }, it);
-    report("attn_bwd_cudnn_nondet", shape, cn, bwd_flop / cn * 1e-9, "TFLOP/s");
-  }
+  // Every backward variant: deterministic or with dQ atomics (--nondeterministic-attention), and
+  // for grouped-query shapes cuDNN's grouped graph against multi-head over repeated K/V.
+  const GqaBackward gqas[] = {GqaBackward::Grouped, GqaBackward::Expanded};
+  for (bool det : {true, false})
+    for (GqaBackward g : gqas) {
+      if (p.Hkv == p.Hq && g == GqaBackward::Expanded) continue;  // the same call as grouped
+      if (!cudnn_attention_prepare(p, true, det, g).empty()) continue;
+      const double t = time_ms(
+          [&](int) { cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr, det, g); }, it);
+      const std::string name = std::string("attn_bwd_cudnn") + (det ? "" : "_nondet") +
+                               (p.Hkv == p.Hq ? "" : g == GqaBackward::Grouped ? "_grouped" : "_expanded");
+      report(name.c_str(), shape, t, bwd_flop / t * 1e-9, "TFLOP/s");
+    }
 }
 
 void bench_memory_bound() {
@@ -255,7 +262,9 @@ int main(int argc, char** argv) {
   try {
     if (want("gemm")) bench_gemm();
     if (want("attn")) {
-      bench_attention(4, 32, 8, 2048, 64);
+      bench_attention(4, 32, 8, 2048, 64);    // llama-1.5b
+      bench_attention(4, 32, 32, 2048, 64);   // the same as multi-head
+      bench_attention(1, 16, 4, 4096, 128);   // llama-8b with TP=2 (one rank's heads)
       bench_attention(2, 16, 16, 2048, 128);
     }
     if (want("mem")) bench_memory_bound();

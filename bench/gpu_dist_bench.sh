@@ -41,7 +41,7 @@ fi
 
 if has ops; then  # kernel micro-benchmarks: GEMM shapes, attention (each backend), memory-bound ops
   "$B/bin/cuda_ops_bench" ${MT_OPS_ARGS:-} >"$OUT/ops.txt" 2>&1 || { echo "cuda_ops_bench failed"; tail -5 "$OUT/ops.txt"; }
-  grep -E "^attention|^flash|^cudnn" "$OUT/ops.txt"
+  grep -E "^attn" "$OUT/ops.txt"
 fi
 if has quickstart; then  # README command 1's training on the GPU (data/brown and the GPT-2 files carried)
   t0=$(date +%s)
@@ -99,6 +99,9 @@ if has single || { [ "$ONE" = 0 ] && { has dp || has pp; }; }; then
 fi
 if has attn; then  # the same run with our flash kernels instead of the automatic choice (cuDNN where it serves)
   run llama-1.5b-1gpu-flash 1 "${LLAMA[@]}" --global-batch-size 32 --attention-backend flash
+  # cuDNN's grouped-query backward graph instead of multi-head over repeated K/V (the default).
+  MT_CUDNN_GQA_BACKWARD=grouped run llama-1.5b-1gpu-gqa-grouped 1 "${LLAMA[@]}" --global-batch-size 32
+  run llama-1.5b-1gpu-nondet 1 "${LLAMA[@]}" --global-batch-size 32 --nondeterministic-attention
 fi
 if has breakdown; then  # per-op GPU time (CUDA events cost a little, so a run of its own)
   run llama-1.5b-1gpu-timed 1 "${LLAMA[@]}" --global-batch-size 32 --timing-log-level 1

@@ -77,6 +77,11 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
            },
            "GPU attention: auto (default: cuDNN fused attention where supported, else flash), flash (own "
            "kernels), fused (cuDNN; an error where it does not apply)");
+  p.custom("--deterministic-mode", false, [](const std::string&) {},
+           "accepted: megatron.cpp's kernels are deterministic unless --nondeterministic-attention is given");
+  p.store_true("--nondeterministic-attention", &a.nondeterministic_attention,
+               "let cuDNN's attention backward accumulate dQ with atomics (faster; the same seed no longer gives "
+               "bit-identical runs). Default: deterministic kernels");
   p.custom("--transformer-impl", true,
            [](const std::string& v) {
              if (v != "local" && v != "transformer_engine")
@@ -373,6 +378,8 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   if (a.attention_backend == "fused" && a.model.attention_dropout > 0)
     fail("--attention-backend fused (cuDNN) does not apply attention dropout; set --attention-dropout 0 or use "
          "--attention-backend auto (which uses the flash kernels while dropout is on)");
+  if (given("--deterministic-mode") && a.nondeterministic_attention)
+    fail("--deterministic-mode and --nondeterministic-attention contradict each other; drop one");
   if (a.attention_backend == "fused" && a.device == "cpu")
     fail("--attention-backend fused runs cuDNN on the GPU; it cannot be combined with --device cpu");
   if (a.micro_batch_size <= 0) fail("--micro-batch-size must be positive (got {})", a.micro_batch_size);

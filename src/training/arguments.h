@@ -66,6 +66,7 @@ struct Arguments {
   bool log_progress_bar = true;   // a progress bar when stdout is a terminal
   std::string device = "auto";    // --device cpu|cuda|auto
   std::string attention_backend = "auto";  // --attention-backend auto|flash|fused (GPU attention)
+  bool nondeterministic_attention = false;  // --nondeterministic-attention (cuDNN's dQ-atomics backward)
   int64_t num_threads = 0;        // --num-threads (0: OMP/OpenBLAS default)
 
   // Parallelism. world_size comes from the launcher's environment (set before validate_args);

@@ -143,6 +143,7 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
     if (args_.optimizer.type != "adam") fail("--device cuda supports --optimizer adam only for now");
     ops::gpu::init();  // a multi-GPU launch picked this rank's device before (pretrain)
     cuda::set_attention_backend(cuda::attention_backend_from_name(args_.attention_backend));
+    cuda::set_attention_deterministic(!args_.nondeterministic_attention);
     model_->to_device(Device::CUDA);
     time_ops_ = args_.timing_log_level >= 1;
     if (time_ops_) op_times_.set_device(Device::CUDA);

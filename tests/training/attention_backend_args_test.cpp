@@ -1,5 +1,5 @@
 // --attention-backend (Megatron's flag): the choices megatron.cpp has, the ones it rejects by
-// name, and the combinations validate_args refuses before any GPU work.
+// name, and the combinations validate_args refuses before any GPU work; --nondeterministic-attention.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -59,6 +59,15 @@ TEST(AttentionBackendFlag, FusedNeedsNoDropoutAndAGpu) {
   EXPECT_NE(
       error_of({"--attention-backend", "fused", "--attention-dropout", "0", "--device", "cpu"}).find("--device cpu"),
       std::string::npos);
+}
+
+TEST(AttentionBackendFlag, DeterministicByDefault) {
+  Arguments a;
+  EXPECT_EQ(error_of({"--deterministic-mode"}, &a), "");
+  EXPECT_FALSE(a.nondeterministic_attention);
+  EXPECT_EQ(error_of({"--nondeterministic-attention"}, &a), "");
+  EXPECT_TRUE(a.nondeterministic_attention);
+  EXPECT_NE(error_of({"--deterministic-mode", "--nondeterministic-attention"}).find("contradict"), std::string::npos);
 }
 
 }  // namespace

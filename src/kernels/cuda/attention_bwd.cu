@@ -327,7 +327,7 @@ void attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const
   if (p.B * p.Hq * p.S == 0) return;
   const void* ptrs[] = {q, k, v, out, lse, dout, dq, dk, dv};
   if (attention_use_cudnn(p, true, ptrs, 9)) {  // --attention-backend (attention_cudnn.h)
-    cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, s);
+    cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, s, attention_deterministic());
     return;
   }
   if (!attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(dout) ||

@@ -15,6 +15,7 @@ namespace mt::cuda {
 namespace {
 
 std::atomic<AttentionBackend> g_backend{AttentionBackend::Auto};
+std::atomic<bool> g_deterministic{true};
 
 std::string shape_str(const AttnParams& p) {
   return fmt::format("B={} Hq={} Hkv={} S={} D={} causal={} dropout={}", p.B, p.Hq, p.Hkv, p.S, p.D, p.causal ? 1 : 0,
@@ -31,6 +32,8 @@ bool all_aligned16(const void* const* ptrs, int n) {
 
 void set_attention_backend(AttentionBackend b) { g_backend.store(b); }
 AttentionBackend attention_backend() { return g_backend.load(); }
+void set_attention_deterministic(bool d) { g_deterministic.store(d); }
+bool attention_deterministic() { return g_deterministic.load(); }
 
 AttentionBackend attention_backend_from_name(const std::string& name) {
   if (name == "auto") return AttentionBackend::Auto;
@@ -51,12 +54,12 @@ bool attention_use_cudnn(const AttnParams& p, bool backward, const void* const* 
            dir, shape_str(p), why);
     if (!all_aligned16(ptrs, nptrs))
       fail("--attention-backend fused: cuDNN attention {} needs 16-byte aligned tensors ({})", dir, shape_str(p));
-    const std::string err = cudnn_attention_prepare(p, backward);
+    const std::string err = cudnn_attention_prepare(p, backward, attention_deterministic());
     if (!err.empty()) fail("--attention-backend fused: {}", err);
     return true;
   }
   if (!all_aligned16(ptrs, nptrs) || !cudnn_attention_supported(p)) return false;
-  const std::string err = cudnn_attention_prepare(p, backward);
+  const std::string err = cudnn_attention_prepare(p, backward, attention_deterministic());
   if (err.empty()) return true;
   // Auto falls back to our kernels; say so once per shape and direction (the failure is cached).
   static std::mutex mu;
@@ -82,7 +85,9 @@ bool cudnn_attention_supported(const AttnParams&, std::string* why) {
   return false;
 }
 
-std::string cudnn_attention_prepare(const AttnParams&, bool, bool) {
+GqaBackward cudnn_gqa_backward_default() { return GqaBackward::Expanded; }
+
+std::string cudnn_attention_prepare(const AttnParams&, bool, bool, GqaBackward) {
   return "this build has no cuDNN (cudnn.h / libcudnn were not found when configuring CMake)";
 }
 
@@ -91,7 +96,7 @@ void cudnn_attention_forward(const AttnParams& p, const bf16*, const bf16*, cons
 }
 
 void cudnn_attention_backward(const AttnParams& p, const bf16*, const bf16*, const bf16*, const bf16*, const float*,
-                              const bf16*, bf16*, bf16*, bf16*, cudaStream_t, bool) {
+                              const bf16*, bf16*, bf16*, bf16*, cudaStream_t, bool, GqaBackward) {
   fail("cuDNN attention backward ({}): {}", shape_str(p), cudnn_attention_prepare(p, true, true));
 }
 

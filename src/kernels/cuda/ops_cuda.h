@@ -202,6 +202,11 @@ void set_attention_backend(AttentionBackend b);
 AttentionBackend attention_backend();
 // "auto" | "flash" | "fused"; throws mt::Error listing the choices for anything else.
 AttentionBackend attention_backend_from_name(const std::string& name);
+// Whether the cuDNN attention backward must be run-to-run deterministic (default true). False
+// (--nondeterministic-attention) allows its faster engine that accumulates dQ with atomics.
+// Our flash kernels are always deterministic.
+void set_attention_deterministic(bool deterministic);
+bool attention_deterministic();
 
 // ---- Activations and dropout (elementwise, fp32 math).
 void swiglu_forward(const bf16* x, bf16* y, int64_t rows, int64_t F, cudaStream_t s);
