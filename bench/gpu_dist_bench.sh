@@ -99,8 +99,6 @@ if has single || { [ "$ONE" = 0 ] && { has dp || has pp; }; }; then
 fi
 if has attn; then  # the same run with our flash kernels instead of the automatic choice (cuDNN where it serves)
   run llama-1.5b-1gpu-flash 1 "${LLAMA[@]}" --global-batch-size 32 --attention-backend flash
-  # cuDNN's grouped-query backward graph instead of multi-head over repeated K/V (the default).
-  MT_CUDNN_GQA_BACKWARD=grouped run llama-1.5b-1gpu-gqa-grouped 1 "${LLAMA[@]}" --global-batch-size 32
   run llama-1.5b-1gpu-nondet 1 "${LLAMA[@]}" --global-batch-size 32 --nondeterministic-attention
 fi
 if has breakdown; then  # per-op GPU time (CUDA events cost a little, so a run of its own)

@@ -86,8 +86,7 @@ Result cpu_reference(const AttnParams& p, const Inputs& in) {
 
 enum class Path { Cudnn, Entry };  // cuDNN called directly, or the entry points under the current backend
 
-Result gpu_run(const AttnParams& p, const Inputs& in, Path path, bool deterministic = true,
-               GqaBackward gqa = cudnn_gqa_backward_default()) {
+Result gpu_run(const AttnParams& p, const Inputs& in, Path path, bool deterministic = true) {
   DeviceBuffer<bf16> q(in.q), k(in.k), v(in.v), dout(in.dout);
   DeviceBuffer<bf16> out(in.q.size()), dq(in.q.size()), dk(in.k.size()), dv(in.k.size());
   DeviceBuffer<float> lse(p.B * p.Hq * p.S);
@@ -95,7 +94,7 @@ Result gpu_run(const AttnParams& p, const Inputs& in, Path path, bool determinis
   out.fill_bytes(0xff), dq.fill_bytes(0xff), dk.fill_bytes(0xff), dv.fill_bytes(0xff), lse.fill_bytes(0xff);
   if (path == Path::Cudnn) {
     cudnn_attention_forward(p, q, k, v, out, lse, nullptr);
-    cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr, deterministic, gqa);
+    cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr, deterministic);
   } else {
     attention_forward(p, q, k, v, out, lse, nullptr);
     attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr);
@@ -195,57 +194,7 @@ TEST_F(GpuCudnnAttention, BackwardDeterministic) {
   }
 }
 
-// Grouped-query backward both ways: cuDNN's grouped graph, and multi-head over repeated K/V with
-// dK/dV summed per group. Both match the CPU; the expanded one is deterministic too.
-TEST_F(GpuCudnnAttention, GqaBackwardGroupedAndExpanded) {
-  MT_REQUIRE_CUDNN();
-  for (const AttnParams& p : {params(2, 8, 2, 256, 64, true), params(1, 4, 1, 512, 128, true),
-                              params(1, 8, 4, 256, 64, false)}) {
-    bool ok = true;
-    for (GqaBackward g : {GqaBackward::Grouped, GqaBackward::Expanded}) {
-      const std::string e = cudnn_attention_prepare(p, true, true, g);
-      EXPECT_EQ(e, "") << str(p);
-      ok = ok && e.empty();
-    }
-    if (!ok || !prepared(p)) continue;
-    const Inputs in = make_inputs(p, 41);
-    const Result ref = cpu_reference(p, in);
-    const Result grouped = gpu_run(p, in, Path::Cudnn, true, GqaBackward::Grouped);
-    const Result expanded = gpu_run(p, in, Path::Cudnn, true, GqaBackward::Expanded);
-    expect_close("cudnn-grouped-vs-cpu", p, grouped, ref, 2e-2, 2e-2);
-    expect_close("cudnn-expanded-vs-cpu", p, expanded, ref, 2e-2, 2e-2);
-    EXPECT_TRUE(test::bit_equal(expanded.dq, gpu_run(p, in, Path::Cudnn, true, GqaBackward::Expanded).dq));
-    const Result again = gpu_run(p, in, Path::Cudnn, true, GqaBackward::Expanded);
-    EXPECT_TRUE(test::bit_equal(expanded.dk, again.dk)) << str(p);
-    EXPECT_TRUE(test::bit_equal(expanded.dv, again.dv)) << str(p);
-  }
-}
-
-// The head copies behind the expanded backward, against a host loop (sums in fp32, j order).
-TEST_F(GpuCudnnAttention, RepeatAndSumKvHeads) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  const int64_t B = 2, Hkv = 3, group = 4, row = 40;
-  std::vector<float> src = random_vec<float>(B * Hkv * row, 5);
-  for (auto& x : src) x = round_bf16(x);
-  DeviceBuffer<bf16> ds(src), rep(B * Hkv * group * row), back(B * Hkv * row);
-  repeat_kv_heads(ds, rep, B, Hkv, group, row, nullptr);
-  sum_kv_head_groups(rep, back, B, Hkv, group, row, nullptr);
-  const std::vector<float> r = rep.download(), s = back.download();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < Hkv * group; ++h)
-      for (int64_t i = 0; i < row; ++i)
-        ASSERT_EQ(r[(b * Hkv * group + h) * row + i], src[(b * Hkv + h / group) * row + i]) << b << " " << h;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t g = 0; g < Hkv; ++g)
-      for (int64_t i = 0; i < row; ++i) {
-        float acc = 0.f;
-        for (int64_t j = 0; j < group; ++j) acc += r[((b * Hkv + g) * group + j) * row + i];
-        ASSERT_EQ(s[(b * Hkv + g) * row + i], round_bf16(acc)) << b << " " << g << " " << i;
-      }
-  EXPECT_THROW(repeat_kv_heads(ds, rep, B, Hkv, group, 12, nullptr), Error);  // rows not a multiple of 8
-}
-
-// The faster dQ-atomics backward (not used for training): only checked for accuracy.
+// The faster dQ-atomics backward (--nondeterministic-attention): only checked for accuracy.
 TEST_F(GpuCudnnAttention, NondeterministicBackwardMatchesCpu) {
   MT_REQUIRE_CUDNN();
   const AttnParams p = params(2, 8, 2, 256, 64, true);

@@ -85,9 +85,7 @@ bool cudnn_attention_supported(const AttnParams&, std::string* why) {
   return false;
 }
 
-GqaBackward cudnn_gqa_backward_default() { return GqaBackward::Expanded; }
-
-std::string cudnn_attention_prepare(const AttnParams&, bool, bool, GqaBackward) {
+std::string cudnn_attention_prepare(const AttnParams&, bool, bool) {
   return "this build has no cuDNN (cudnn.h / libcudnn were not found when configuring CMake)";
 }
 
@@ -96,7 +94,7 @@ void cudnn_attention_forward(const AttnParams& p, const bf16*, const bf16*, cons
 }
 
 void cudnn_attention_backward(const AttnParams& p, const bf16*, const bf16*, const bf16*, const bf16*, const float*,
-                              const bf16*, bf16*, bf16*, bf16*, cudaStream_t, bool, GqaBackward) {
+                              const bf16*, bf16*, bf16*, bf16*, cudaStream_t, bool) {
   fail("cuDNN attention backward ({}): {}", shape_str(p), cudnn_attention_prepare(p, true, true));
 }
 

@@ -29,20 +29,10 @@ long cudnn_runtime_version();
 // sequence length restrictions of the loaded cuDNN version. `why` (optional) gets the reason.
 bool cudnn_attention_supported(const AttnParams& p, std::string* why = nullptr);
 
-// How a grouped-query backward (Hkv < Hq) runs. Grouped: one cuDNN graph that sums dK/dV over
-// each group. Expanded: K and V repeated to Hq heads, cuDNN's multi-head backward, then dK/dV
-// summed over each group in a fixed order (repeat_kv_heads / sum_kv_head_groups) — cuDNN's
-// deterministic multi-head engine is faster than its grouped one (BENCHMARKS.md), at the cost of
-// 4 transient [B,Hq,S,D] buffers. Default: Expanded; MT_CUDNN_GQA_BACKWARD=grouped|expanded
-// overrides it (for A/B benchmarks).
-enum class GqaBackward { Grouped, Expanded };
-GqaBackward cudnn_gqa_backward_default();
-
 // Builds (once, cached) the graph and plan for this call shape on the current device; returns ""
 // when it is ready, else the reason it could not be built (also cached: a failing shape is not
 // retried). Throws only for CUDA errors. Tests use it to print the cuDNN reason on failure.
-std::string cudnn_attention_prepare(const AttnParams& p, bool backward, bool deterministic = true,
-                                    GqaBackward gqa = cudnn_gqa_backward_default());
+std::string cudnn_attention_prepare(const AttnParams& p, bool backward, bool deterministic = true);
 
 // Run on stream s; throw mt::Error (with the reason from cudnn_attention_prepare and the shape)
 // when the shape is unsupported or the graph cannot be built.
@@ -52,15 +42,7 @@ void cudnn_attention_forward(const AttnParams& p, const bf16* q, const bf16* k, 
 // (run-to-run bits may differ); training uses the default.
 void cudnn_attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
                               const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s,
-                              bool deterministic = true, GqaBackward gqa = cudnn_gqa_backward_default());
-
-// dst [B, Hkv*group, row] = src [B, Hkv, row] with head h reading head h / group; and back:
-// dst [B, Hkv, row] = the fp32 sum over each group of src [B, Hkv*group, row], rounded once.
-// row_elems a multiple of 8, buffers 16-byte aligned (kv_heads.cu).
-void repeat_kv_heads(const bf16* src, bf16* dst, int64_t B, int64_t Hkv, int64_t group, int64_t row_elems,
-                     cudaStream_t s);
-void sum_kv_head_groups(const bf16* src, bf16* dst, int64_t B, int64_t Hkv, int64_t group, int64_t row_elems,
-                        cudaStream_t s);
+                              bool deterministic = true);
 
 // The policy behind the bf16 entry points: whether this call goes to cuDNN under the current
 // attention_backend(). Flash: never. Fused: always (an unsupported shape or a failed build then

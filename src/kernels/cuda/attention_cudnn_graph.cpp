@@ -30,7 +30,6 @@
 #ifdef MT_HAVE_CUDNN
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -528,30 +527,10 @@ bool cudnn_attention_supported(const AttnParams& p, std::string* why) {
   return true;
 }
 
-GqaBackward cudnn_gqa_backward_default() {
-  static const GqaBackward g = [] {
-    const char* e = std::getenv("MT_CUDNN_GQA_BACKWARD");
-    const std::string v = e ? e : "";
-    if (v.empty() || v == "expanded") return GqaBackward::Expanded;
-    if (v == "grouped") return GqaBackward::Grouped;
-    fail("MT_CUDNN_GQA_BACKWARD={}: expected grouped or expanded", v);
-  }();
-  return g;
-}
-
-namespace {
-// The shape the backward graph runs: an expanded GQA call is multi-head attention over Hq heads.
-AttnParams backward_graph_params(const AttnParams& p, GqaBackward gqa) {
-  AttnParams g = p;
-  if (gqa == GqaBackward::Expanded) g.Hkv = p.Hq;
-  return g;
-}
-}  // namespace
-
-std::string cudnn_attention_prepare(const AttnParams& p, bool backward, bool deterministic, GqaBackward gqa) {
+std::string cudnn_attention_prepare(const AttnParams& p, bool backward, bool deterministic) {
   Registry& r = Registry::get();
   std::lock_guard<std::mutex> lock(r.mu);
-  return r.plan(backward ? backward_graph_params(p, gqa) : p, backward, deterministic).error;
+  return r.plan(p, backward, deterministic).error;
 }
 
 void cudnn_attention_forward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
@@ -572,22 +551,7 @@ void cudnn_attention_forward(const AttnParams& p, const bf16* q, const bf16* k, 
 
 void cudnn_attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
                               const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s,
-                              bool deterministic, GqaBackward gqa) {
-  if (gqa == GqaBackward::Expanded && p.Hkv != p.Hq) {
-    // Multi-head backward over K and V repeated to every query head, then dK and dV summed over
-    // each group (fixed order: deterministic whenever the multi-head backward is).
-    const AttnParams m = backward_graph_params(p, gqa);
-    const int64_t group = p.Hq / p.Hkv, row = p.S * p.D, n = p.B * p.Hq * row;
-    Workspace buf(4 * n * static_cast<int64_t>(sizeof(bf16)), s);
-    bf16* ke = reinterpret_cast<bf16*>(buf.get());
-    bf16 *ve = ke + n, *dke = ve + n, *dve = dke + n;
-    repeat_kv_heads(k, ke, p.B, p.Hkv, group, row, s);
-    repeat_kv_heads(v, ve, p.B, p.Hkv, group, row, s);
-    cudnn_attention_backward(m, q, ke, ve, out, lse, dout, dq, dke, dve, s, deterministic, gqa);
-    sum_kv_head_groups(dke, dk, p.B, p.Hkv, group, row, s);
-    sum_kv_head_groups(dve, dv, p.B, p.Hkv, group, row, s);
-    return;
-  }
+                              bool deterministic) {
   Registry& r = Registry::get();
   std::lock_guard<std::mutex> lock(r.mu);
   const Plan& pl = r.plan(p, true, deterministic);
