@@ -85,21 +85,7 @@ void train_rank(comm::World& w, const Layout& l, const std::string& out, const s
   auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
   Trainer t(a, nullptr, pg);
   t.set_data(std::make_unique<testing::PatternSource>(100000, a.model.seq_length, kVocab), nullptr);
-  std::vector<double> losses;
-  for (int i = 0; i < kSteps; ++i) {
-    auto r = t.train_step();
-    losses.push_back(r.loss_sum / r.tokens);
-    if (i != 0) continue;
-    if (ref.empty()) {  // the reference: full gradients by name
-      testing::write_grads(out + ".grads", t.model().params());
-      continue;
-    }
-    const testing::GradDiff d =
-        testing::diff_grads(t.model().params(), testing::read_grads(ref + ".grads"), t.data_parallel().owned_ranges());
-    std::fprintf(stderr, "rank %d: step-1 gradients: max difference %.3e, largest gradient %.3e (%d tensors)\n",
-                 w.rank(), d.max_err, d.max_ref, d.tensors);
-    testing::require_close(d, w.rank(), l.grad_tol);
-  }
+  const std::vector<double> losses = testing::train_checking_step1(t, kSteps, w.rank(), out, ref, l.grad_tol);
   // The loss is known on the last pipeline stage (its first TP/DP rank writes it).
   if (t.groups().pp->rank() == t.groups().pp->size() - 1 && t.groups().dp_rank() == 0 && t.groups().tp_rank() == 0)
     testing::write_losses(out + ".loss", losses);

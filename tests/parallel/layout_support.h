@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -23,6 +25,7 @@
 #include "model/params.h"
 #include "support/tiny_models.h"
 #include "training/arguments.h"
+#include "training/trainer.h"
 
 namespace mt::testing {
 
@@ -150,6 +153,30 @@ inline void require_close(const GradDiff& d, int rank, double rel = 2e-6) {
   if (d.tensors == 0 || d.max_err > rel * d.max_ref + 1e-9)
     throw Error(fmt::format("rank {}: step-1 gradient differs by {} (largest gradient {}) in {}", rank, d.max_err,
                             d.max_ref, d.worst));
+}
+
+// Trains `steps` steps on this rank and returns the per-step losses. After step 1 the reference
+// run (ref empty) writes its full gradients by name to out.grads; any other layout compares its
+// own shards with them (require_close with `rel`). `after_step(i)` adds per-step checks.
+inline std::vector<double> train_checking_step1(Trainer& t, int steps, int rank, const std::string& out,
+                                                const std::string& ref, double rel = 2e-6,
+                                                const std::function<void(int)>& after_step = {}) {
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    const auto r = t.train_step();
+    losses.push_back(r.loss_sum / r.tokens);
+    if (after_step) after_step(i);
+    if (i != 0) continue;
+    if (ref.empty()) {
+      write_grads(out + ".grads", t.model().params());
+      continue;
+    }
+    const GradDiff d = diff_grads(t.model().params(), read_grads(ref + ".grads"), t.data_parallel().owned_ranges());
+    std::fprintf(stderr, "rank %d: step-1 gradients: max difference %.3e, largest gradient %.3e (%d tensors)\n", rank,
+                 d.max_err, d.max_ref, d.tensors);
+    require_close(d, rank, rel);
+  }
+  return losses;
 }
 
 inline void write_losses(const std::string& path, const std::vector<double>& losses) {

@@ -97,31 +97,20 @@ parallel::ProcessGroups groups_for(comm::World& w, const Layout& l) {
 
 // Every gradient element this rank holds (and owns, under the distributed optimizer) against the
 // reference's element at the same position of the same-named parameter.
-void compare_grads(Trainer& t, const testing::GradMap& ref, int rank) {
-  const testing::GradDiff d = testing::diff_grads(t.model().params(), ref, t.data_parallel().owned_ranges());
-  testing::require_close(d, rank);
-}
-
 void train_rank(comm::World& w, const Layout& l, const std::string& out, const std::string& ref) {
   Arguments a = make_args(l);
   Trainer t(a, nullptr, groups_for(w, l));
   t.set_data(std::make_unique<PatternSource>(100000, a.model.seq_length), nullptr);
   const int stage = t.groups().pp->rank();
   const int64_t M = a.global_batch_size / (a.micro_batch_size * a.data_parallel_size);
-  std::vector<double> losses;
-  for (int i = 0; i < kSteps; ++i) {
-    auto r = t.train_step();
-    losses.push_back(r.loss_sum / r.tokens);
-    // 1F1B: stage s keeps at most PP - s micro-batches of activations.
+  // 1F1B: stage s keeps at most PP - s micro-batches of activations.
+  const auto check_in_flight = [&](int) {
     if (a.virtual_pipeline_model_parallel_size == 1 &&
         t.pipeline().max_in_flight() > std::min<int64_t>(l.pp - stage, M))
       throw Error(fmt::format("stage {} held {} micro-batches at once", stage, t.pipeline().max_in_flight()));
-    if (i != 0) continue;
-    if (ref.empty())
-      testing::write_grads(out + ".grads", t.model().params());
-    else
-      compare_grads(t, testing::read_grads(ref + ".grads"), w.rank());
-  }
+  };
+  const std::vector<double> losses =
+      testing::train_checking_step1(t, kSteps, w.rank(), out, ref, 2e-6, check_in_flight);
   // The loss is global on every rank; rank 0 (first stage) writes it.
   if (w.rank() == 0) testing::write_losses(out + ".loss", losses);
 }

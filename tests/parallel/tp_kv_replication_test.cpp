@@ -174,19 +174,7 @@ void train_rank(comm::World& w, ModelShape shape, int64_t groups, const Layout& 
   auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
   Trainer t(a, nullptr, pg);
   t.set_data(std::make_unique<testing::PatternSource>(100000, a.model.seq_length, kVocab), nullptr);
-  std::vector<double> losses;
-  for (int i = 0; i < kSteps; ++i) {
-    auto r = t.train_step();
-    losses.push_back(r.loss_sum / r.tokens);
-    if (i != 0) continue;
-    if (ref.empty()) {
-      testing::write_grads(out + ".grads", t.model().params());
-      continue;
-    }
-    const testing::GradDiff d =
-        testing::diff_grads(t.model().params(), testing::read_grads(ref + ".grads"), t.data_parallel().owned_ranges());
-    testing::require_close(d, w.rank());
-  }
+  const std::vector<double> losses = testing::train_checking_step1(t, kSteps, w.rank(), out, ref);
   if (w.rank() == 0) testing::write_losses(out + ".loss", losses);
 }
 
