@@ -15,7 +15,7 @@
 
 namespace mt::comm {
 
-enum class DataType : uint8_t { F32, F64, BF16, I32, I64, U8 };
+enum class DataType : uint8_t { F32, F64, BF16, I32, I64, U8, F16 };
 enum class ReduceOp : uint8_t { Sum, Max, Min };
 
 size_t data_type_size(DataType t);

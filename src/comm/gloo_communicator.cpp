@@ -59,9 +59,9 @@ ReduceFn reduce_fn(DataType t, ReduceOp op) {
     case DataType::I32: return reduce_fn<int32_t>(op);
     case DataType::I64: return reduce_fn<int64_t>(op);
     case DataType::U8: return reduce_fn<uint8_t>(op);
-    case DataType::BF16: break;
+    case DataType::BF16: case DataType::F16: break;
   }
-  throw Error("reductions over bf16 are not offered on CPU (Gloo); reduce in fp32 as Megatron does");
+  throw Error("reductions over bf16/fp16 are not offered on CPU (Gloo); reduce in fp32 as Megatron does");
 }
 
 template <typename T>
@@ -296,7 +296,7 @@ void all_reduce_typed(const std::shared_ptr<gloo::Context>& ctx, void* buf, size
 
 WorkHandle GlooCommunicator::all_reduce_async(void* buf, size_t count, DataType t, ReduceOp op) {
   if (count == 0 || size() == 1) return done_work();
-  if (t == DataType::BF16) reduce_fn(t, op);  // throws the explanation
+  if (t == DataType::BF16 || t == DataType::F16) reduce_fn(t, op);  // throws the explanation
   return enqueue("all_reduce", [this, buf, count, t, op](uint32_t tag) {
     switch (t) {
       case DataType::F32: all_reduce_typed<float>(ctx_, buf, count, op, tag, timeout_); break;
@@ -304,7 +304,7 @@ WorkHandle GlooCommunicator::all_reduce_async(void* buf, size_t count, DataType 
       case DataType::I32: all_reduce_typed<int32_t>(ctx_, buf, count, op, tag, timeout_); break;
       case DataType::I64: all_reduce_typed<int64_t>(ctx_, buf, count, op, tag, timeout_); break;
       case DataType::U8: all_reduce_typed<uint8_t>(ctx_, buf, count, op, tag, timeout_); break;
-      case DataType::BF16: break;
+      case DataType::BF16: case DataType::F16: break;
     }
   });
 }

@@ -8,7 +8,7 @@ size_t data_type_size(DataType t) {
   switch (t) {
     case DataType::F32: case DataType::I32: return 4;
     case DataType::F64: case DataType::I64: return 8;
-    case DataType::BF16: return 2;
+    case DataType::BF16: case DataType::F16: return 2;
     case DataType::U8: return 1;
   }
   return 1;
@@ -19,6 +19,7 @@ const char* data_type_name(DataType t) {
     case DataType::F32: return "f32";
     case DataType::F64: return "f64";
     case DataType::BF16: return "bf16";
+    case DataType::F16: return "f16";
     case DataType::I32: return "i32";
     case DataType::I64: return "i64";
     case DataType::U8: return "u8";

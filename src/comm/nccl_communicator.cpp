@@ -31,6 +31,7 @@ ncclDataType_t nccl_type(DataType t) {
     case DataType::F32: return ncclFloat32;
     case DataType::F64: return ncclFloat64;
     case DataType::BF16: return ncclBfloat16;
+    case DataType::F16: return ncclFloat16;
     case DataType::I32: return ncclInt32;
     case DataType::I64: return ncclInt64;
     case DataType::U8: return ncclUint8;

@@ -16,10 +16,9 @@ comm::DataType comm_type(const Tensor& t) {
     case DType::F32:
       return comm::DataType::F32;
     case DType::BF16:
-    // fp16 travels as 2-byte bf16 elements: send and receive copy bytes and never look at them
-    // (the communicators have no fp16 type).
-    case DType::F16:
       return comm::DataType::BF16;
+    case DType::F16:
+      return comm::DataType::F16;
     default:
       break;
   }
