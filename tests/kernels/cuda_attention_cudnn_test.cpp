@@ -17,6 +17,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "test_util.h"
 
@@ -27,18 +28,9 @@ using test::random_vec;
 using test::rel_l2;
 using test::max_abs_diff;
 
-bool have_gpu() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
 #define MT_REQUIRE_CUDNN()                                                                               \
   do {                                                                                                   \
-    if (!have_gpu()) GTEST_SKIP() << "no GPU";                                                           \
+    if (!ops::gpu::available()) GTEST_SKIP() << "no GPU";                                                \
     if (!cudnn_attention_compiled()) GTEST_SKIP() << "this build has no cuDNN (see CMake's cuDNN line)"; \
   } while (0)
 
@@ -223,7 +215,7 @@ TEST_F(GpuCudnnAttention, BackendSelection) {
 }
 
 TEST_F(GpuCudnnAttention, AutoFallsBackForDropout) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  if (!ops::gpu::available()) GTEST_SKIP() << "no GPU";
   const AttnParams p = params(1, 4, 2, 256, 64, true, 0.1f);
   const Inputs in = make_inputs(p, 5);
   const Result flash = flash_run(p, in);

@@ -64,15 +64,10 @@ class Half {
   DeviceBuffer<uint16_t> b_;
 };
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
 class GpuFp16 : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!have_gpu()) GTEST_SKIP() << "no GPU";
+    if (!ops::gpu::available()) GTEST_SKIP() << "no GPU";
   }
 };
 

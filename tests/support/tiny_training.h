@@ -5,7 +5,9 @@
 // validates. The model-layer builders are in support/tiny_models.h.
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "core/error.h"
 #include "data/sample_source.h"
 #include "support/tiny_models.h"
 #include "training/arguments.h"
@@ -58,6 +60,23 @@ inline Arguments tiny_llama_args(const std::string& save = "", const std::string
   a.save = save;
   a.load = load;
   return a;
+}
+
+// The error text of parsing and validating a small pretrain command line with `flags` added
+// ("" when accepted; the validated Arguments go to `out`). For the flag-rule tests.
+inline std::string pretrain_args_error(const std::vector<std::string>& flags, Arguments* out = nullptr) {
+  std::vector<std::string> argv{"--num-layers", "2",    "--hidden-size",      "32", "--num-attention-heads", "4",
+                                "--seq-length", "16",   "--micro-batch-size", "2",  "--train-iters",         "2",
+                                "--lr",         "1e-3", "--mock-data"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  try {
+    Arguments a = parse_pretrain_args(argv);
+    validate_args(a, 64);
+    if (out) *out = a;
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace mt::test

@@ -6,68 +6,57 @@
 #include <vector>
 
 #include "core/error.h"
+#include "support/tiny_training.h"
 #include "training/arguments.h"
 
 namespace mt {
 namespace {
 
-// The error text of parsing + validating a small run with `flags` added ("" when accepted).
-std::string error_of(std::vector<std::string> flags, Arguments* out = nullptr) {
-  std::vector<std::string> argv{"--num-layers", "2",    "--hidden-size",      "32", "--num-attention-heads", "4",
-                                "--seq-length", "16",   "--micro-batch-size", "2",  "--train-iters",         "2",
-                                "--lr",         "1e-3", "--mock-data"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  try {
-    Arguments a = parse_pretrain_args(argv);
-    validate_args(a, 64);
-    if (out) *out = a;
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::pretrain_args_error;
 
 TEST(AttentionBackendFlag, DefaultIsAuto) {
   Arguments a;
-  EXPECT_EQ(error_of({}, &a), "");
+  EXPECT_EQ(pretrain_args_error({}, &a), "");
   EXPECT_EQ(a.attention_backend, "auto");
 }
 
 TEST(AttentionBackendFlag, AcceptsOurChoices) {
   Arguments a;
-  EXPECT_EQ(error_of({"--attention-backend", "flash"}, &a), "");
+  EXPECT_EQ(pretrain_args_error({"--attention-backend", "flash"}, &a), "");
   EXPECT_EQ(a.attention_backend, "flash");
-  EXPECT_EQ(error_of({"--attention-backend", "auto"}, &a), "");
+  EXPECT_EQ(pretrain_args_error({"--attention-backend", "auto"}, &a), "");
   EXPECT_EQ(a.attention_backend, "auto");
-  EXPECT_EQ(error_of({"--attention-backend", "fused", "--attention-dropout", "0"}, &a), "");
+  EXPECT_EQ(pretrain_args_error({"--attention-backend", "fused", "--attention-dropout", "0"}, &a), "");
   EXPECT_EQ(a.attention_backend, "fused");
 }
 
 TEST(AttentionBackendFlag, RejectsMegatronBackendsWeLack) {
   for (const char* b : {"unfused", "local"}) {
-    const std::string e = error_of({"--attention-backend", b});
+    const std::string e = pretrain_args_error({"--attention-backend", b});
     EXPECT_NE(e.find(std::string("no '") + b + "' attention"), std::string::npos) << e;
     EXPECT_NE(e.find("auto"), std::string::npos) << e;
     EXPECT_NE(e.find("flash"), std::string::npos) << e;
     EXPECT_NE(e.find("fused"), std::string::npos) << e;
   }
-  EXPECT_NE(error_of({"--attention-backend", "cudnn"}).find("expected auto, flash or fused"), std::string::npos);
+  EXPECT_NE(pretrain_args_error({"--attention-backend", "cudnn"}).find("expected auto, flash or fused"),
+            std::string::npos);
 }
 
 TEST(AttentionBackendFlag, FusedNeedsNoDropoutAndAGpu) {
-  EXPECT_NE(error_of({"--attention-backend", "fused"}).find("--attention-dropout 0"), std::string::npos);
-  EXPECT_NE(
-      error_of({"--attention-backend", "fused", "--attention-dropout", "0", "--device", "cpu"}).find("--device cpu"),
-      std::string::npos);
+  EXPECT_NE(pretrain_args_error({"--attention-backend", "fused"}).find("--attention-dropout 0"), std::string::npos);
+  EXPECT_NE(pretrain_args_error({"--attention-backend", "fused", "--attention-dropout", "0", "--device", "cpu"})
+                .find("--device cpu"),
+            std::string::npos);
 }
 
 TEST(AttentionBackendFlag, DeterministicByDefault) {
   Arguments a;
-  EXPECT_EQ(error_of({"--deterministic-mode"}, &a), "");
+  EXPECT_EQ(pretrain_args_error({"--deterministic-mode"}, &a), "");
   EXPECT_FALSE(a.nondeterministic_attention);
-  EXPECT_EQ(error_of({"--nondeterministic-attention"}, &a), "");
+  EXPECT_EQ(pretrain_args_error({"--nondeterministic-attention"}, &a), "");
   EXPECT_TRUE(a.nondeterministic_attention);
-  EXPECT_NE(error_of({"--deterministic-mode", "--nondeterministic-attention"}).find("contradict"), std::string::npos);
+  EXPECT_NE(pretrain_args_error({"--deterministic-mode", "--nondeterministic-attention"}).find("contradict"),
+            std::string::npos);
 }
 
 }  // namespace

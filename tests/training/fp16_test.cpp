@@ -242,19 +242,7 @@ TEST(Fp16, CheckpointWithoutScalerLoadsWithDefaults) {
 }
 
 TEST(Fp16, FlagRules) {
-  auto err = [](std::vector<std::string> flags) -> std::string {
-    std::vector<std::string> argv{"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-                                  "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "2",
-                                  "--lr", "1e-3", "--mock-data"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    try {
-      Arguments a = parse_pretrain_args(argv);
-      validate_args(a, 64);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  };
+  auto err = [](std::vector<std::string> flags) { return test::pretrain_args_error(flags); };
   EXPECT_NE(err({"--fp16", "--bf16"}).find("--fp16 and --bf16 cannot be used together"), std::string::npos);
   EXPECT_NE(err({"--loss-scale", "128"}).find("--loss-scale needs --fp16"), std::string::npos);
   EXPECT_NE(err({"--bf16", "--hysteresis", "3"}).find("--hysteresis needs --fp16"), std::string::npos);

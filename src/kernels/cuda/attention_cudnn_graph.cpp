@@ -41,6 +41,7 @@
 #include "core/error.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cudnn_backend.h"
+#include "kernels/cuda/scratch.h"
 
 namespace mt::cuda {
 
@@ -462,24 +463,6 @@ class Registry {
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 
-// Stream-ordered workspace from the device's default pool (the one CudaAllocator draws from).
-class Workspace {
- public:
-  Workspace(int64_t bytes, cudaStream_t s) : s_(s) {
-    if (bytes > 0) MT_CUDA_CHECK(cudaMallocAsync(&p_, static_cast<size_t>(bytes), s));
-  }
-  ~Workspace() {
-    if (p_) cudaFreeAsync(p_, s_);
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  char* get() const { return static_cast<char*>(p_); }
-
- private:
-  void* p_ = nullptr;
-  cudaStream_t s_;
-};
-
 void execute(const Plan& pl, cudnnHandle_t h, std::vector<int64_t> uids, std::vector<void*> ptrs, void* ws,
              cudaStream_t s, const char* what) {
   Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
@@ -542,11 +525,11 @@ void cudnn_attention_forward(const AttnParams& p, const bf16* q, const bf16* k, 
   int device = 0;
   MT_CUDA_CHECK(cudaGetDevice(&device));
   float scale = p.scale, mask = mask_value();
-  Workspace ws(pl.total_ws, s);
+  Scratch ws(static_cast<size_t>(pl.total_ws), s);
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
   std::vector<void*> ptrs{const_cast<bf16*>(q), const_cast<bf16*>(k), const_cast<bf16*>(v), out, lse, &scale};
   if (p.causal) uids.push_back(kMaskVal), ptrs.push_back(&mask);
-  execute(pl, r.handle(device), std::move(uids), std::move(ptrs), ws.get(), s, "attention forward execute");
+  execute(pl, r.handle(device), std::move(uids), std::move(ptrs), ws.as<char>(), s, "attention forward execute");
 }
 
 void cudnn_attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
@@ -559,7 +542,7 @@ void cudnn_attention_backward(const AttnParams& p, const bf16* q, const bf16* k,
   int device = 0;
   MT_CUDA_CHECK(cudaGetDevice(&device));
   float scale = p.scale, one = 1.f, mask = mask_value();
-  Workspace ws(pl.total_ws, s);
+  Scratch ws(static_cast<size_t>(pl.total_ws), s);
   std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne};
   std::vector<void*> ptrs{const_cast<bf16*>(q),
                           const_cast<bf16*>(k),
@@ -572,15 +555,15 @@ void cudnn_attention_backward(const AttnParams& p, const bf16* q, const bf16* k,
                           dv,
                           &scale,
                           &one};
-  if (pl.sum_in_workspace) uids.push_back(kSoftmaxSum), ptrs.push_back(ws.get() + pl.softmax_sum_off);
+  if (pl.sum_in_workspace) uids.push_back(kSoftmaxSum), ptrs.push_back(ws.as<char>() + pl.softmax_sum_off);
   if (p.causal) uids.push_back(kMaskVal), ptrs.push_back(&mask);
   if (pl.dq_accum_bytes > 0) {
     // cuDNN < 9.6 expects the accumulator zeroed by the caller (as the frontend does).
     if (version() < 90600)
-      MT_CUDA_CHECK(cudaMemsetAsync(ws.get() + pl.dq_accum_off, 0, static_cast<size_t>(pl.dq_accum_bytes), s));
-    uids.push_back(kDQAccum), ptrs.push_back(ws.get() + pl.dq_accum_off);
+      MT_CUDA_CHECK(cudaMemsetAsync(ws.as<char>() + pl.dq_accum_off, 0, static_cast<size_t>(pl.dq_accum_bytes), s));
+    uids.push_back(kDQAccum), ptrs.push_back(ws.as<char>() + pl.dq_accum_off);
   }
-  execute(pl, r.handle(device), std::move(uids), std::move(ptrs), ws.get(), s, "attention backward execute");
+  execute(pl, r.handle(device), std::move(uids), std::move(ptrs), ws.as<char>(), s, "attention backward execute");
 }
 
 }  // namespace mt::cuda

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/scratch.h"
 
 namespace mt::cuda {
 
@@ -22,27 +23,6 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65536) {
   if (b > max_blocks) b = max_blocks;
   return static_cast<unsigned>(b);
 }
-
-// Stream-ordered scratch from the device's default pool, freed (stream-ordered) on scope exit.
-class Scratch {
- public:
-  Scratch(size_t bytes, cudaStream_t s) : s_(s) {
-    if (bytes) MT_CUDA_CHECK(cudaMallocAsync(&p_, bytes, s));
-  }
-  ~Scratch() {
-    if (p_) cudaFreeAsync(p_, s_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-  cudaStream_t s_;
-};
 
 // ---- scalar conversions
 __device__ __forceinline__ float to_f(float x) { return x; }
