@@ -100,11 +100,13 @@ Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd
   return y;
 }
 
-Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dw) {
-  MT_ON_GPU(dy, rmsnorm_backward(dy, x, w, rstd, dw));
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dw,
+                        const Tensor* dx_add) {
+  MT_ON_GPU(dy, rmsnorm_backward(dy, x, w, rstd, dw, dx_add));
   const int64_t dim = w.numel(), rows = x.numel() / dim;
   Tensor dx = Tensor::empty({rows, dim});
   cpu::rmsnorm_backward(f(dy), f(x), f(w), f(rstd), f(dx), f(dw), rows, dim);
+  if (dx_add) add_inplace(dx, *dx_add);
   return dx;
 }
 
@@ -120,12 +122,31 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, floa
 }
 
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dw, Tensor& db) {
-  MT_ON_GPU(dy, layernorm_backward(dy, x, w, mean, rstd, dw, db));
+                          Tensor& dw, Tensor& db, const Tensor* dx_add) {
+  MT_ON_GPU(dy, layernorm_backward(dy, x, w, mean, rstd, dw, db, dx_add));
   const int64_t dim = w.numel(), rows = x.numel() / dim;
   Tensor dx = Tensor::empty({rows, dim});
   cpu::layernorm_backward(f(dy), f(x), f(w), f(mean), f(rstd), f(dx), f(dw), f(db), rows, dim);
+  if (dx_add) add_inplace(dx, *dx_add);
   return dx;
+}
+
+// CPU: the add, then the norm of the (fp32) sum; the model rounds the sum itself where it
+// emulates half storage on the CPU, and then calls the unfused pair.
+Tensor add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps, Tensor& rstd,
+                           Tensor& sum) {
+  MT_ON_GPU(x, add_rmsnorm_forward(x, residual, w, eps, rstd, sum));
+  sum = x.clone();
+  add_inplace(sum, residual);
+  return rmsnorm_forward(sum, w, eps, rstd);
+}
+
+Tensor add_layernorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, float eps,
+                             Tensor& mean, Tensor& rstd, Tensor& sum) {
+  MT_ON_GPU(x, add_layernorm_forward(x, residual, w, b, eps, mean, rstd, sum));
+  sum = x.clone();
+  add_inplace(sum, residual);
+  return layernorm_forward(sum, w, b, eps, mean, rstd);
 }
 
 namespace {

@@ -28,11 +28,20 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
 void add_position_embedding(Tensor& x, const Tensor& pe, int64_t S, int64_t B);
 void position_embedding_backward(const Tensor& dx, Tensor& dpe, int64_t S, int64_t B);
 
+// Norm backwards return dx (+ dx_add when given: the residual branch's gradient, added in the
+// same pass on the GPU) and accumulate dw (db) into fp32 main grads.
 Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd);
-Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dw);
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dw,
+                        const Tensor* dx_add = nullptr);
 Tensor layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& mean, Tensor& rstd);
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dw, Tensor& db);
+                          Tensor& dw, Tensor& db, const Tensor* dx_add = nullptr);
+// The residual add fused into the norm after it: sum = x + residual (stored in x's type, and
+// that rounded value is what gets normalised), returns norm(sum). One pass on the GPU.
+Tensor add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps, Tensor& rstd,
+                           Tensor& sum);
+Tensor add_layernorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, float eps,
+                             Tensor& mean, Tensor& rstd, Tensor& sum);
 
 // Rotary embedding applied inside the QKV split (q and k) and merge (their gradients rotated
 // back), which the GPU fuses into the copy: rotate-half over rot_dim, tables [S, rot_dim/2].

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/attention_rows.h"
 #include "kernels/ops.h"
 
 namespace mt::model {
@@ -192,49 +193,35 @@ Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, P
     s.seed = rng->seed;
     s.offset = rng->next_offset(1);
   }
+  // The core writes its output in linear_proj's row layout (in place where cuDNN runs it).
   Tensor out, lse;
   {
     ScopedOpTimer t(ctx.times, &OpTimes::attention);
-    ops::attention_forward(core_params(cfg, S, B, s), s.q, s.k, s.v, out, lse);
+    ops::attention_forward_rows(core_params(cfg, S, B, s), s.q, s.k, s.v, out, lse);
   }
-  Tensor c;
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    c = ops::heads_to_rows(out, S, B, Hq, D);
-  }
-  // Selective recomputation drops the core's outputs (out, its row-layout copy for linear_proj,
-  // and lse); backward rebuilds them from q, k, v and the recorded dropout offset.
+  // Selective recomputation drops the core's outputs (out and lse); backward rebuilds them from
+  // q, k, v and the recorded dropout offset.
   if (!recompute_core) {
-    s.out = std::move(out);
+    s.out = out;
     s.lse = std::move(lse);
-    s.ctx = c;
   }
-  return proj.forward(c, ctx);
+  return proj.forward(out, ctx);
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   const int64_t G = cfg.num_query_groups, qpg = cfg.q_per_group(), D = cfg.kv_channels, Hq = cfg.num_attention_heads;
   const cpu::AttnParams p = core_params(cfg, S, B, s);
   if (!s.out.defined()) {  // selective recomputation: the same kernel, inputs and dropout mask
-    {
-      ScopedOpTimer t(ctx.times, &OpTimes::attention);
-      ops::attention_forward(p, s.q, s.k, s.v, s.out, s.lse);
-    }
-    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    s.ctx = ops::heads_to_rows(s.out, S, B, Hq, D);
+    ScopedOpTimer t(ctx.times, &OpTimes::attention);
+    ops::attention_forward_rows(p, s.q, s.k, s.v, s.out, s.lse);
   }
-  Tensor dctx = proj.backward(dy, s.ctx, ctx);
-  s.ctx = Tensor();
-  Tensor dout, dq, dk, dv, dx;
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    dout = ops::rows_to_heads(dctx, S, B, Hq, D);
-  }
-  dctx = Tensor();
+  Tensor dctx = proj.backward(dy, s.out, ctx);  // both in the row layout, as the core reads them
+  Tensor dq, dk, dv, dx;
   {
     ScopedOpTimer t(ctx.times, &OpTimes::attention);
-    ops::attention_backward(p, s.q, s.k, s.v, s.out, s.lse, dout, dq, dk, dv);
+    ops::attention_backward_rows(p, s.q, s.k, s.v, s.out, s.lse, dctx, dq, dk, dv);
   }
+  dctx = Tensor();
   if (rope && !fused_rope().rot_dim) {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::rope_backward(dq, rope->cos, rope->sin, rope->rot_dim);

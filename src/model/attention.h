@@ -34,12 +34,14 @@ struct SelfAttention {
   Norm q_norm, k_norm;  // --qk-layernorm: over each head's channels, before RoPE
   const RopeTables* rope = nullptr;
   // Selective recomputation (--recompute-granularity selective): forward keeps q, k, v but not
-  // the core's output (out, lse, and ctx, out in row layout); backward re-runs the core.
+  // the core's output (out and lse); backward re-runs the core.
   // Megatron's selective recompute drops the S x S softmax; flash-style attention never stores
-  // it, so the output is what is left to drop: 2 x [S*B, heads*head_dim] per layer.
+  // it, so the output is what is left to drop: [S*B, heads*head_dim] per layer.
   bool recompute_core = false;
   struct Saved {
-    Tensor x, q, k, v, out, lse, ctx;
+    // q, k, v: [B, heads, S, head_dim]. out: the core's output in row layout [S*B, heads*head_dim]
+    // (linear_proj's input too, kernels/attention_rows.h).
+    Tensor x, q, k, v, out, lse;
     Norm::Saved qn, kn;
     float dropout_p = 0.f;  // attention dropout this pass used (0: eval or off)
     uint64_t seed = 0, offset = 0;

@@ -151,10 +151,32 @@ Tensor Norm::forward(const Tensor& x, Saved& s, PassContext& ctx) const {
              : ops::layernorm_forward(x, weight->value, bias->value, eps, s.mean, s.rstd);
 }
 
-Tensor Norm::backward(const Tensor& dy, Saved& s, PassContext& ctx) const {
+Tensor Norm::forward_residual(const Tensor& x, const Tensor& residual, Tensor& sum, Half half, Saved& s,
+                              PassContext& ctx) const {
+  if (x.device() != Device::CUDA && half != Half::None) {
+    // CPU emulation of half storage: the sum is rounded to the half type before the norm sees
+    // it, as the GPU kernel stores and normalises it.
+    {
+      ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+      sum = x.clone();
+      ops::add_inplace(sum, residual);
+      round_to_half_inplace(sum, half);
+    }
+    return forward(sum, s, ctx);
+  }
+  ctx.before_use(weight);
+  ctx.before_use(bias);
   ScopedOpTimer t(ctx.times, &OpTimes::norm);
-  Tensor dx = rms ? ops::rmsnorm_backward(dy, s.x, weight->value, s.rstd, weight->grad)
-                  : ops::layernorm_backward(dy, s.x, weight->value, s.mean, s.rstd, weight->grad, bias->grad);
+  Tensor y = rms ? ops::add_rmsnorm_forward(x, residual, weight->value, eps, s.rstd, sum)
+                 : ops::add_layernorm_forward(x, residual, weight->value, bias->value, eps, s.mean, s.rstd, sum);
+  s.x = sum;
+  return y;
+}
+
+Tensor Norm::backward(const Tensor& dy, Saved& s, PassContext& ctx, const Tensor* dx_add) const {
+  ScopedOpTimer t(ctx.times, &OpTimes::norm);
+  Tensor dx = rms ? ops::rmsnorm_backward(dy, s.x, weight->value, s.rstd, weight->grad, dx_add)
+                  : ops::layernorm_backward(dy, s.x, weight->value, s.mean, s.rstd, weight->grad, bias->grad, dx_add);
   s = Saved{};
   ctx.grad_ready(weight);
   ctx.grad_ready(bias);

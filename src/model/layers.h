@@ -52,7 +52,12 @@ struct Norm {
   void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& cfg,
              const TensorParallel* tp = nullptr);
   Tensor forward(const Tensor& x, Saved& s, PassContext& ctx) const;
-  Tensor backward(const Tensor& dy, Saved& s, PassContext& ctx) const;
+  // The residual add before the norm, fused with it: sum = x + residual, stored at activation
+  // precision `half` (the residual stream the caller keeps), returns norm(sum).
+  Tensor forward_residual(const Tensor& x, const Tensor& residual, Tensor& sum, Half half, Saved& s,
+                          PassContext& ctx) const;
+  // dx (+ dx_add, the residual branch's gradient, in the same pass on the GPU).
+  Tensor backward(const Tensor& dy, Saved& s, PassContext& ctx, const Tensor* dx_add = nullptr) const;
 };
 
 // Dropout whose mask is a pure function of (seed, offset): nothing is stored but the offset.

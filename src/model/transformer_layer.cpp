@@ -94,14 +94,9 @@ Tensor TransformerLayer::backward(const Tensor& dy, int64_t S, int64_t B, Saved&
 
 Tensor TransformerLayer::forward_layer(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   Tensor a = attn.forward(input_norm.forward(x, s.n1, ctx), S, B, s.attn, ctx);
-  Tensor h = attn_drop.forward(a, s.d1, ctx);
-  if (h.raw() == a.raw()) h = a;  // dropout off: reuse the buffer
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    ops::add_inplace(h, x);
-    round_to_half_inplace(h, cfg.half());
-  }
-  Tensor m = mlp.forward(pre_mlp_norm.forward(h, s.n2, ctx), s.mlp, ctx);
+  Tensor h;  // the residual stream after attention: x + dropout(a), added inside the next norm
+  Tensor m = mlp.forward(pre_mlp_norm.forward_residual(attn_drop.forward(a, s.d1, ctx), x, h, cfg.half(), s.n2, ctx),
+                         s.mlp, ctx);
   Tensor y = mlp_drop.forward(m, s.d2, ctx);
   {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
@@ -113,18 +108,15 @@ Tensor TransformerLayer::forward_layer(const Tensor& x, int64_t S, int64_t B, Sa
 
 Tensor TransformerLayer::backward_layer(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   // dy flows to h directly (residual) and through mlp_drop -> mlp -> pre_mlp_norm.
-  Tensor dh = pre_mlp_norm.backward(mlp.backward(mlp_drop.backward(dy, s.d2, ctx.times), s.mlp, ctx), s.n2, ctx);
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    ops::add_inplace(dh, dy);
-    // fp16 stores the residual stream's gradient in fp16 too: where a too-large loss scale
-    // overflows (and a too-small one underflows), which is what loss scaling is about. bf16's
-    // range needs no such emulation (and its runs stay as they were).
-    if (cfg.fp16) round_to_half_inplace(dh, Half::FP16);
-  }
-  Tensor dx = input_norm.backward(attn.backward(attn_drop.backward(dh, s.d1, ctx.times), S, B, s.attn, ctx), s.n1, ctx);
-  ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-  ops::add_inplace(dx, dh);
+  // The residual gradients (dy into dh, dh into dx) are added inside the norms' backward.
+  Tensor dh =
+      pre_mlp_norm.backward(mlp.backward(mlp_drop.backward(dy, s.d2, ctx.times), s.mlp, ctx), s.n2, ctx, &dy);
+  // fp16 stores the residual stream's gradient in fp16 too: where a too-large loss scale
+  // overflows (and a too-small one underflows), which is what loss scaling is about. bf16's
+  // range needs no such emulation (and its runs stay as they were).
+  if (cfg.fp16) round_to_half_inplace(dh, Half::FP16);
+  Tensor dx = input_norm.backward(attn.backward(attn_drop.backward(dh, s.d1, ctx.times), S, B, s.attn, ctx), s.n1,
+                                  ctx, &dh);
   if (cfg.fp16) round_to_half_inplace(dx, Half::FP16);
   return dx;
 }
@@ -142,7 +134,7 @@ size_t TransformerLayer::saved_bytes(const Saved& s) {
   for (const Norm::Saved* n : {&s.n1, &s.n2, &s.attn.qn, &s.attn.kn})
     for (const Tensor* t : {&n->x, &n->mean, &n->rstd}) add(*t);
   const auto& a = s.attn;
-  for (const Tensor* t : {&a.x, &a.q, &a.k, &a.v, &a.out, &a.lse, &a.ctx}) add(*t);
+  for (const Tensor* t : {&a.x, &a.q, &a.k, &a.v, &a.out, &a.lse}) add(*t);
   for (const Tensor* t : {&s.mlp.x, &s.mlp.h, &s.mlp.a}) add(*t);
   if (s.group && s.group_index == 0) add(s.group->input);
   return total;

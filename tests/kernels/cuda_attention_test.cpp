@@ -18,13 +18,9 @@ namespace mt::cuda {
 namespace {
 
 using test::random_vec;
+using test::rounded;
 using test::rel_l2;
 using test::max_abs_diff;
-
-std::vector<float> rounded(std::vector<float> v) {
-  for (auto& x : v) x = round_bf16(x);
-  return v;
-}
 
 AttnParams params(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D, bool causal, float drop = 0.f) {
   AttnParams p{B, Hq, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};

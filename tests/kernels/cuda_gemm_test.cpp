@@ -16,12 +16,8 @@ namespace mt::cuda {
 namespace {
 
 using test::random_vec;
+using test::rounded;
 using test::rel_l2;
-
-std::vector<float> rounded(std::vector<float> v) {
-  for (auto& x : v) x = round_bf16(x);
-  return v;
-}
 
 struct Shape3 {
   int64_t M, N, K;

@@ -16,11 +16,7 @@ namespace mt::cuda {
 namespace {
 
 using test::random_vec;
-
-std::vector<float> rounded(std::vector<float> v) {
-  for (auto& x : v) x = round_bf16(x);
-  return v;
-}
+using test::rounded;
 
 struct Shape5 {
   int64_t S, B, G, qpg, D, rot;

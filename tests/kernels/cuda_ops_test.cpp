@@ -21,12 +21,8 @@ namespace mt::cuda {
 namespace {
 
 using test::random_vec;
+using test::rounded;
 using test::rel_l2;
-
-std::vector<float> rounded(std::vector<float> v) {
-  for (auto& x : v) x = round_bf16(x);
-  return v;
-}
 
 std::vector<float> plus(const std::vector<float>& a, const std::vector<float>& b) {
   std::vector<float> r(a.size());

@@ -11,7 +11,15 @@
 #include <random>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace mt::test {
+
+// v with every value rounded to bf16 (the inputs a bf16 kernel and its fp32 reference share).
+inline std::vector<float> rounded(std::vector<float> v) {
+  for (auto& x : v) x = round_bf16(x);
+  return v;
+}
 
 template <typename T = double>
 std::vector<T> random_vec(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {

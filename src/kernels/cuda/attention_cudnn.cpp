@@ -28,6 +28,19 @@ bool all_aligned16(const void* const* ptrs, int n) {
   return true;
 }
 
+// The fallback after a failed graph build, said once per shape, direction and layout (the
+// failure is cached, so later calls fall back silently).
+void warn_fallback_once(const AttnParams& p, const char* dir, AttnLayout layout, const std::string& err) {
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  const bool rows = layout == AttnLayout::Rows;
+  const std::string key = fmt::format("{} {} scale={} layout={}", dir, shape_str(p), p.scale, rows ? "rows" : "heads");
+  std::lock_guard<std::mutex> lock(mu);
+  if (warned.insert(key).second)
+    log_warn("attention backend: cuDNN fused attention unavailable for {}, {}: {}", key,
+             rows ? "using the heads layout and a copy" : "using the flash kernels", err);
+}
+
 }  // namespace
 
 void set_attention_backend(AttentionBackend b) { g_backend.store(b); }
@@ -43,7 +56,7 @@ AttentionBackend attention_backend_from_name(const std::string& name) {
        name);
 }
 
-bool attention_use_cudnn(const AttnParams& p, bool backward, const void* const* ptrs, int nptrs) {
+bool attention_use_cudnn(const AttnParams& p, bool backward, const void* const* ptrs, int nptrs, AttnLayout layout) {
   const AttentionBackend b = attention_backend();
   if (b == AttentionBackend::Flash) return false;
   const char* dir = backward ? "backward" : "forward";
@@ -54,20 +67,15 @@ bool attention_use_cudnn(const AttnParams& p, bool backward, const void* const* 
            dir, shape_str(p), why);
     if (!all_aligned16(ptrs, nptrs))
       fail("--attention-backend fused: cuDNN attention {} needs 16-byte aligned tensors ({})", dir, shape_str(p));
-    const std::string err = cudnn_attention_prepare(p, backward, attention_deterministic());
-    if (!err.empty()) fail("--attention-backend fused: {}", err);
-    return true;
+  } else if (!all_aligned16(ptrs, nptrs) || !cudnn_attention_supported(p)) {
+    return false;
   }
-  if (!all_aligned16(ptrs, nptrs) || !cudnn_attention_supported(p)) return false;
-  const std::string err = cudnn_attention_prepare(p, backward, attention_deterministic());
+  const std::string err = cudnn_attention_prepare(p, backward, attention_deterministic(), layout);
   if (err.empty()) return true;
-  // Auto falls back to our kernels; say so once per shape and direction (the failure is cached).
-  static std::mutex mu;
-  static std::set<std::string> warned;
-  const std::string key = std::string(dir) + " " + shape_str(p) + fmt::format(" scale={}", p.scale);
-  std::lock_guard<std::mutex> lock(mu);
-  if (warned.insert(key).second)
-    log_warn("attention backend auto: cuDNN fused attention unavailable for {}, using the flash kernels: {}", key, err);
+  // Rows only saves a copy: when its graph alone fails, the caller runs the heads layout and
+  // copies, which is still cuDNN under fused. A failing heads graph is an error under fused.
+  if (layout == AttnLayout::Heads && b == AttentionBackend::Fused) fail("--attention-backend fused: {}", err);
+  warn_fallback_once(p, dir, layout, err);
   return false;
 }
 
@@ -85,16 +93,17 @@ bool cudnn_attention_supported(const AttnParams&, std::string* why) {
   return false;
 }
 
-std::string cudnn_attention_prepare(const AttnParams&, bool, bool) {
+std::string cudnn_attention_prepare(const AttnParams&, bool, bool, AttnLayout) {
   return "this build has no cuDNN (cudnn.h / libcudnn were not found when configuring CMake)";
 }
 
-void cudnn_attention_forward(const AttnParams& p, const bf16*, const bf16*, const bf16*, bf16*, float*, cudaStream_t) {
+void cudnn_attention_forward(const AttnParams& p, const bf16*, const bf16*, const bf16*, bf16*, float*, cudaStream_t,
+                             AttnLayout) {
   fail("cuDNN attention forward ({}): {}", shape_str(p), cudnn_attention_prepare(p, false, true));
 }
 
 void cudnn_attention_backward(const AttnParams& p, const bf16*, const bf16*, const bf16*, const bf16*, const float*,
-                              const bf16*, bf16*, bf16*, bf16*, cudaStream_t, bool) {
+                              const bf16*, bf16*, bf16*, bf16*, cudaStream_t, bool, AttnLayout) {
   fail("cuDNN attention backward ({}): {}", shape_str(p), cudnn_attention_prepare(p, true, true));
 }
 

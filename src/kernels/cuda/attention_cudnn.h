@@ -3,9 +3,10 @@
 // second implementation behind cuda::attention_forward/backward (bf16) next to our own kernels;
 // --attention-backend picks between them (ops_cuda.h). Same tensors and semantics as those:
 // q [B,Hq,S,D], k/v [B,Hkv,S,D] bf16 contiguous, lse fp32 [B,Hq,S] = natural-log logsumexp of
-// the scaled, masked scores (cuDNN's "Stats"), dq/dk/dv written.
+// the scaled, masked scores (cuDNN's "Stats"), dq/dk/dv written. O and dO may instead live in
+// Megatron's sequence-first rows (AttnLayout::Rows), which cuDNN reads and writes through strides.
 //
-// One graph + execution plan per (device, shape, scale, causal, direction, determinism), built
+// One graph + execution plan per (device, shape, scale, causal, direction, determinism, layout), built
 // on first use and cached; later calls only bind pointers and launch (no host sync, workspace
 // from the stream-ordered pool). The backward defaults to cuDNN's deterministic variant.
 //
@@ -18,6 +19,13 @@
 #include "kernels/cuda/ops_cuda.h"
 
 namespace mt::cuda {
+
+// Where O (the forward's output, the backward's input) and dO live; q, k, v, their gradients
+// and lse are the same in both. Heads: [B,Hq,S,D] contiguous, like q. Rows: the [S*B, Hq*D]
+// rows in (s, b) order that linear_proj consumes (ops::heads_to_rows's output), element
+// (b,h,s,d) at ((s*B + b)*Hq + h)*D + d, i.e. strides {Hq*D, D, B*Hq*D, 1} for [b,h,s,d]:
+// cuDNN then saves the layout copy around the core (Transformer Engine's "sbhd").
+enum class AttnLayout { Heads, Rows };
 
 // True when this build links cuDNN (MT_HAVE_CUDNN).
 bool cudnn_attention_compiled();
@@ -32,22 +40,26 @@ bool cudnn_attention_supported(const AttnParams& p, std::string* why = nullptr);
 // Builds (once, cached) the graph and plan for this call shape on the current device; returns ""
 // when it is ready, else the reason it could not be built (also cached: a failing shape is not
 // retried). Throws only for CUDA errors. Tests use it to print the cuDNN reason on failure.
-std::string cudnn_attention_prepare(const AttnParams& p, bool backward, bool deterministic = true);
+std::string cudnn_attention_prepare(const AttnParams& p, bool backward, bool deterministic = true,
+                                    AttnLayout layout = AttnLayout::Heads);
 
 // Run on stream s; throw mt::Error (with the reason from cudnn_attention_prepare and the shape)
 // when the shape is unsupported or the graph cannot be built.
 void cudnn_attention_forward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                             cudaStream_t s);
+                             cudaStream_t s, AttnLayout layout = AttnLayout::Heads);
 // deterministic = false allows cuDNN's faster backward that accumulates dQ with atomics
 // (run-to-run bits may differ); training uses the default.
 void cudnn_attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
                               const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s,
-                              bool deterministic = true);
+                              bool deterministic = true, AttnLayout layout = AttnLayout::Heads);
 
 // The policy behind the bf16 entry points: whether this call goes to cuDNN under the current
 // attention_backend(). Flash: never. Fused: always (an unsupported shape or a failed build then
 // throws mt::Error from here, with the reason). Auto: when supported, all pointers are 16-byte
 // aligned and the graph builds; a failed build logs one warning line per shape on stderr.
-bool attention_use_cudnn(const AttnParams& p, bool backward, const void* const* ptrs, int nptrs);
+// Rows: the same, except that a rows graph that does not build is never an error (warned once):
+// the caller then runs the heads layout and a copy, which is still cuDNN under fused.
+bool attention_use_cudnn(const AttnParams& p, bool backward, const void* const* ptrs, int nptrs,
+                         AttnLayout layout = AttnLayout::Heads);
 
 }  // namespace mt::cuda

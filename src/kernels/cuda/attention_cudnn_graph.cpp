@@ -27,6 +27,9 @@
 //   then identity -> dQ. Its absence is how the backend is asked for the deterministic
 //   ("dP workspace") algorithm; that is what the frontend's set_deterministic_algorithm does
 //   on Hopper. Engine configs whose numerical notes say NONDETERMINISTIC are skipped as well.
+// Layout: Q, K, V, dQ, dK, dV and Stats are always [b,h,s,d] contiguous; O and dO either too
+// (AttnLayout::Heads) or Megatron's sequence-first rows (AttnLayout::Rows): the same dims with
+// strides {h*d, d, b*h*d, 1}, so the core writes and reads linear_proj's input in place.
 #ifdef MT_HAVE_CUDNN
 
 #include <cstdint>
@@ -68,9 +71,9 @@ enum Uid : int64_t {
   kFirstVirtual = 100,
 };
 
-std::string shape_str(const AttnParams& p) {
-  return fmt::format("B={} Hq={} Hkv={} S={} D={} causal={} scale={}", p.B, p.Hq, p.Hkv, p.S, p.D, p.causal ? 1 : 0,
-                     p.scale);
+std::string shape_str(const AttnParams& p, AttnLayout layout) {
+  return fmt::format("B={} Hq={} Hkv={} S={} D={} causal={} scale={} O layout={}", p.B, p.Hq, p.Hkv, p.S, p.D,
+                     p.causal ? 1 : 0, p.scale, layout == AttnLayout::Rows ? "rows" : "heads");
 }
 
 int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
@@ -164,8 +167,11 @@ class GraphBuilder {
 
 struct Dims {
   int64_t b, h, hk, s, d;
+  bool o_rows = false;  // O and dO in the sequence-first rows (AttnLayout::Rows)
   std::vector<int64_t> bhsd() const { return {b, h, s, d}; }
   std::vector<int64_t> bhsd_str() const { return {h * s * d, s * d, d, 1}; }
+  // O and dO [b, h, s, d]. Rows: [s*b, h*d] in (s, b) order, O[i,j,t,e] at ((t*b + i)*h + j)*d + e.
+  std::vector<int64_t> o_str() const { return o_rows ? std::vector<int64_t>{h * d, d, b * h * d, 1} : bhsd_str(); }
   std::vector<int64_t> kv() const { return {b, hk, s, d}; }
   std::vector<int64_t> kv_str() const { return {hk * s * d, s * d, d, 1}; }
   // K or V memory seen transposed: [b, hk, d, s].
@@ -202,7 +208,7 @@ void build_forward(GraphBuilder& g, const Dims& n, bool causal, cudnnDataType_t 
   const Tensor q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
   const Tensor kT = g.tensor(kK, CUDNN_DATA_BFLOAT16, n.kvT(), n.kvT_str(), false);
   const Tensor v = g.tensor(kV, CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str(), false);
-  const Tensor o = g.tensor(kO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
+  const Tensor o = g.tensor(kO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.o_str(), false);
   const Tensor stats = g.tensor(kStats, CUDNN_DATA_FLOAT, n.row(), n.row_str(), false);
   const Tensor scale = g.scalar(kScale);
   const Tensor mask_val = causal ? g.scalar(kMaskVal) : Tensor{};
@@ -237,8 +243,8 @@ void build_backward(GraphBuilder& g, const Dims& n, bool causal, bool determinis
   const Tensor q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
   const Tensor kT = g.tensor(kK, CUDNN_DATA_BFLOAT16, n.kvT(), n.kvT_str(), false);
   const Tensor vT = g.tensor(kV, CUDNN_DATA_BFLOAT16, n.kvT(), n.kvT_str(), false);
-  const Tensor o = g.tensor(kO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
-  const Tensor dO = g.tensor(kDO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
+  const Tensor o = g.tensor(kO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.o_str(), false);
+  const Tensor dO = g.tensor(kDO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.o_str(), false);
   const Tensor stats = g.tensor(kStats, CUDNN_DATA_FLOAT, n.row(), n.row_str(), false);
   const Tensor dQ = g.tensor(kDQ, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
   const Tensor dK = g.tensor(kDK, CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str(), false);
@@ -247,8 +253,9 @@ void build_backward(GraphBuilder& g, const Dims& n, bool causal, bool determinis
   const Tensor mask_val = causal ? g.scalar(kMaskVal) : Tensor{};
   auto full = [&] { return g.virt(CUDNN_DATA_FLOAT, n.ss(), n.ss_str()); };
 
-  // softmax_sum = rowsum(dO * O): the delta term of dS = P * (dP - delta).
-  const Tensor dOO = g.virt(CUDNN_DATA_FLOAT, n.bhsd(), n.bhsd_str());
+  // softmax_sum = rowsum(dO * O): the delta term of dS = P * (dP - delta). The product takes
+  // dO's strides, as the frontend infers them.
+  const Tensor dOO = g.virt(CUDNN_DATA_FLOAT, n.bhsd(), n.o_str());
   const Tensor rsum = g.virt(CUDNN_DATA_FLOAT, n.row(), n.row_str());
   const Tensor softmax_sum = sum_in_workspace ? g.tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, n.row(), n.row_str(), false)
                                               : g.virt(CUDNN_DATA_FLOAT, n.row(), n.row_str());
@@ -291,7 +298,8 @@ struct Key {
   int64_t B, Hq, Hkv, S, D;
   uint32_t scale_bits;
   bool causal, backward, deterministic;
-  auto tie() const { return std::tie(device, B, Hq, Hkv, S, D, scale_bits, causal, backward, deterministic); }
+  AttnLayout layout;  // O/dO strides differ, and so may the engine and plan
+  auto tie() const { return std::tie(device, B, Hq, Hkv, S, D, scale_bits, causal, backward, deterministic, layout); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -392,27 +400,27 @@ class Registry {
     return handles_[device] = h;
   }
 
-  Plan& plan(const AttnParams& p, bool backward, bool deterministic) {
+  Plan& plan(const AttnParams& p, bool backward, bool deterministic, AttnLayout layout) {
     int device = 0;
     MT_CUDA_CHECK(cudaGetDevice(&device));
     uint32_t bits = 0;
     std::memcpy(&bits, &p.scale, sizeof bits);
-    const Key key{device, p.B, p.Hq, p.Hkv, p.S, p.D, bits, p.causal, backward, backward && deterministic};
+    const Key key{device, p.B, p.Hq, p.Hkv, p.S, p.D, bits, p.causal, backward, backward && deterministic, layout};
     auto it = plans_.find(key);
     if (it != plans_.end()) return *it->second;
     auto pl = std::make_unique<Plan>();
-    build(*pl, p, device, backward, key.deterministic);
+    build(*pl, p, device, backward, key.deterministic, layout);
     return *(plans_[key] = std::move(pl));
   }
 
  private:
-  void build(Plan& pl, const AttnParams& p, int device, bool backward, bool deterministic) {
+  void build(Plan& pl, const AttnParams& p, int device, bool backward, bool deterministic, AttnLayout layout) {
     std::string why;
     if (!cudnn_attention_supported(p, &why)) {
       pl.error = why;
       return;
     }
-    const Dims n{p.B, p.Hq, p.Hkv, p.S, p.D};
+    const Dims n{p.B, p.Hq, p.Hkv, p.S, p.D, layout == AttnLayout::Rows};
     // Variant 0 is the graph current cudnn-frontend emits. Variant 1 is its older form (forward:
     // P rounded to bf16 before the PV matmul; backward: softmax_sum virtual), tried when the first
     // is rejected, so that one GPU run covers both and the error lists the reasons for each.
@@ -440,9 +448,9 @@ class Registry {
       }
     }
     if (!errors.empty()) {
-      pl.error =
-          fmt::format("cuDNN {}{} graph for {} (cuDNN {}) cannot be built:{}", backward ? "backward" : "forward",
-                      (deterministic || !backward) ? "" : " (nondeterministic)", shape_str(p), version(), errors);
+      pl.error = fmt::format("cuDNN {}{} graph for {} (cuDNN {}) cannot be built:{}", backward ? "backward" : "forward",
+                             (deterministic || !backward) ? "" : " (nondeterministic)", shape_str(p, layout), version(),
+                             errors);
       return;
     }
     // Workspace: the engine's, then the graph's own non-virtual intermediates (256-aligned).
@@ -510,17 +518,17 @@ bool cudnn_attention_supported(const AttnParams& p, std::string* why) {
   return true;
 }
 
-std::string cudnn_attention_prepare(const AttnParams& p, bool backward, bool deterministic) {
+std::string cudnn_attention_prepare(const AttnParams& p, bool backward, bool deterministic, AttnLayout layout) {
   Registry& r = Registry::get();
   std::lock_guard<std::mutex> lock(r.mu);
-  return r.plan(p, backward, deterministic).error;
+  return r.plan(p, backward, deterministic, layout).error;
 }
 
 void cudnn_attention_forward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                             cudaStream_t s) {
+                             cudaStream_t s, AttnLayout layout) {
   Registry& r = Registry::get();
   std::lock_guard<std::mutex> lock(r.mu);
-  const Plan& pl = r.plan(p, false, true);
+  const Plan& pl = r.plan(p, false, true, layout);
   if (!pl.error.empty()) fail("cuDNN attention forward unavailable: {}", pl.error);
   int device = 0;
   MT_CUDA_CHECK(cudaGetDevice(&device));
@@ -534,10 +542,10 @@ void cudnn_attention_forward(const AttnParams& p, const bf16* q, const bf16* k, 
 
 void cudnn_attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
                               const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s,
-                              bool deterministic) {
+                              bool deterministic, AttnLayout layout) {
   Registry& r = Registry::get();
   std::lock_guard<std::mutex> lock(r.mu);
-  const Plan& pl = r.plan(p, true, deterministic);
+  const Plan& pl = r.plan(p, true, deterministic, layout);
   if (!pl.error.empty()) fail("cuDNN attention backward unavailable: {}", pl.error);
   int device = 0;
   MT_CUDA_CHECK(cudaGetDevice(&device));

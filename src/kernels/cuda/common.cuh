@@ -179,4 +179,11 @@ __device__ __forceinline__ T block_sum(T v, T* sh) {
   return sh[0];
 }
 
+// out[j] += sum over c of part[c * dim + j], c in [0, chunks): the second stage of the
+// deterministic column reductions (norm dw/db, bias db), whose first stage writes one partial
+// row per fixed chunk of rows. Chunks are split over 16 thread rows per column (fixed
+// assignment, each summed in order) and the 16 sums added in order: a fixed result that no
+// longer walks every chunk from one thread per column (latency bound for hidden-size columns).
+void partial_rows_sum_add(const float* part, float* out, int64_t chunks, int64_t dim, cudaStream_t s);
+
 }  // namespace mt::cuda

@@ -184,13 +184,27 @@ Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd
   return y;
 }
 
-Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dw) {
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dw,
+                        const Tensor* dx_add) {
   const int64_t dim = w.numel(), rows = x.numel() / dim;
   Tensor dx = act({rows, dim}, dy);
   with_half(dy, [&]<typename T>(T*) {
-    cuda::rmsnorm_backward(h<T>(dy), h<T>(x), h<T>(w), f(rstd), h<T>(dx), f(dw), rows, dim, st());
+    cuda::rmsnorm_backward(h<T>(dy), h<T>(x), h<T>(w), f(rstd), h<T>(dx), f(dw), rows, dim, st(),
+                           dx_add ? h<T>(*dx_add) : nullptr);
   });
   return dx;
+}
+
+Tensor add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps, Tensor& rstd,
+                           Tensor& sum) {
+  const int64_t dim = w.numel(), rows = x.numel() / dim;
+  Tensor y = act({rows, dim}, x);
+  sum = act({rows, dim}, x);
+  rstd = stat({rows});
+  with_half(x, [&]<typename T>(T*) {
+    cuda::add_rmsnorm_forward(h<T>(x), h<T>(residual), h<T>(sum), h<T>(w), h<T>(y), f(rstd), rows, dim, eps, st());
+  });
+  return y;
 }
 
 Tensor layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& bias, float eps, Tensor& mean, Tensor& rstd) {
@@ -205,13 +219,28 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& bias, f
 }
 
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dw, Tensor& db) {
+                          Tensor& dw, Tensor& db, const Tensor* dx_add) {
   const int64_t dim = w.numel(), rows = x.numel() / dim;
   Tensor dx = act({rows, dim}, dy);
   with_half(dy, [&]<typename T>(T*) {
-    cuda::layernorm_backward(h<T>(dy), h<T>(x), h<T>(w), f(mean), f(rstd), h<T>(dx), f(dw), f(db), rows, dim, st());
+    cuda::layernorm_backward(h<T>(dy), h<T>(x), h<T>(w), f(mean), f(rstd), h<T>(dx), f(dw), f(db), rows, dim, st(),
+                             dx_add ? h<T>(*dx_add) : nullptr);
   });
   return dx;
+}
+
+Tensor add_layernorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& bias, float eps,
+                             Tensor& mean, Tensor& rstd, Tensor& sum) {
+  const int64_t dim = w.numel(), rows = x.numel() / dim;
+  Tensor y = act({rows, dim}, x);
+  sum = act({rows, dim}, x);
+  mean = stat({rows});
+  rstd = stat({rows});
+  with_half(x, [&]<typename T>(T*) {
+    cuda::add_layernorm_forward(h<T>(x), h<T>(residual), h<T>(sum), h<T>(w), h<T>(bias), h<T>(y), f(mean), f(rstd),
+                                rows, dim, eps, st());
+  });
+  return y;
 }
 
 namespace {

@@ -36,10 +36,15 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
 void add_position_embedding(Tensor& x, const Tensor& pe, int64_t S, int64_t B);
 void position_embedding_backward(const Tensor& dx, Tensor& dpe, int64_t S, int64_t B);
 Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd);
-Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dw);
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dw,
+                        const Tensor* dx_add);
 Tensor layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& mean, Tensor& rstd);
 Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dw, Tensor& db);
+                          Tensor& dw, Tensor& db, const Tensor* dx_add);
+Tensor add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps, Tensor& rstd,
+                           Tensor& sum);
+Tensor add_layernorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, float eps,
+                             Tensor& mean, Tensor& rstd, Tensor& sum);
 void qkv_split(const Tensor& packed, Tensor& q, Tensor& k, Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
                int64_t D, const RopeRef& rope);
 Tensor qkv_merge(const Tensor& q, const Tensor& k, const Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,

@@ -6,7 +6,7 @@
 // fixed chunk of rows, a warp per row; otherwise (and for LayerNorm) a block owns a fixed chunk,
 // warps first compute each row's reduction terms, then threads own columns and walk the rows in
 // order. Either way each block
-// writes its dw/db partial sums and a second kernel adds the partials in block order.
+// writes its dw/db partial sums and partial_rows_sum_add (common.cuh) adds them in a fixed order.
 // Fixed shapes everywhere: deterministic, no atomics.
 #include <type_traits>
 
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kBwdThreads)
 // (raw 16-byte vectors) for both passes. Each lane sums dw/db for its own columns over its rows;
 // the warps' sums are then added in warp order through shared memory and written as the
 // block's partial row. Fixed assignment and order: deterministic.
-constexpr int kBwdWarps = 8, kBwdRows = 16;
+constexpr int kBwdWarps = 8, kBwdRows = 32;
 
 template <typename T>
 __device__ __forceinline__ void unpack_raw(const uint4& u, float* out) {
@@ -399,15 +399,6 @@ __global__ void __launch_bounds__(kBwdWarps * 32)
   }
 }
 
-__global__ void chunk_finish_kernel(const float* __restrict__ part, float* __restrict__ out, int64_t chunks,
-                                    int64_t dim) {
-  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (j >= dim) return;
-  float acc = 0.f;
-  for (int64_t c = 0; c < chunks; ++c) acc += part[c * dim + j];
-  out[j] += acc;
-}
-
 template <typename T>
 bool vec_rows(int64_t dim, std::initializer_list<const void*> ptrs) {
   if (dim % Vec<T>::N) return false;
@@ -484,14 +475,8 @@ void norm_bwd(const T* dy, const T* x, const T* w, const float* mean, const floa
         dy, x, w, mean, rstd, dx_add, dx, pw.as<float>(), pb.as<float>(), rows, dim, vec);
   }
   MT_CUDA_LAUNCH_CHECK();
-  if (dw) {
-    chunk_finish_kernel<<<static_cast<unsigned>(ceil_div(dim, 256)), 256, 0, s>>>(pw.as<float>(), dw, chunks, dim);
-    MT_CUDA_LAUNCH_CHECK();
-  }
-  if (db) {
-    chunk_finish_kernel<<<static_cast<unsigned>(ceil_div(dim, 256)), 256, 0, s>>>(pb.as<float>(), db, chunks, dim);
-    MT_CUDA_LAUNCH_CHECK();
-  }
+  if (dw) partial_rows_sum_add(pw.as<float>(), dw, chunks, dim, s);
+  if (db) partial_rows_sum_add(pb.as<float>(), db, chunks, dim, s);
 }
 
 }  // namespace

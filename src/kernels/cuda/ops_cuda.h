@@ -70,12 +70,21 @@ CudaAllocator* install_cuda_allocator(int device = 0, cudaStream_t stream = null
 // ---- GEMM through cuBLASLt. A Gemm owns the cuBLASLt handle, one workspace, and a cache of
 // matmul descriptors and heuristic choices per (shape, types, alignment, epilogue). Use one Gemm
 // per stream at a time (the workspace is shared by its calls).
+// Autotuning (gemm.cu): the first call of each shape times the heuristic's candidates on its
+// inputs (synchronising the stream once) and keeps the fastest whose output is bit-identical to
+// the heuristic default's, so results do not depend on tuning. On unless MT_GEMM_TUNE=0.
 class Gemm {
  public:
   explicit Gemm(size_t workspace_bytes = size_t{32} << 20);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
+  // Overrides MT_GEMM_TUNE for this Gemm (tests and benchmarks compare both). Off: every call
+  // runs the heuristic default. Shapes tuned while it was on keep their choice for when it is on.
+  void set_tuning(bool on);
+  bool tuning() const;
+  // Shapes whose candidates have been timed so far.
+  int tuned_shapes() const;
   struct Impl;
   Impl* impl() { return impl_.get(); }
 
