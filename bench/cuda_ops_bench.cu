@@ -242,6 +242,13 @@ void bench_memory_bound() {
         [&](int i) { rmsnorm_backward(dy[i % kSets], x[i % kSets], w, rstd, dx[i % kSets], dw, rows, dim, nullptr); },
         it);
     report("rmsnorm_bwd", shape, ms, 3 * bytes / ms * 1e-6, "GB/s");
+    ms = time_ms(  // with the residual gradient added in the same pass (dx_add = the next set's x)
+        [&](int i) {
+          rmsnorm_backward(dy[i % kSets], x[i % kSets], w, rstd, dx[i % kSets], dw, rows, dim, nullptr,
+                           x[(i + 1) % kSets]);
+        },
+        it);
+    report("rmsnorm_bwd_add", shape, ms, 4 * bytes / ms * 1e-6, "GB/s");
     ms = time_ms(
         [&](int i) {
           add_rmsnorm_forward(x[i % kSets], dy[i % kSets], dx[i % kSets], w, y[i % kSets], rstd, rows, dim, 1e-5f,

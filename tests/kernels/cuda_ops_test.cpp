@@ -217,8 +217,9 @@ TEST(GpuRope, HeadLoopCoversAllRows) {
 }
 
 // ---- activations and dropout
-TEST(GpuActivations, SwigluGeluMatchCpu) {
-  const int64_t rows = 33, F = 120, n = 4099;
+// Shapes: narrow rows; several of a thread's groups past the row end; more than one block per
+// row (8200 > 256 threads x 4 groups x 8); an odd width (the scalar path).
+void check_swiglu(int64_t rows, int64_t F) {
   const auto x = random_vec<float>(rows * 2 * F, 1, -4, 4), dy = random_vec<float>(rows * F, 2);
   std::vector<float> y(rows * F), dx(rows * 2 * F);
   cpu::swiglu_forward(x.data(), y.data(), rows, F);
@@ -227,20 +228,23 @@ TEST(GpuActivations, SwigluGeluMatchCpu) {
     DeviceBuffer<float> gx(x), gdy(dy), gy(rows * F), gdx(rows * 2 * F);
     swiglu_forward(gx.get(), gy.get(), rows, F, nullptr);
     swiglu_backward(gdy.get(), gx.get(), gdx.get(), rows, F, nullptr);
-    EXPECT_LT(rel_l2(gy.download(), y), 1e-6);
-    EXPECT_LT(rel_l2(gdx.download(), dx), 1e-6);
+    EXPECT_LT(rel_l2(gy.download(), y), 1e-6) << rows << "x" << F;
+    EXPECT_LT(rel_l2(gdx.download(), dx), 1e-6) << rows << "x" << F;
   }
-  {
-    const auto xr = rounded(x), dyr = rounded(dy);
-    std::vector<float> yr(rows * F), dxr(rows * 2 * F);
-    cpu::swiglu_forward(xr.data(), yr.data(), rows, F);
-    cpu::swiglu_backward(dyr.data(), xr.data(), dxr.data(), rows, F);
-    DeviceBuffer<bf16> gx(xr), gdy(dyr), gy(rows * F), gdx(rows * 2 * F);
-    swiglu_forward(gx.get(), gy.get(), rows, F, nullptr);
-    swiglu_backward(gdy.get(), gx.get(), gdx.get(), rows, F, nullptr);
-    EXPECT_LT(rel_l2(gy.download(), yr), 1e-2);
-    EXPECT_LT(rel_l2(gdx.download(), dxr), 1e-2);
-  }
+  const auto xr = rounded(x), dyr = rounded(dy);
+  std::vector<float> yr(rows * F), dxr(rows * 2 * F);
+  cpu::swiglu_forward(xr.data(), yr.data(), rows, F);
+  cpu::swiglu_backward(dyr.data(), xr.data(), dxr.data(), rows, F);
+  DeviceBuffer<bf16> gx(xr), gdy(dyr), gy(rows * F), gdx(rows * 2 * F);
+  swiglu_forward(gx.get(), gy.get(), rows, F, nullptr);
+  swiglu_backward(gdy.get(), gx.get(), gdx.get(), rows, F, nullptr);
+  EXPECT_LT(rel_l2(gy.download(), yr), 1e-2) << rows << "x" << F;
+  EXPECT_LT(rel_l2(gdx.download(), dxr), 1e-2) << rows << "x" << F;
+}
+
+TEST(GpuActivations, SwigluGeluMatchCpu) {
+  for (auto [rows, F] : {std::pair<int64_t, int64_t>{33, 120}, {5, 5000}, {3, 8200}, {2, 20001}}) check_swiglu(rows, F);
+  const int64_t n = 4099;
   for (bool tanh_approx : {false, true}) {
     const auto gxv = random_vec<float>(n, 7, -5, 5), gdyv = random_vec<float>(n, 8);
     std::vector<float> gy(n), gdx(n);

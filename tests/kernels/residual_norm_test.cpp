@@ -57,7 +57,8 @@ Results run(const Inputs& in, bool ln, bool unfused, Device dev) {
            : add_rmsnorm_forward(x, res, w, 1e-5f, rstd, sum);
     dx = ln ? layernorm_backward(dy, sum, w, mean, rstd, dw, db, &dadd) : rmsnorm_backward(dy, sum, w, rstd, dw, &dadd);
   }
-  return {sum.to_vector(), y.to_vector(), dx.to_vector(), dw.to_vector(), db.to_vector()};
+  auto host = [](const Tensor& t) { return t.to_device(Device::CPU).to_vector(); };
+  return {host(sum), host(y), host(dx), host(dw), host(db)};
 }
 
 TEST(ResidualNorm, FusedEqualsAddThenNormOnTheCpu) {

@@ -52,7 +52,7 @@ size_t elem_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 // Heuristic results kept per plan: enough to hold the kernels that are fastest at our shapes,
 // few enough that timing them all on the first call stays well under a second per shape.
 constexpr int kTuneCandidates = 8;
-constexpr int kTuneRuns = 3;       // timed runs per candidate (after one warm-up); the median counts
+constexpr int kTuneRuns = 5;       // timed runs per candidate (rounds over all candidates); the median counts
 constexpr int kMaxDeferrals = 3;   // calls with uninformative inputs before a plan keeps its default
 constexpr double kMinGain = 0.01;  // a candidate must beat the default by this fraction
 
@@ -275,7 +275,7 @@ struct Gemm::Impl {
     const int n = static_cast<int>(p.cands.size());
     if (n == 1) return p.chosen = 0;
     // Beta == 0: the candidates may write D, the real call overwrites it. Otherwise they
-    // accumulate into a copy of D, restored before each run.
+    // accumulate into a copy of D (restored before each checked run).
     TuneBuffer copy(call.beta != 0.f ? call.d_span() : 0, s);
     TuneBuffer digests((2 + 2 * n) * sizeof(Digest), s);
     void* out = call.beta != 0.f ? copy.as<void>() : call.D;
@@ -285,7 +285,8 @@ struct Gemm::Impl {
     digest(call.A, call.ab_type, call.transa ? call.k : call.m, call.transa ? call.m : call.k, call.lda, &dg[0], s);
     digest(call.B, call.ab_type, call.transb ? call.n : call.k, call.transb ? call.k : call.n, call.ldb, &dg[1], s);
     std::vector<Trial> trials(n);
-    for (int i = 0; i < n; ++i) trials[i] = time_candidate(p, i, call, out, &dg[2 + 2 * i], s);
+    for (int i = 0; i < n; ++i) trials[i].ran = check_candidate(p, i, call, out, &dg[2 + 2 * i], s);
+    time_candidates(p, trials, call, out, s);
     std::vector<Digest> host(2 + 2 * n);
     MT_CUDA_CHECK(cudaMemcpyAsync(host.data(), dg, host.size() * sizeof(Digest), cudaMemcpyDeviceToHost, s));
     MT_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -295,26 +296,32 @@ struct Gemm::Impl {
     return p.chosen = pick(trials, host, call);
   }
 
-  // One warm-up and kTuneRuns timed runs of candidate i, digesting the warm-up's and the last
-  // run's output into dg[0] and dg[1]. All in stream order; nothing waits.
-  Trial time_candidate(const Plan& p, int i, const Call& call, void* out, Digest* dg, cudaStream_t s) {
-    Trial t;
-    const auto restore = [&] {
+  // Runs candidate i twice from the same starting D, digesting each output into dg[0] and dg[1]
+  // (the guard compares both with the default's first). False when it cannot run. Stream order.
+  bool check_candidate(const Plan& p, int i, const Call& call, void* out, Digest* dg, cudaStream_t s) {
+    for (int rep = 0; rep < 2; ++rep) {
       if (out != call.D) MT_CUDA_CHECK(cudaMemcpyAsync(out, call.D, call.d_span(), cudaMemcpyDeviceToDevice, s));
-    };
-    restore();
-    if (run(p, p.cands[i], call, out, s) != CUBLAS_STATUS_SUCCESS) return t;
-    digest(out, call.d_type, call.m, call.n, call.ldd, &dg[0], s);
-    for (cudaEvent_t& e : t.ev) MT_CUDA_CHECK(cudaEventCreate(&e));
-    for (int r = 0; r < kTuneRuns; ++r) {
-      restore();
-      MT_CUDA_CHECK(cudaEventRecord(t.ev[2 * r], s));
-      MT_CUBLAS_CHECK(run(p, p.cands[i], call, out, s));  // it ran once, so a failure now is an error
-      MT_CUDA_CHECK(cudaEventRecord(t.ev[2 * r + 1], s));
+      if (run(p, p.cands[i], call, out, s) != CUBLAS_STATUS_SUCCESS) return false;
+      digest(out, call.d_type, call.m, call.n, call.ldd, &dg[rep], s);
     }
-    digest(out, call.d_type, call.m, call.n, call.ldd, &dg[1], s);
-    t.ran = true;
-    return t;
+    return true;
+  }
+
+  // kTuneRuns rounds, each timing every runnable candidate once, back to back: no copies or
+  // digests between the timed runs (they would leave L2 and clocks in a state the real calls do
+  // not see) and interleaved so that drift in clocks or temperature spreads over all candidates.
+  // Beta != 0 runs keep accumulating into the scratch copy: its values no longer matter.
+  void time_candidates(const Plan& p, std::vector<Trial>& trials, const Call& call, void* out, cudaStream_t s) {
+    for (Trial& t : trials)
+      if (t.ran)
+        for (cudaEvent_t& e : t.ev) MT_CUDA_CHECK(cudaEventCreate(&e));
+    for (int r = 0; r < kTuneRuns; ++r)
+      for (size_t i = 0; i < trials.size(); ++i) {
+        if (!trials[i].ran) continue;
+        MT_CUDA_CHECK(cudaEventRecord(trials[i].ev[2 * r], s));
+        MT_CUBLAS_CHECK(run(p, p.cands[i], call, out, s));  // it ran before, so a failure now is an error
+        MT_CUDA_CHECK(cudaEventRecord(trials[i].ev[2 * r + 1], s));
+      }
   }
 
   // Reads a synchronised trial's events (and destroys them).
@@ -346,8 +353,8 @@ struct Gemm::Impl {
     return 0;
   }
 
-  // The fastest candidate whose outputs (warm-up and last run) are bit-identical to the default's
-  // warm-up output; the default unless one beats it by kMinGain. host: digests of A, B, then two
+  // The fastest candidate whose two checked outputs are bit-identical to the default's first
+  // one; the default unless one beats it by kMinGain. host: digests of A, B, then two
   // per candidate.
   int pick(const std::vector<Trial>& trials, const std::vector<Digest>& host, const Call& call) {
     const unsigned long long ref = host[2].hash;

@@ -271,11 +271,20 @@ __global__ void __launch_bounds__(kBwdThreads)
 }
 
 // Backward for rows of at most 32 * VPL vectors (vector path only): a block of kBwdWarps warps
-// owns kBwdRows consecutive rows, a warp per row at a time with the row's dy and x in registers
-// (raw 16-byte vectors) for both passes. Each lane sums dw/db for its own columns over its rows;
-// the warps' sums are then added in warp order through shared memory and written as the
-// block's partial row. Fixed assignment and order: deterministic.
+// owns kBwdRows consecutive rows, a warp per row at a time with the row's dy, x (and dx_add) in
+// registers (raw 16-byte vectors) for both passes. Each lane sums dw/db for its own columns over
+// its rows in shared memory (lane-private slots, padded so the final column-order read is free of
+// bank conflicts), which keeps registers low enough for two blocks per SM; the warps' sums are
+// then added in warp order and written as the block's partial row. Fixed assignment and order:
+// deterministic.
 constexpr int kBwdWarps = 8, kBwdRows = 32;
+
+// Shared-memory slot of (vector k, element e, lane) in one warp's accumulator: stride 33 per
+// (k, e) so that both the lane-parallel updates and the column-parallel final read hit 32 banks.
+template <int N>
+__device__ __forceinline__ int acc_slot(int k, int e, int lane) {
+  return (k * N + e) * 33 + lane;
+}
 
 template <typename T>
 __device__ __forceinline__ void unpack_raw(const uint4& u, float* out) {
@@ -300,36 +309,39 @@ __device__ __forceinline__ void unpack_raw(const uint4& u, float* out) {
 }
 
 template <typename T, bool LN, int VPL>
-__global__ void __launch_bounds__(kBwdWarps * 32)
+__global__ void __launch_bounds__(kBwdWarps * 32, 2)
     norm_bwd_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                          const float* __restrict__ mean, const float* __restrict__ rstd, const T* __restrict__ dx_add,
                          T* __restrict__ dx, float* __restrict__ part_w, float* __restrict__ part_b, int64_t rows,
                          int64_t dim) {
   constexpr int N = Vec<T>::N;
-  extern __shared__ float red[];  // [dim] for dw, then [dim] for db (LN)
+  constexpr int kSlots = VPL * N * 33;  // one warp's accumulator
+  extern __shared__ float acc[];        // [kBwdWarps][kSlots] for dw, then the same for db (LN)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nvec = static_cast<int>(dim / N);
   const int64_t r0 = blockIdx.x * static_cast<int64_t>(kBwdRows);
   const float inv_dim = 1.f / static_cast<float>(dim);
-  float aw[VPL][N], ab[LN ? VPL : 1][N];
+  float* aw = acc + warp * kSlots;
+  float* ab = acc + (kBwdWarps + warp) * kSlots;
 #pragma unroll
   for (int k = 0; k < VPL; ++k)
 #pragma unroll
     for (int e = 0; e < N; ++e) {
-      aw[k][e] = 0.f;
-      if constexpr (LN) ab[k][e] = 0.f;
+      aw[acc_slot<N>(k, e, lane)] = 0.f;
+      if constexpr (LN) ab[acc_slot<N>(k, e, lane)] = 0.f;
     }
   for (int i = warp; i < kBwdRows; i += kBwdWarps) {
     const int64_t r = r0 + i;
     if (r >= rows) break;
     const float m = LN ? mean[r] : 0.f, rs = rstd[r];
-    uint4 rd[VPL], rx[VPL];
+    uint4 rd[VPL], rx[VPL], ra[VPL];
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
       const int vi = k * 32 + lane;
       if (vi < nvec) {
         rd[k] = *reinterpret_cast<const uint4*>(dy + r * dim + vi * N);
         rx[k] = *reinterpret_cast<const uint4*>(x + r * dim + vi * N);
+        if (dx_add) ra[k] = *reinterpret_cast<const uint4*>(dx_add + r * dim + vi * N);
       }
     }
     float s1 = 0.f, s2 = 0.f;
@@ -363,13 +375,13 @@ __global__ void __launch_bounds__(kBwdWarps * 32)
       for (int e = 0; e < N; ++e) {
         const float xh = (xv[e] - m) * rs;
         o[e] = rs * (d[e] * wv[e] - c1 - xh * c2);
-        aw[k][e] += d[e] * xh;
-        if constexpr (LN) ab[k][e] += d[e];
+        aw[acc_slot<N>(k, e, lane)] += d[e] * xh;
+        if constexpr (LN) ab[acc_slot<N>(k, e, lane)] += d[e];
       }
       if (dx) {
         if (dx_add) {
           float a[N];
-          Vec<T>::load(dx_add + r * dim + vi * N, a);
+          unpack_raw<T>(ra[k], a);
 #pragma unroll
           for (int e = 0; e < N; ++e) o[e] += a[e];
         }
@@ -377,25 +389,18 @@ __global__ void __launch_bounds__(kBwdWarps * 32)
       }
     }
   }
-  for (int wi = 0; wi < kBwdWarps; ++wi) {  // add the warps' column sums in warp order
-    if (warp == wi) {
-#pragma unroll
-      for (int k = 0; k < VPL; ++k) {
-        const int vi = k * 32 + lane;
-        if (vi >= nvec) continue;
-#pragma unroll
-        for (int e = 0; e < N; ++e) {
-          const int j = vi * N + e;
-          red[j] = (wi == 0 ? 0.f : red[j]) + aw[k][e];
-          if constexpr (LN) red[dim + j] = (wi == 0 ? 0.f : red[dim + j]) + ab[k][e];
-        }
-      }
-    }
-    __syncthreads();
-  }
+  __syncthreads();
+  // Column j's slot in every warp's accumulator, the warps added in order.
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-    if (part_w) part_w[blockIdx.x * dim + j] = red[j];
-    if (LN && part_b) part_b[blockIdx.x * dim + j] = red[dim + j];
+    const int vi = static_cast<int>(j / N), slot = acc_slot<N>(vi / 32, static_cast<int>(j % N), vi % 32);
+    float sw = 0.f, sb = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < kBwdWarps; ++wi) {
+      sw += acc[wi * kSlots + slot];
+      if constexpr (LN) sb += acc[(kBwdWarps + wi) * kSlots + slot];
+    }
+    if (part_w) part_w[blockIdx.x * dim + j] = sw;
+    if (LN && part_b) part_b[blockIdx.x * dim + j] = sb;
   }
 }
 
@@ -457,10 +462,14 @@ void norm_bwd(const T* dy, const T* x, const T* w, const float* mean, const floa
   Scratch pw(dw ? static_cast<size_t>(chunks * dim) * 4 : 0, s);
   Scratch pb(db ? static_cast<size_t>(chunks * dim) * 4 : 0, s);
   if (warp_path) {  // the common case: a warp per row, the row in registers
-    const size_t smem = static_cast<size_t>(dim) * sizeof(float) * (LN ? 2 : 1);
     auto launch = [&](auto vpl) {
-      norm_bwd_warp_kernel<T, LN, decltype(vpl)::value><<<static_cast<unsigned>(chunks), kBwdWarps * 32, smem, s>>>(
-          dy, x, w, mean, rstd, dx_add, dx, pw.as<float>(), pb.as<float>(), rows, dim);
+      constexpr int V = decltype(vpl)::value;
+      auto kern = norm_bwd_warp_kernel<T, LN, V>;
+      const size_t smem = static_cast<size_t>(kBwdWarps) * V * Vec<T>::N * 33 * sizeof(float) * (LN ? 2 : 1);
+      if (smem > 48 * 1024)
+        MT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      kern<<<static_cast<unsigned>(chunks), kBwdWarps * 32, smem, s>>>(dy, x, w, mean, rstd, dx_add, dx, pw.as<float>(),
+                                                                        pb.as<float>(), rows, dim);
     };
     if (nvec <= 32)
       launch(std::integral_constant<int, 1>{});
