@@ -30,6 +30,14 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* b) {
   return y;
 }
 
+Tensor linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& residual) {
+  MT_ON_GPU(x, linear_forward_residual(x, w, b, residual));
+  require_cpu_f32(residual, "linear_forward_residual");
+  Tensor y = linear_forward(x, w, b);
+  add_inplace(y, residual);
+  return y;
+}
+
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx) {
   MT_ON_GPU(dy, linear_backward(dy, x, w, dw, db, need_dx));
   require_cpu_f32(dy, "linear_backward");

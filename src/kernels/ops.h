@@ -13,6 +13,10 @@ namespace mt::ops {
 
 // y = x w^T (+ b). w: [out, in].
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* b);
+// y = x w^T (+ b) + residual (residual: [rows, out] elements, x's dtype, only read). The GPU adds
+// the residual in the GEMM's epilogue (one kernel, one rounding of the fp32 sum to the half
+// type); the CPU runs the fp32 linear, then the add: the same bits as linear_forward + add_inplace.
+Tensor linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& residual);
 // Returns dx (undefined when !need_dx); accumulates dw (+ db) into fp32 main-grad views.
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx = true);
 // Pieces of the above, for overlapping communication with the GEMMs (--tp-comm-overlap):

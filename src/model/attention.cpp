@@ -154,7 +154,8 @@ ops::RopeRef SelfAttention::fused_rope() const {
   return {&rope->cos, &rope->sin, rope->rot_dim};
 }
 
-Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
+Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx,
+                              const Tensor* residual) const {
   const int64_t G = cfg.num_query_groups, qpg = cfg.q_per_group(), D = cfg.kv_channels, Hq = cfg.num_attention_heads;
   s.x = x;
   Tensor packed = qkv.forward(x, ctx);
@@ -205,7 +206,7 @@ Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, P
     s.out = out;
     s.lse = std::move(lse);
   }
-  return proj.forward(out, ctx);
+  return proj.forward(out, ctx, residual);
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {

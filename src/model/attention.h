@@ -48,8 +48,10 @@ struct SelfAttention {
   };
   void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const RopeTables* r,
              const TensorParallel* tp = nullptr);
-  // x: [S*B, H] with rows in (s, b) order.
-  Tensor forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
+  // x: [S*B, H] with rows in (s, b) order. residual (optional, shaped as the output): added to
+  // linear_proj's output, inside its GEMM where Linear::fuses_residual.
+  Tensor forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx,
+                 const Tensor* residual = nullptr) const;
   Tensor backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
   // RoPE done inside the QKV split and merge (one pass over q and k instead of three) where
   // nothing runs between them and the rotation: no --qk-layernorm, whole groups per rank.

@@ -21,7 +21,22 @@ Tensor Linear::gather_rows(const Tensor& x, PassContext& ctx) const {
   return all_gather_rows(x, *tp);
 }
 
-Tensor Linear::forward(const Tensor& x, PassContext& ctx) const {
+Tensor Linear::forward(const Tensor& x, PassContext& ctx, const Tensor* residual) const {
+  if (residual && fuses_residual()) {
+    ctx.before_use(weight);
+    ctx.before_use(bias);
+    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+    return ops::linear_forward_residual(x, weight->value, bias ? &bias->value : nullptr, *residual);
+  }
+  Tensor y = forward_parallel(x, ctx);
+  if (residual) {
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+    ops::add_inplace(y, *residual);
+  }
+  return y;
+}
+
+Tensor Linear::forward_parallel(const Tensor& x, PassContext& ctx) const {
   ctx.before_use(weight);
   ctx.before_use(bias);
   if (mode == ParallelMode::Column) {

@@ -26,7 +26,12 @@ struct Linear {
   const TensorParallel* tp = nullptr;
   void build(ParamStore& ps, const std::string& prefix, int64_t in, int64_t out, bool bias, Init init,
              ParallelMode mode = ParallelMode::None, const TensorParallel* tp = nullptr, int blocks = 1);
-  Tensor forward(const Tensor& x, PassContext& ctx) const;                 // x saved by caller
+  // y = x w^T (+ b) (+ residual, shaped as y: a sequence shard under SP). x saved by caller.
+  Tensor forward(const Tensor& x, PassContext& ctx, const Tensor* residual = nullptr) const;
+  // Whether forward adds its residual inside the GEMM (cuBLASLt's epilogue, no add kernel):
+  // without TP, where the GEMM's output is the final value. A row-parallel GEMM gives partial
+  // sums, so the add waits for the TP reduction and runs as its own kernel.
+  bool fuses_residual() const { return mode == ParallelMode::None; }
   Tensor backward(const Tensor& dy, const Tensor& x, PassContext& ctx) const;  // returns dx
   // Whether grad_ready hooks fire for the weight (off for the output layer when it shares the
   // word embedding, whose gradient is complete only after the embedding's backward).
@@ -34,6 +39,7 @@ struct Linear {
   Tensor gather_rows(const Tensor& x, PassContext& ctx) const;  // SP all-gather, timed as communication
 
  private:
+  Tensor forward_parallel(const Tensor& x, PassContext& ctx) const;  // forward without the residual
   // Column-parallel under SP with TensorParallel::overlap_comm (--tp-comm-overlap).
   Tensor forward_column_overlapped(const Tensor& x, PassContext& ctx) const;
   Tensor backward_column_overlapped(const Tensor& dy, const Tensor& x, PassContext& ctx) const;

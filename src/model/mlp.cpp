@@ -15,14 +15,14 @@ void MLP::build(ParamStore& ps, const std::string& prefix, const TransformerConf
             ParallelMode::Row, tp);
 }
 
-Tensor MLP::forward(const Tensor& x, Saved& s, PassContext& ctx) const {
+Tensor MLP::forward(const Tensor& x, Saved& s, PassContext& ctx, const Tensor* residual) const {
   s.x = x;
   s.h = fc1.forward(x, ctx);
   {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     s.a = cfg.swiglu ? ops::swiglu_forward(s.h) : ops::gelu_forward(s.h, cfg.openai_gelu);
   }
-  return fc2.forward(s.a, ctx);
+  return fc2.forward(s.a, ctx, residual);
 }
 
 Tensor MLP::backward(const Tensor& dy, Saved& s, PassContext& ctx) const {

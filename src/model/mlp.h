@@ -11,7 +11,9 @@ struct MLP {
     Tensor x, h, a;  // input, fc1 output, activation output
   };
   void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const TensorParallel* tp = nullptr);
-  Tensor forward(const Tensor& x, Saved& s, PassContext& ctx) const;
+  // residual (optional, shaped as the output): added to linear_fc2's output, inside its GEMM where
+  // Linear::fuses_residual.
+  Tensor forward(const Tensor& x, Saved& s, PassContext& ctx, const Tensor* residual = nullptr) const;
   Tensor backward(const Tensor& dy, Saved& s, PassContext& ctx) const;
 };
 

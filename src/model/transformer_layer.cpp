@@ -8,6 +8,20 @@
 #include "kernels/ops.h"
 
 namespace mt::model {
+namespace {
+
+// Whether a residual add can move into the GEMM before it (Linear::forward's residual): the
+// hidden dropout between them must be the identity (it applies to the GEMM's output before the
+// add; Dropout::forward's condition), the Linear must fuse (no TP: a row-parallel output is
+// partial until its reduction), and the CPU must not be emulating half storage, where the unfused
+// path keeps the residual stream's rounding as it was (the CPU-vs-GPU tracking tests' reference).
+bool residual_in_gemm(const Dropout& d, const Linear& l, const Tensor& x, Half half, const PassContext& ctx) {
+  const bool dropout_off = !(ctx.training && d.p > 0.f);
+  const bool emulated = x.device() != Device::CUDA && half != Half::None;
+  return dropout_off && l.fuses_residual() && !emulated;
+}
+
+}  // namespace
 
 void TransformerLayer::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c,
                              const RopeTables* rope, const TensorParallel* tp) {
@@ -92,12 +106,27 @@ Tensor TransformerLayer::backward(const Tensor& dy, int64_t S, int64_t B, Saved&
   return backward_layer(dy, S, B, s, ctx);
 }
 
+// Where residual_in_gemm, a residual add is linear_proj's (linear_fc2's) GEMM epilogue; else the
+// attention residual is added inside pre_mlp_norm (forward_residual) and the MLP's by its own
+// kernel. Both ways save the same tensors (pre_mlp_norm keeps h): backward and recomputation
+// are the same.
 Tensor TransformerLayer::forward_layer(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
-  Tensor a = attn.forward(input_norm.forward(x, s.n1, ctx), S, B, s.attn, ctx);
-  Tensor h;  // the residual stream after attention: x + dropout(a), added inside the next norm
-  Tensor m = mlp.forward(pre_mlp_norm.forward_residual(attn_drop.forward(a, s.d1, ctx), x, h, cfg.half(), s.n2, ctx),
-                         s.mlp, ctx);
-  Tensor y = mlp_drop.forward(m, s.d2, ctx);
+  const Tensor xn = input_norm.forward(x, s.n1, ctx);
+  Tensor h;   // the residual stream after attention: x + dropout(a)
+  Tensor hn;  // its norm, the MLP's input
+  if (residual_in_gemm(attn_drop, attn.proj, x, cfg.half(), ctx)) {
+    s.d1 = {};  // the identity: no mask drawn
+    h = attn.forward(xn, S, B, s.attn, ctx, &x);
+    hn = pre_mlp_norm.forward(h, s.n2, ctx);
+  } else {
+    const Tensor a = attn.forward(xn, S, B, s.attn, ctx);
+    hn = pre_mlp_norm.forward_residual(attn_drop.forward(a, s.d1, ctx), x, h, cfg.half(), s.n2, ctx);
+  }
+  if (residual_in_gemm(mlp_drop, mlp.fc2, h, cfg.half(), ctx)) {
+    s.d2 = {};
+    return mlp.forward(hn, s.mlp, ctx, &h);
+  }
+  Tensor y = mlp_drop.forward(mlp.forward(hn, s.mlp, ctx), s.d2, ctx);
   {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::add_inplace(y, h);

@@ -111,6 +111,19 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias) {
   return y;
 }
 
+// The residual is the GEMM's C (beta = 1), y its D: h<T> checks that it has x's half type.
+Tensor linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& residual) {
+  const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
+  MT_CHECK(residual.numel() == rows * out, "linear_forward_residual: residual {} for a {} x {} output",
+           residual.shape_str(), rows, out);
+  Tensor y = act({rows, out}, x);
+  with_half(x, [&]<typename T>(T*) {
+    cuda::linear_forward_residual(gemm(), h<T>(x), h<T>(w), bias ? h<T>(*bias) : nullptr, h<T>(residual), h<T>(y),
+                                  rows, out, in, st());
+  });
+  return y;
+}
+
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx) {
   const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
   Tensor dx = need_dx ? act({rows, in}, dy) : Tensor();
@@ -412,6 +425,17 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
                                  st());
   });
   return logits;
+}
+
+void cross_entropy_fused(Tensor& logits, const Tensor& targets, const Tensor& mask, float scale, Tensor& losses,
+                         Tensor& lse) {
+  const int64_t N = logits.dim(0), V = logits.dim(1);
+  losses = stat({N});
+  lse = stat({N});
+  with_half(logits, [&]<typename T>(T*) {
+    cuda::cross_entropy_fused(h<T>(logits), targets.data<int32_t>(), f(mask), scale, f(losses), f(lse), N, V, V,
+                              st());
+  });
 }
 
 void add_inplace(Tensor& y, const Tensor& x) {

@@ -27,6 +27,7 @@ void reset_peak_memory();
 std::string device_name();
 
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* b);
+Tensor linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& residual);
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx);
 void linear_forward_into(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
 Tensor linear_backward_data(const Tensor& dy, const Tensor& w);
@@ -65,6 +66,10 @@ Tensor dropout_forward(const Tensor& x, float p, uint64_t seed, uint64_t offset)
 Tensor dropout_backward(const Tensor& dy, float p, uint64_t seed, uint64_t offset);
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss);
+// Forward and backward at once (training, loss scale known): losses, lse, and the logits
+// overwritten by their gradient with dloss = mask * scale.
+void cross_entropy_fused(Tensor& logits, const Tensor& targets, const Tensor& mask, float scale, Tensor& losses,
+                         Tensor& lse);
 void add_inplace(Tensor& y, const Tensor& x);
 void cast(const Tensor& src, Tensor& dst);  // f32 <-> bf16 or fp16, same numel, both on the GPU
 

@@ -6,6 +6,12 @@
 // Descriptors, layouts and up to kTuneCandidates of the heuristic's algorithms are cached per
 // (shape, types, alignment, epilogue), so steady-state calls are one cublasLtMatmul. The bias
 // epilogue adds b in the GEMM's output stage; db is a deterministic column-sum kernel.
+// Residual forward (linear_forward_residual): y = x w^T + b + r in one GEMM, r as cuBLASLt's C
+// (beta = 1, same type and layout as D, read-only) and y as a separate D. cublasLt.h documents
+// the bias as "added before applying final postprocessing" of D = alpha op(A) op(B) + beta C: the
+// epilogue sums the fp32 accumulator, beta * C and the bias in fp32 (the scale type) and rounds to
+// D's type once. Which of the two fp32 adds comes first is not documented (with alpha = 1 both
+// readings are the same math, within an fp32 ulp), so the reference is that fp32 sum rounded once.
 //
 // Autotuning (on by default; MT_GEMM_TUNE=0 turns it off, MT_GEMM_TUNE=verbose prints one line
 // per tuned shape to stderr). The heuristic's first choice is an estimate and need not be the
@@ -14,9 +20,10 @@
 // bit-identical results run to run and with tuning off, so a candidate is only eligible when
 // its output is bit-identical (a 64-bit digest of every output element) to the heuristic
 // default's on those inputs; inputs that are mostly zero cannot tell summation orders apart, so
-// tuning waits for a later call (and gives up after kMaxDeferrals). Beta != 0 calls (the fp32
-// wgrad accumulation, C == D) are tuned in place on a scratch copy of D, so D is accumulated
-// exactly once, by the real call.
+// tuning waits for a later call (and gives up after kMaxDeferrals). In-place beta != 0 calls (the
+// fp32 wgrad accumulation, C == D) are tuned on a scratch copy of D, so D is accumulated exactly
+// once, by the real call. With a separate C (the residual forward) the candidates read C, never
+// write it, and write D, which the real call then overwrites: no copy needed.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -69,18 +76,24 @@ struct Plan {
   int deferrals = 0;
 };
 
-// Key: m, n, k, lda, ldb, ldc, transa, transb, a/b type, c/d type, epilogue, 4 alignments.
-using Key = std::array<int64_t, 15>;
+// Key: m, n, k, lda, ldb, ldc, transa, transb, a/b type, c/d type, epilogue, alignments of A, B,
+// D and the bias, and of a separate C (0 when C is D): a residual GEMM gets its own plan, tuned
+// and guarded with its epilogue reading C.
+using Key = std::array<int64_t, 16>;
+constexpr size_t kKeyAlignA = 11, kKeyAlignB = 12, kKeyAlignD = 13, kKeyAlignC = 15;
 
-// One matmul's operands: column-major D[m,n] = op(A) op(B) + beta * C, C == D.
+// One matmul's operands: column-major D[m,n] = op(A) op(B) + beta * C. C is D (accumulation in
+// place) or a separate, read-only matrix of D's type and layout.
 struct Call {
   bool transa, transb;
   int64_t m, n, k, lda, ldb, ldd;
   const void* A;
   const void* B;
+  const void* C;
   void* D;
   float beta;
   cudaDataType_t ab_type, d_type;
+  bool in_place() const { return C == D; }
   // Bytes from D's first element to its last (the padding between columns included).
   size_t d_span() const { return static_cast<size_t>((n - 1) * ldd + m) * elem_bytes(d_type); }
 };
@@ -227,11 +240,13 @@ struct Gemm::Impl {
     if (handle) cublasLtDestroy(handle);
   }
 
-  // Column-major D[m,n] = alpha * op(A) op(B) + beta * C, C == D. A is (transa ? k x m : m x k)
-  // with leading dim lda, B is (transb ? n x k : k x n) with ldb.
+  // Column-major D[m,n] = alpha * op(A) op(B) + beta * C. A is (transa ? k x m : m x k) with
+  // leading dim lda, B is (transb ? n x k : k x n) with ldb. C: null (or D) for C == D, else a
+  // separate matrix with D's type and leading dim, only read.
   void matmul(bool transa, bool transb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda, const void* B,
-              int64_t ldb, cudaDataType_t ab_type, float beta, void* D, int64_t ldd, cudaDataType_t d_type,
-              const void* bias, cudaStream_t s) {
+              int64_t ldb, cudaDataType_t ab_type, float beta, const void* C, void* D, int64_t ldd,
+              cudaDataType_t d_type, const void* bias, cudaStream_t s) {
+    if (!C) C = D;
     const cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     const Key key{m,
                   n,
@@ -247,7 +262,8 @@ struct Gemm::Impl {
                   alignment_of(A),
                   alignment_of(B),
                   alignment_of(D),
-                  bias ? alignment_of(bias) : 0};
+                  bias ? alignment_of(bias) : 0,
+                  C != D ? alignment_of(C) : 0};
     std::lock_guard<std::mutex> lock(mu);
     auto it = plans.find(key);
     if (it == plans.end())
@@ -255,16 +271,18 @@ struct Gemm::Impl {
     Plan& p = it->second;
     if (bias)
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    const Call call{transa, transb, m, n, k, lda, ldb, ldd, A, B, D, beta, ab_type, d_type};
+    const Call call{transa, transb, m, n, k, lda, ldb, ldd, A, B, C, D, beta, ab_type, d_type};
     int use = 0;
     if (tune.on) use = p.chosen >= 0 ? p.chosen : tune_plan(p, call, s);
     MT_CUBLAS_CHECK(run(p, p.cands[use], call, D, s));
   }
 
-  // D_out = op(A) op(B) + beta * D_out with one candidate (C == D, as the real call).
+  // out = op(A) op(B) + beta * C with one candidate; C is out itself where the call accumulates
+  // in place (so a scratch `out` starts from its copy of D), else the call's separate C.
   cublasStatus_t run(const Plan& p, const Candidate& c, const Call& call, void* out, cudaStream_t s) {
     const float alpha = 1.f;
-    return cublasLtMatmul(handle, p.desc, &alpha, call.A, p.a, call.B, p.b, &call.beta, out, p.c, out, p.c, &c.algo,
+    const void* C = call.in_place() ? out : call.C;
+    return cublasLtMatmul(handle, p.desc, &alpha, call.A, p.a, call.B, p.b, &call.beta, C, p.c, out, p.c, &c.algo,
                           workspace, c.workspace, s);
   }
 
@@ -274,11 +292,12 @@ struct Gemm::Impl {
   int tune_plan(Plan& p, const Call& call, cudaStream_t s) {
     const int n = static_cast<int>(p.cands.size());
     if (n == 1) return p.chosen = 0;
-    // Beta == 0: the candidates may write D, the real call overwrites it. Otherwise they
-    // accumulate into a copy of D (restored before each checked run).
-    TuneBuffer copy(call.beta != 0.f ? call.d_span() : 0, s);
+    // Beta == 0 or a separate C: the candidates may write D, the real call overwrites it.
+    // Accumulating in place, they accumulate into a copy of D (restored before each checked run).
+    const bool scratch = call.beta != 0.f && call.in_place();
+    TuneBuffer copy(scratch ? call.d_span() : 0, s);
     TuneBuffer digests((2 + 2 * n) * sizeof(Digest), s);
-    void* out = call.beta != 0.f ? copy.as<void>() : call.D;
+    void* out = scratch ? copy.as<void>() : call.D;
     Digest* dg = digests.as<Digest>();
     if (!out || !dg) return defer(p, call, "no memory for tuning");
     MT_CUDA_CHECK(cudaMemsetAsync(dg, 0, (2 + 2 * n) * sizeof(Digest), s));
@@ -296,8 +315,9 @@ struct Gemm::Impl {
     return p.chosen = pick(trials, host, call);
   }
 
-  // Runs candidate i twice from the same starting D, digesting each output into dg[0] and dg[1]
-  // (the guard compares both with the default's first). False when it cannot run. Stream order.
+  // Runs candidate i twice from the same starting D (and the same C), digesting each output into
+  // dg[0] and dg[1] (the guard compares both with the default's first). False when it cannot run.
+  // Stream order.
   bool check_candidate(const Plan& p, int i, const Call& call, void* out, Digest* dg, cudaStream_t s) {
     for (int rep = 0; rep < 2; ++rep) {
       if (out != call.D) MT_CUDA_CHECK(cudaMemcpyAsync(out, call.D, call.d_span(), cudaMemcpyDeviceToDevice, s));
@@ -310,7 +330,7 @@ struct Gemm::Impl {
   // kTuneRuns rounds, each timing every runnable candidate once, back to back: no copies or
   // digests between the timed runs (they would leave L2 and clocks in a state the real calls do
   // not see) and interleaved so that drift in clocks or temperature spreads over all candidates.
-  // Beta != 0 runs keep accumulating into the scratch copy: its values no longer matter.
+  // In-place beta != 0 runs keep accumulating into the scratch copy: its values no longer matter.
   void time_candidates(const Plan& p, std::vector<Trial>& trials, const Call& call, void* out, cudaStream_t s) {
     for (Trial& t : trials)
       if (t.ran)
@@ -400,8 +420,9 @@ struct Gemm::Impl {
     uint64_t ws = workspace_bytes;
     MT_CUBLAS_CHECK(
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    const uint32_t al[4] = {static_cast<uint32_t>(key[11]), static_cast<uint32_t>(key[12]),
-                            static_cast<uint32_t>(key[13]), static_cast<uint32_t>(key[13])};
+    const int64_t c_align = key[kKeyAlignC] ? key[kKeyAlignC] : key[kKeyAlignD];
+    const uint32_t al[4] = {static_cast<uint32_t>(key[kKeyAlignA]), static_cast<uint32_t>(key[kKeyAlignB]),
+                            static_cast<uint32_t>(c_align), static_cast<uint32_t>(key[kKeyAlignD])};
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4));
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
@@ -443,20 +464,21 @@ int Gemm::tuned_shapes() const {
 
 namespace {
 
+// y = x w^T (+ b) (+ residual, y's type: cuBLASLt's C, with beta = 1).
 template <typename TI, typename TO>
-void forward_impl(Gemm& g, const TI* x, const TI* w, const TO* b, TO* y, int64_t M, int64_t N, int64_t K,
-                  cudaStream_t s, cudaDataType_t ti, cudaDataType_t to) {
+void forward_impl(Gemm& g, const TI* x, const TI* w, const TO* b, const void* residual, TO* y, int64_t M, int64_t N,
+                  int64_t K, cudaStream_t s, cudaDataType_t ti, cudaDataType_t to) {
   if (M == 0 || N == 0) return;
   MT_CHECK(K > 0, "linear_forward with K = 0 is not supported on the GPU");
-  g.impl()->matmul(true, false, N, M, K, w, K, x, K, ti, 0.f, y, N, to, b, s);
+  g.impl()->matmul(true, false, N, M, K, w, K, x, K, ti, residual ? 1.f : 0.f, residual, y, N, to, b, s);
 }
 
 template <typename T>
 void backward_impl(Gemm& g, const T* dy, const T* x, const T* w, T* dx, float* dw, float* db, int64_t M, int64_t N,
                    int64_t K, cudaStream_t s, cudaDataType_t t) {
   if (M == 0 || N == 0 || K == 0) return;
-  if (dx) g.impl()->matmul(false, false, K, M, N, w, K, dy, N, t, 0.f, dx, K, t, nullptr, s);
-  if (dw) g.impl()->matmul(false, true, K, N, M, x, K, dy, N, t, 1.f, dw, K, CUDA_R_32F, nullptr, s);
+  if (dx) g.impl()->matmul(false, false, K, M, N, w, K, dy, N, t, 0.f, nullptr, dx, K, t, nullptr, s);
+  if (dw) g.impl()->matmul(false, true, K, N, M, x, K, dy, N, t, 1.f, nullptr, dw, K, CUDA_R_32F, nullptr, s);
   if (db) column_sum_add(dy, db, M, N, s);
 }
 
@@ -464,19 +486,35 @@ void backward_impl(Gemm& g, const T* dy, const T* x, const T* w, T* dx, float* d
 
 void linear_forward(Gemm& g, const bf16* x, const bf16* w, const bf16* b, bf16* y, int64_t M, int64_t N, int64_t K,
                     cudaStream_t s) {
-  forward_impl(g, x, w, b, y, M, N, K, s, CUDA_R_16BF, CUDA_R_16BF);
+  forward_impl(g, x, w, b, nullptr, y, M, N, K, s, CUDA_R_16BF, CUDA_R_16BF);
 }
 void linear_forward(Gemm& g, const f16* x, const f16* w, const f16* b, f16* y, int64_t M, int64_t N, int64_t K,
                     cudaStream_t s) {
-  forward_impl(g, x, w, b, y, M, N, K, s, CUDA_R_16F, CUDA_R_16F);
+  forward_impl(g, x, w, b, nullptr, y, M, N, K, s, CUDA_R_16F, CUDA_R_16F);
 }
 void linear_forward(Gemm& g, const bf16* x, const bf16* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
                     cudaStream_t s) {
-  forward_impl(g, x, w, b, y, M, N, K, s, CUDA_R_16BF, CUDA_R_32F);
+  forward_impl(g, x, w, b, nullptr, y, M, N, K, s, CUDA_R_16BF, CUDA_R_32F);
 }
 void linear_forward(Gemm& g, const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
                     cudaStream_t s) {
-  forward_impl(g, x, w, b, y, M, N, K, s, CUDA_R_32F, CUDA_R_32F);
+  forward_impl(g, x, w, b, nullptr, y, M, N, K, s, CUDA_R_32F, CUDA_R_32F);
+}
+void linear_forward_residual(Gemm& g, const bf16* x, const bf16* w, const bf16* b, const bf16* residual, bf16* y,
+                             int64_t M, int64_t N, int64_t K, cudaStream_t s) {
+  forward_impl(g, x, w, b, residual, y, M, N, K, s, CUDA_R_16BF, CUDA_R_16BF);
+}
+void linear_forward_residual(Gemm& g, const f16* x, const f16* w, const f16* b, const f16* residual, f16* y, int64_t M,
+                             int64_t N, int64_t K, cudaStream_t s) {
+  forward_impl(g, x, w, b, residual, y, M, N, K, s, CUDA_R_16F, CUDA_R_16F);
+}
+void linear_forward_residual(Gemm& g, const bf16* x, const bf16* w, const float* b, const float* residual, float* y,
+                             int64_t M, int64_t N, int64_t K, cudaStream_t s) {
+  forward_impl(g, x, w, b, residual, y, M, N, K, s, CUDA_R_16BF, CUDA_R_32F);
+}
+void linear_forward_residual(Gemm& g, const float* x, const float* w, const float* b, const float* residual, float* y,
+                             int64_t M, int64_t N, int64_t K, cudaStream_t s) {
+  forward_impl(g, x, w, b, residual, y, M, N, K, s, CUDA_R_32F, CUDA_R_32F);
 }
 void linear_backward(Gemm& g, const bf16* dy, const bf16* x, const bf16* w, bf16* dx, float* dw, float* db, int64_t M,
                      int64_t N, int64_t K, cudaStream_t s) {

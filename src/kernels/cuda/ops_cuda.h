@@ -102,6 +102,18 @@ void linear_forward(Gemm& g, const bf16* x, const bf16* w, const float* b, float
                     cudaStream_t s);
 void linear_forward(Gemm& g, const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
                     cudaStream_t s);
+// y[M,N] = x @ w^T (+ b) + residual[M,N] in one GEMM, the residual add in cuBLASLt's epilogue
+// (C = residual with beta = 1, D = y): no separate add kernel, and one rounding to y's type of the
+// fp32 sum (the order of the bias and residual adds within it is cuBLASLt's, gemm.cu). residual
+// has y's type and layout and is only read; it may be y itself (accumulates into y).
+void linear_forward_residual(Gemm& g, const bf16* x, const bf16* w, const bf16* b, const bf16* residual, bf16* y,
+                             int64_t M, int64_t N, int64_t K, cudaStream_t s);
+void linear_forward_residual(Gemm& g, const f16* x, const f16* w, const f16* b, const f16* residual, f16* y, int64_t M,
+                             int64_t N, int64_t K, cudaStream_t s);
+void linear_forward_residual(Gemm& g, const bf16* x, const bf16* w, const float* b, const float* residual, float* y,
+                             int64_t M, int64_t N, int64_t K, cudaStream_t s);
+void linear_forward_residual(Gemm& g, const float* x, const float* w, const float* b, const float* residual, float* y,
+                             int64_t M, int64_t N, int64_t K, cudaStream_t s);
 // dx[M,K] = dy @ w (written, if dx); dw[N,K] += dy^T @ x in fp32 (GEMM with beta = 1, if dw);
 // db[N] += column sums of dy (if db, deterministic).
 void linear_backward(Gemm& g, const bf16* dy, const bf16* x, const bf16* w, bf16* dx, float* dw, float* db, int64_t M,
@@ -256,6 +268,14 @@ void cross_entropy_backward(const f16* logits, const int32_t* targets, const flo
                             f16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
 void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,
                             float* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
+// Both at once for training: losses and lse as the forward, and the logits overwritten by the
+// backward's gradient with dloss = mask * scale (mask fp32 [N]). Same bits as the pair.
+void cross_entropy_fused(bf16* logits, const int32_t* targets, const float* mask, float scale, float* losses,
+                         float* lse, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
+void cross_entropy_fused(f16* logits, const int32_t* targets, const float* mask, float scale, float* losses,
+                         float* lse, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
+void cross_entropy_fused(float* logits, const int32_t* targets, const float* mask, float scale, float* losses,
+                         float* lse, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
 
 // ---- Elementwise helpers and casts.
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s);  // y += x
