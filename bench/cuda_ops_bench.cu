@@ -297,12 +297,6 @@ void bench_memory_bound() {
     report("cross_entropy_fwd", shape, ms, bytes / ms * 1e-6, "GB/s");
     ms = time_ms([&](int) { cross_entropy_backward(logits, tg, lse, dl, dlog, N, V, V, nullptr); }, cit);
     report("cross_entropy_bwd", shape, ms, 2 * bytes / ms * 1e-6, "GB/s");
-    DeviceBuffer<float> mask(N);
-    mask.upload(std::vector<float>(N, 1.f));
-    MT_CUDA_CHECK(cudaMemcpy(dlog.get(), logits.get(), N * V * 2, cudaMemcpyDeviceToDevice));
-    // Forward + backward in one kernel over the logits in place (HBM: one read, one write).
-    ms = time_ms([&](int) { cross_entropy_fused(dlog, tg, mask, 1.f / N, loss, lse, N, V, V, nullptr); }, cit);
-    report("cross_entropy_fused", shape, ms, 2 * bytes / ms * 1e-6, "GB/s");
   }
   {
     // AdamW over 1.5e9/8 fp32 params (kept moderate for memory): reads p, g, m, v; writes p, m, v, bf16 p.

@@ -35,9 +35,6 @@ struct PassContext {
   // Full activation recomputation: the group of layers whose forward is running (set by its
   // first layer, joined by the next ones, closed by its last; never spans two chunks).
   std::shared_ptr<RecomputeGroup> recompute_group;
-  // The scale the backward will give the loss (set by the pipeline runner for training passes;
-  // 0: unknown). Lets the GPU loss head form the logits' gradient in its forward pass.
-  float loss_grad_scale = 0.f;
   uint64_t dropout_offset(uint64_t n) { return rng ? rng->next_offset(n) : 0; }
   RngState* region_rng(bool tp_region) const { return tp_region && tp_rng ? tp_rng : rng; }
   void before_use(const Param* p) {

@@ -7,7 +7,6 @@
 #include "kernels/ops.h"
 #include "model/vocab_parallel.h"
 #ifdef MT_HAVE_CUDA
-#include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/loss_head.h"
 #endif
 
@@ -169,30 +168,19 @@ LossSums GPTModel::head_forward(const Tensor& x, Saved& s, PassContext& ctx) {
   ScopedOpTimer t(ctx.times, &OpTimes::loss);
   s.labels = upload(s.labels_sb);
   Tensor losses;
+  if (tp_.on()) vocab_parallel_cross_entropy_forward(s.logits, s.labels, tp_, losses, s.lse);
+  else ops::cross_entropy_forward(s.logits, s.labels, losses, s.lse);
   LossSums r;
   if (device_ != Device::CPU) {
     // The loss sum stays on the device until collect_device_loss(); the token count comes from
     // the host mask. Nothing here waits for the device.
 #ifdef MT_HAVE_CUDA
     s.mask = upload(s.mask_sb);
-    if (!tp_.on() && ctx.training && ctx.loss_grad_scale != 0.f) {
-      // Training with the backward's scale known: forward and backward of the cross entropy in
-      // one pass over the logits (each row read from HBM once), the gradient over the logits.
-      ops::gpu::cross_entropy_fused(s.logits, s.labels, s.mask, ctx.loss_grad_scale, losses, s.lse);
-      s.logits_hold_grad = true;
-      s.fused_grad_scale = ctx.loss_grad_scale;
-    } else if (tp_.on()) {
-      vocab_parallel_cross_entropy_forward(s.logits, s.labels, tp_, losses, s.lse);
-    } else {
-      ops::cross_entropy_forward(s.logits, s.labels, losses, s.lse);
-    }
     ops::gpu::accumulate_masked_loss(losses, s.mask, loss_acc_);
 #endif
     for (int64_t i = 0; i < n; ++i) r.tokens += s.mask_sb[static_cast<size_t>(i)];
     return r;
   }
-  if (tp_.on()) vocab_parallel_cross_entropy_forward(s.logits, s.labels, tp_, losses, s.lse);
-  else ops::cross_entropy_forward(s.logits, s.labels, losses, s.lse);
   const float* l = losses.data<float>();
   for (int64_t i = 0; i < n; ++i) {  // fixed order: deterministic
     r.loss_sum += static_cast<double>(l[i]) * s.mask_sb[static_cast<size_t>(i)];
@@ -221,11 +209,7 @@ Tensor GPTModel::head_backward(Saved& s, float loss_grad_scale, PassContext& ctx
   {
     ScopedOpTimer t(ctx.times, &OpTimes::loss);
     Tensor dloss;
-    if (s.logits_hold_grad) {
-      MT_CHECK(s.fused_grad_scale == loss_grad_scale, "loss head: backward scale {} differs from the {} its forward used",
-               loss_grad_scale, s.fused_grad_scale);
-      dlogits = s.logits;  // formed in the forward (cross_entropy_fused)
-    } else if (device_ != Device::CPU) {
+    if (device_ != Device::CPU) {
 #ifdef MT_HAVE_CUDA
       dloss = ops::gpu::scaled_mask(s.mask, loss_grad_scale);  // from the mask uploaded in forward
 #endif
@@ -234,9 +218,8 @@ Tensor GPTModel::head_backward(Saved& s, float loss_grad_scale, PassContext& ctx
       for (int64_t i = 0; i < n; ++i) d[static_cast<size_t>(i)] = s.mask_sb[static_cast<size_t>(i)] * loss_grad_scale;
       dloss = Tensor::from_vector(d, {n});
     }
-    if (!s.logits_hold_grad)
-      dlogits = tp_.on() ? vocab_parallel_cross_entropy_backward(s.logits, s.labels, s.lse, dloss, tp_)
-                         : ops::cross_entropy_backward(s.logits, s.labels, s.lse, dloss);
+    dlogits = tp_.on() ? vocab_parallel_cross_entropy_backward(s.logits, s.labels, s.lse, dloss, tp_)
+                       : ops::cross_entropy_backward(s.logits, s.labels, s.lse, dloss);
     if (cfg_.fp16) round_to_half_inplace(dlogits, Half::FP16);  // fp16 logits have fp16 gradients
   }
   s.logits = Tensor();

@@ -67,9 +67,6 @@ class GPTModel {
     Tensor ids, labels;  // I32 [S*B] on the model's device
     Tensor mask;         // F32 [S*B] loss mask, GPU only (the CPU path reads mask_sb)
     Tensor final_x, logits, lse;
-    // The GPU head's fused cross entropy left the gradient in `logits`, formed with this scale.
-    bool logits_hold_grad = false;
-    float fused_grad_scale = 0.f;
   };
 
   // The whole model (one chunk with embedding and head): loss sums of a micro-batch. On the

@@ -29,9 +29,11 @@ struct Linear {
   // y = x w^T (+ b) (+ residual, shaped as y: a sequence shard under SP). x saved by caller.
   Tensor forward(const Tensor& x, PassContext& ctx, const Tensor* residual = nullptr) const;
   // Whether forward adds its residual inside the GEMM (cuBLASLt's epilogue, no add kernel):
-  // without TP, where the GEMM's output is the final value. A row-parallel GEMM gives partial
-  // sums, so the add waits for the TP reduction and runs as its own kernel.
-  bool fuses_residual() const { return mode == ParallelMode::None; }
+  // without TP, where the GEMM's output is the final value, and without a bias (with the bias
+  // epilogue too, bf16 outputs measured more than one ulp from the fp32 sum on an H100: not the
+  // single rounding the fusion is for). A row-parallel GEMM gives partial sums, so the add waits
+  // for the TP reduction and runs as its own kernel.
+  bool fuses_residual() const { return mode == ParallelMode::None && bias == nullptr; }
   Tensor backward(const Tensor& dy, const Tensor& x, PassContext& ctx) const;  // returns dx
   // Whether grad_ready hooks fire for the weight (off for the output layer when it shares the
   // word embedding, whose gradient is complete only after the embedding's backward).

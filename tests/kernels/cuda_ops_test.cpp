@@ -353,27 +353,11 @@ void check_ce(int64_t N, int64_t V, int64_t valid_v, double tol) {
   EXPECT_LT(el, 1e-5);
   EXPECT_LT(es, 1e-5);
   EXPECT_LT(ed, tol);
-  // Fused forward + backward (training): the same bits as the pair with dloss = mask * scale.
-  std::vector<float> mask(N), dms(N);
-  const float scale = 0.37f;
-  for (int64_t i = 0; i < N; ++i) {
-    mask[i] = i % 5 == 3 ? 0.f : 1.f;
-    dms[i] = mask[i] * scale;
-  }
-  DeviceBuffer<T> pair(logits), fused(logits);
-  DeviceBuffer<float> gmask(mask), gdms(dms), l1(N), s1(N), l2(N), s2(N);
-  cross_entropy_forward(pair.get(), gt.get(), l1.get(), s1.get(), N, V, valid_v, nullptr);
-  cross_entropy_backward(pair.get(), gt.get(), s1.get(), gdms.get(), pair.get(), N, V, valid_v, nullptr);
-  cross_entropy_fused(fused.get(), gt.get(), gmask.get(), scale, l2.get(), s2.get(), N, V, valid_v, nullptr);
-  EXPECT_TRUE(test::bit_equal(l1.download(), l2.download()));
-  EXPECT_TRUE(test::bit_equal(s1.download(), s2.download()));
-  EXPECT_TRUE(test::bit_equal(pair.download(), fused.download()));
 }
 
 TEST(GpuCrossEntropy, MatchesCpu) {
   check_ce<float>(64, 1000, 990, 1e-5);
   check_ce<float>(7, 333, 333, 1e-5);
-  check_ce<float>(300, 1000, 1000, 1e-5);  // more rows than SMs: the fused kernel's row loop
   check_ce<bf16>(16, 128256, 128000, 1e-2);
 }
 

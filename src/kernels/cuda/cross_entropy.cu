@@ -1,10 +1,7 @@
 // Softmax cross-entropy without a probability tensor. Forward: one block per row, each thread
 // keeps an online (max, sum of exp) over its 16-byte vectors, and the pairs are merged in a fixed
 // tree (warp butterfly, then warps in order): deterministic. Backward: one block per row
-// recomputes exp(x - lse) and writes the gradient over the logits (in place allowed). Fused:
-// both for each row in one kernel, the gradient over the logits, when the loss scale is known
-// at forward time (training).
-#include <algorithm>
+// recomputes exp(x - lse) and writes the gradient over the logits (in place allowed).
 #include <cmath>
 
 #include "core/error.h"
@@ -26,16 +23,15 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
   return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
 }
 
-// One row's (max, sum of exp) over its valid columns, reduced over the block in a fixed tree and
-// returned to every thread as (lse, logit of the target). sh: 32 MaxSum of shared memory.
-// The per-thread loop is unrolled so several 16-byte loads are in flight; the online update
-// still runs in column order, so the result does not depend on the unrolling.
 template <typename T>
-__device__ __forceinline__ float2 row_lse(const T* __restrict__ row, int64_t target, int64_t valid_v, bool vec,
-                                          MaxSum* sh) {
+__global__ void ce_fwd_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
+                              float* __restrict__ losses, float* __restrict__ lse, int64_t V, int64_t valid_v,
+                              bool vec) {
   constexpr int N = Vec<T>::N;
+  __shared__ MaxSum sh[32];
+  const int64_t r = blockIdx.x;
+  const T* row = logits + r * V;
   MaxSum acc{-INFINITY, 0.f};
-#pragma unroll 4
   for (int64_t j0 = threadIdx.x * N; j0 < valid_v; j0 += static_cast<int64_t>(blockDim.x) * N) {
     float v[N];
     const int cnt = valid_v - j0 < N ? static_cast<int>(valid_v - j0) : N;
@@ -60,25 +56,27 @@ __device__ __forceinline__ float2 row_lse(const T* __restrict__ row, int64_t tar
     acc = merge(acc, other);
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();  // sh may still be read from the previous row
   if (lane == 0) sh[warp] = acc;
   __syncthreads();
   if (threadIdx.x == 0) {
     MaxSum t = sh[0];
     for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) t = merge(t, sh[w]);
-    sh[0] = {t.m + logf(t.s), to_f(row[target])};
+    const float l = t.m + logf(t.s);
+    lse[r] = l;
+    losses[r] = l - to_f(row[targets[r]]);
   }
-  __syncthreads();
-  return {sh[0].m, sh[0].s};
 }
 
-// One row's gradient g * (softmax - onehot(target)) over the logits (zero in the padding
-// columns). No __restrict__: drow may be row.
+// No __restrict__: dlogits may be logits.
 template <typename T>
-__device__ __forceinline__ void row_grad(const T* row, T* drow, int64_t target, float g, float l, int64_t V,
-                                         int64_t valid_v, bool vec) {
+__global__ void ce_bwd_kernel(const T* logits, const int32_t* __restrict__ targets, const float* __restrict__ lse,
+                              const float* __restrict__ dloss, T* dlogits, int64_t V, int64_t valid_v, bool vec) {
   constexpr int N = Vec<T>::N;
-#pragma unroll 4
+  const int64_t r = blockIdx.x;
+  const float g = dloss[r], l = lse[r];
+  const int64_t t = targets[r];
+  const T* row = logits + r * V;
+  T* drow = dlogits + r * V;
   for (int64_t j0 = threadIdx.x * N; j0 < V; j0 += static_cast<int64_t>(blockDim.x) * N) {
     const int cnt = V - j0 < N ? static_cast<int>(V - j0) : N;
     float v[N], o[N];
@@ -93,7 +91,7 @@ __device__ __forceinline__ void row_grad(const T* row, T* drow, int64_t target, 
     for (int e = 0; e < N; ++e) {
       const int64_t j = j0 + e;
       o[e] = j < valid_v ? g * __expf(v[e] - l) : 0.f;
-      if (j == target) o[e] -= g;
+      if (j == t) o[e] -= g;
     }
     if (vec && cnt == N) {
       Vec<T>::store(drow + j0, o);
@@ -102,48 +100,6 @@ __device__ __forceinline__ void row_grad(const T* row, T* drow, int64_t target, 
       for (int e = 0; e < N; ++e)
         if (e < cnt) drow[j0 + e] = from_f<T>(o[e]);
     }
-  }
-}
-
-template <typename T>
-__global__ void ce_fwd_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
-                              float* __restrict__ losses, float* __restrict__ lse, int64_t V, int64_t valid_v,
-                              bool vec) {
-  __shared__ MaxSum sh[32];
-  const int64_t r = blockIdx.x;
-  const float2 lt = row_lse(logits + r * V, targets[r], valid_v, vec, sh);
-  if (threadIdx.x == 0) {
-    lse[r] = lt.x;
-    losses[r] = lt.x - lt.y;
-  }
-}
-
-template <typename T>
-__global__ void ce_bwd_kernel(const T* logits, const int32_t* __restrict__ targets, const float* __restrict__ lse,
-                              const float* __restrict__ dloss, T* dlogits, int64_t V, int64_t valid_v, bool vec) {
-  const int64_t r = blockIdx.x;
-  row_grad(logits + r * V, dlogits + r * V, targets[r], dloss[r], lse[r], V, valid_v, vec);
-}
-
-// Forward and backward in one pass over the rows, the gradient written over the logits: a block
-// reads its row for the (max, sum), then at once again for the gradient, and with one block per
-// SM the ~rows-in-flight x row bytes stay in L2, so the second read costs no HBM traffic. The
-// same row functions as the two kernels above: the same bits. dloss = mask * scale (the fp32
-// product scaled_mask forms).
-template <typename T>
-__global__ void ce_fused_kernel(T* logits, const int32_t* __restrict__ targets, const float* __restrict__ mask,
-                                float scale, float* __restrict__ losses, float* __restrict__ lse, int64_t rows,
-                                int64_t V, int64_t valid_v, bool vec) {
-  __shared__ MaxSum sh[32];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    T* row = logits + r * V;
-    const int64_t t = targets[r];
-    const float2 lt = row_lse(row, t, valid_v, vec, sh);
-    if (threadIdx.x == 0) {
-      lse[r] = lt.x;
-      losses[r] = lt.x - lt.y;
-    }
-    row_grad(row, row, t, mask[r] * scale, lt.x, V, valid_v, vec);
   }
 }
 
@@ -165,34 +121,7 @@ void ce_bwd(const T* logits, const int32_t* targets, const float* lse, const flo
   MT_CUDA_LAUNCH_CHECK();
 }
 
-template <typename T>
-void ce_fused(T* logits, const int32_t* targets, const float* mask, float scale, float* losses, float* lse, int64_t N,
-              int64_t V, int64_t valid_v, cudaStream_t s) {
-  MT_CHECK(valid_v > 0 && valid_v <= V, "cross entropy: valid_v {} outside (0, {}]", valid_v, V);
-  if (N == 0) return;
-  const bool vec = V % Vec<T>::N == 0 && aligned16(logits);
-  int device = 0, sms = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&device));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(N, sms));
-  ce_fused_kernel<<<blocks, kThreads, 0, s>>>(logits, targets, mask, scale, losses, lse, N, V, valid_v, vec);
-  MT_CUDA_LAUNCH_CHECK();
-}
-
 }  // namespace
-
-void cross_entropy_fused(bf16* logits, const int32_t* targets, const float* mask, float scale, float* losses,
-                         float* lse, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s) {
-  ce_fused(logits, targets, mask, scale, losses, lse, N, V, valid_v, s);
-}
-void cross_entropy_fused(f16* logits, const int32_t* targets, const float* mask, float scale, float* losses,
-                         float* lse, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s) {
-  ce_fused(logits, targets, mask, scale, losses, lse, N, V, valid_v, s);
-}
-void cross_entropy_fused(float* logits, const int32_t* targets, const float* mask, float scale, float* losses,
-                         float* lse, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s) {
-  ce_fused(logits, targets, mask, scale, losses, lse, N, V, valid_v, s);
-}
 
 void cross_entropy_forward(const bf16* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
                            int64_t valid_v, cudaStream_t s) {

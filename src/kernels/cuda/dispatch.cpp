@@ -427,17 +427,6 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   return logits;
 }
 
-void cross_entropy_fused(Tensor& logits, const Tensor& targets, const Tensor& mask, float scale, Tensor& losses,
-                         Tensor& lse) {
-  const int64_t N = logits.dim(0), V = logits.dim(1);
-  losses = stat({N});
-  lse = stat({N});
-  with_half(logits, [&]<typename T>(T*) {
-    cuda::cross_entropy_fused(h<T>(logits), targets.data<int32_t>(), f(mask), scale, f(losses), f(lse), N, V, V,
-                              st());
-  });
-}
-
 void add_inplace(Tensor& y, const Tensor& x) {
   MT_CHECK(y.numel() == x.numel(), "add_inplace: {} vs {}", y.shape_str(), x.shape_str());
   with_half(y, [&]<typename T>(T*) {

@@ -66,10 +66,6 @@ Tensor dropout_forward(const Tensor& x, float p, uint64_t seed, uint64_t offset)
 Tensor dropout_backward(const Tensor& dy, float p, uint64_t seed, uint64_t offset);
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss);
-// Forward and backward at once (training, loss scale known): losses, lse, and the logits
-// overwritten by their gradient with dloss = mask * scale.
-void cross_entropy_fused(Tensor& logits, const Tensor& targets, const Tensor& mask, float scale, Tensor& losses,
-                         Tensor& lse);
 void add_inplace(Tensor& y, const Tensor& x);
 void cast(const Tensor& src, Tensor& dst);  // f32 <-> bf16 or fp16, same numel, both on the GPU
 

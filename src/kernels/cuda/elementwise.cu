@@ -28,69 +28,40 @@ __device__ __forceinline__ void for_groups(int64_t n, F f) {
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 
 // ---- SwiGLU: grid y walks rows, grid x the 16-byte groups of a row (F % N == 0 for the
-// vector path), so there is no per-element division. Each thread takes U groups a block-width
-// apart and issues all their loads before using any: more bytes in flight per thread and fewer,
-// longer-lived blocks (one group per thread, 4 blocks per 8192-wide row, measured 2.64 TB/s on
-// an H100).
-constexpr int kSwigluFwdU = 4, kSwigluBwdU = 2;
+// vector path), so there is no per-element division.
 template <typename T>
 __global__ void swiglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t F, bool vec) {
-  constexpr int N = Vec<T>::N, U = kSwigluFwdU;
-  const int64_t span = static_cast<int64_t>(blockDim.x) * N;  // between a thread's U groups
+  constexpr int N = Vec<T>::N;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-    for (int64_t j0 = blockIdx.x * span * U + threadIdx.x * N; j0 < F; j0 += gridDim.x * span * U) {
-      float gt[U][N], up[U][N];
+    for (int64_t j = gtid() * N; j < F; j += gstride() * N) {
+      const int cnt = F - j < N ? static_cast<int>(F - j) : N;
+      float gt[N], up[N], out[N];
+      load_group(x + r * 2 * F + j, cnt, vec, gt);
+      load_group(x + r * 2 * F + F + j, cnt, vec, up);
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t j = j0 + u * span;
-        if (j >= F) continue;
-        const int cnt = F - j < N ? static_cast<int>(F - j) : N;
-        load_group(x + r * 2 * F + j, cnt, vec, gt[u]);
-        load_group(x + r * 2 * F + F + j, cnt, vec, up[u]);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t j = j0 + u * span;
-        if (j >= F) continue;
-        float out[N];
-#pragma unroll
-        for (int e = 0; e < N; ++e) out[e] = gt[u][e] * sigmoidf_(gt[u][e]) * up[u][e];
-        store_group(y + r * F + j, F - j < N ? static_cast<int>(F - j) : N, vec, out);
-      }
+      for (int e = 0; e < N; ++e) out[e] = gt[e] * sigmoidf_(gt[e]) * up[e];
+      store_group(y + r * F + j, cnt, vec, out);
     }
 }
 template <typename T>
 __global__ void swiglu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, int64_t rows,
                                   int64_t F, bool vec) {
-  constexpr int N = Vec<T>::N, U = kSwigluBwdU;
-  const int64_t span = static_cast<int64_t>(blockDim.x) * N;
+  constexpr int N = Vec<T>::N;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-    for (int64_t j0 = blockIdx.x * span * U + threadIdx.x * N; j0 < F; j0 += gridDim.x * span * U) {
-      float gt[U][N], up[U][N], d[U][N];
+    for (int64_t j = gtid() * N; j < F; j += gstride() * N) {
+      const int cnt = F - j < N ? static_cast<int>(F - j) : N;
+      float gt[N], up[N], d[N], dg[N], du[N];
+      load_group(x + r * 2 * F + j, cnt, vec, gt);
+      load_group(x + r * 2 * F + F + j, cnt, vec, up);
+      load_group(dy + r * F + j, cnt, vec, d);
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t j = j0 + u * span;
-        if (j >= F) continue;
-        const int cnt = F - j < N ? static_cast<int>(F - j) : N;
-        load_group(x + r * 2 * F + j, cnt, vec, gt[u]);
-        load_group(x + r * 2 * F + F + j, cnt, vec, up[u]);
-        load_group(dy + r * F + j, cnt, vec, d[u]);
+      for (int e = 0; e < N; ++e) {
+        const float sg = sigmoidf_(gt[e]);
+        du[e] = d[e] * gt[e] * sg;
+        dg[e] = d[e] * up[e] * sg * (1.f + gt[e] * (1.f - sg));
       }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t j = j0 + u * span;
-        if (j >= F) continue;
-        const int cnt = F - j < N ? static_cast<int>(F - j) : N;
-        float dg[N], du[N];
-#pragma unroll
-        for (int e = 0; e < N; ++e) {
-          const float sg = sigmoidf_(gt[u][e]);
-          du[e] = d[u][e] * gt[u][e] * sg;
-          dg[e] = d[u][e] * up[u][e] * sg * (1.f + gt[u][e] * (1.f - sg));
-        }
-        store_group(dx + r * 2 * F + j, cnt, vec, dg);
-        store_group(dx + r * 2 * F + F + j, cnt, vec, du);
-      }
+      store_group(dx + r * 2 * F + j, cnt, vec, dg);
+      store_group(dx + r * 2 * F + F + j, cnt, vec, du);
     }
 }
 
@@ -272,22 +243,21 @@ bool vec_ok(std::initializer_list<const void*> ptrs, int64_t stride_elems) {
 }
 
 template <typename T>
-dim3 row_grid(int64_t rows, int64_t F, int per_thread = 1) {
-  return dim3(grid_for(ceil_div(F, Vec<T>::N * per_thread), kThreads, 1024),
-              static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+dim3 row_grid(int64_t rows, int64_t F) {
+  return dim3(grid_for(ceil_div(F, Vec<T>::N), kThreads, 1024), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
 }
 template <typename T>
 void swiglu_fwd(const T* x, T* y, int64_t rows, int64_t F, cudaStream_t s) {
   if (rows * F == 0) return;
   const bool vec = vec_ok<T>({x, y}, F);
-  swiglu_fwd_kernel<<<row_grid<T>(rows, F, kSwigluFwdU), kThreads, 0, s>>>(x, y, rows, F, vec);
+  swiglu_fwd_kernel<<<row_grid<T>(rows, F), kThreads, 0, s>>>(x, y, rows, F, vec);
   MT_CUDA_LAUNCH_CHECK();
 }
 template <typename T>
 void swiglu_bwd(const T* dy, const T* x, T* dx, int64_t rows, int64_t F, cudaStream_t s) {
   if (rows * F == 0) return;
   const bool vec = vec_ok<T>({dy, x, dx}, F);
-  swiglu_bwd_kernel<<<row_grid<T>(rows, F, kSwigluBwdU), kThreads, 0, s>>>(dy, x, dx, rows, F, vec);
+  swiglu_bwd_kernel<<<row_grid<T>(rows, F), kThreads, 0, s>>>(dy, x, dx, rows, F, vec);
   MT_CUDA_LAUNCH_CHECK();
 }
 template <typename T>

@@ -268,14 +268,6 @@ void cross_entropy_backward(const f16* logits, const int32_t* targets, const flo
                             f16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
 void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,
                             float* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
-// Both at once for training: losses and lse as the forward, and the logits overwritten by the
-// backward's gradient with dloss = mask * scale (mask fp32 [N]). Same bits as the pair.
-void cross_entropy_fused(bf16* logits, const int32_t* targets, const float* mask, float scale, float* losses,
-                         float* lse, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
-void cross_entropy_fused(f16* logits, const int32_t* targets, const float* mask, float scale, float* losses,
-                         float* lse, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
-void cross_entropy_fused(float* logits, const int32_t* targets, const float* mask, float scale, float* losses,
-                         float* lse, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
 
 // ---- Elementwise helpers and casts.
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s);  // y += x
