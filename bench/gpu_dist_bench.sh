@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Multi-GPU checks and benchmarks on a 2-GPU machine, from the repository root:
 #   scripts/device_prep.sh (here), then on the device: bash bench/gpu_dist_bench.sh [parts]
-# parts (default all but ops, quickstart, attn, notune): build, tests, ops, quickstart, smoke, single, attn,
-# notune, breakdown, dp, pp, tp, pp8b. Prints one JSON line per
+# parts (default all but ops, quickstart, attn, notune, cands): build, tests, ops, quickstart, smoke, single, attn,
+# notune, cands, breakdown, dp, pp, tp, pp8b. Prints one JSON line per
 # benchmark (DESIGN.md) plus the derived figures: DP scaling against twice the one-GPU rate,
 # pipeline bubble against (PP-1)/(M+PP-1), 1F1B against interleaved. Logs go to $OUT.
 # Knobs: MT_COMMIT, MT_BENCH_ITERS, MT_ONE_GPU_TOKS (a one-GPU rate to reuse), MT_RUN_TIMEOUT,
@@ -103,6 +103,9 @@ if has attn; then  # the same run with our flash kernels instead of the automati
 fi
 if has notune; then  # the same run with the heuristic's GEMM choice only (no per-shape autotuning)
   MT_GEMM_TUNE=0 run llama-1.5b-1gpu-notune 1 "${LLAMA[@]}" --global-batch-size 32
+fi
+if has cands; then  # more of cuBLASLt's candidates per GEMM shape for the autotuner (MT_GEMM_TUNE_CANDIDATES)
+  for c in 16 32; do MT_GEMM_TUNE_CANDIDATES=$c run llama-1.5b-1gpu-cands$c 1 "${LLAMA[@]}" --global-batch-size 32; done
 fi
 if has breakdown; then  # per-op GPU time (CUDA events cost a little, so a run of its own)
   run llama-1.5b-1gpu-timed 1 "${LLAMA[@]}" --global-batch-size 32 --timing-log-level 1

@@ -3,7 +3,7 @@
 //   forward  y (col-major N x M)  = op(w: K x N)^T * (x: K x M)          "TN", the layout Hopper likes
 //   dgrad    dx (col-major K x M) = (w: K x N) * (dy: N x M)             "NN"
 //   wgrad    dw (col-major K x N) += (x: K x M) * op(dy: N x M)^T        "NT", beta = 1 into fp32
-// Descriptors, layouts and up to kTuneCandidates of the heuristic's algorithms are cached per
+// Descriptors, layouts and up to tune_candidates() of the heuristic's algorithms are cached per
 // (shape, types, alignment, epilogue), so steady-state calls are one cublasLtMatmul. The bias
 // epilogue adds b in the GEMM's output stage; db is a deterministic column-sum kernel.
 // Residual forward (linear_forward_residual): y = x w^T + b + r in one GEMM, r as cuBLASLt's C
@@ -58,7 +58,17 @@ size_t elem_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 
 // Heuristic results kept per plan: enough to hold the kernels that are fastest at our shapes,
 // few enough that timing them all on the first call stays well under a second per shape.
-constexpr int kTuneCandidates = 8;
+constexpr int kMaxTuneCandidates = 32;
+// MT_GEMM_TUNE_CANDIDATES (1..32, default 8) sets how many of the heuristic's results a plan
+// keeps and times: a benchmarking knob.
+int tune_candidates() {
+  static const int n = [] {
+    const char* v = std::getenv("MT_GEMM_TUNE_CANDIDATES");
+    const int k = v ? std::atoi(v) : 8;
+    return k < 1 ? 1 : k > kMaxTuneCandidates ? kMaxTuneCandidates : k;
+  }();
+  return n;
+}
 constexpr int kTuneRuns = 5;       // timed runs per candidate (rounds over all candidates); the median counts
 constexpr int kMaxDeferrals = 3;   // calls with uninformative inputs before a plan keeps its default
 constexpr double kMinGain = 0.01;  // a candidate must beat the default by this fraction
@@ -427,10 +437,10 @@ struct Gemm::Impl {
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4));
-    std::array<cublasLtMatmulHeuristicResult_t, kTuneCandidates> res{};
+    std::array<cublasLtMatmulHeuristicResult_t, kMaxTuneCandidates> res{};
     int count = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, kTuneCandidates, res.data(), &count);
+        cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, tune_candidates(), res.data(), &count);
     cublasLtMatmulPreferenceDestroy(pref);
     for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < count; ++i)
       if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= workspace_bytes)
