@@ -33,6 +33,8 @@
 #ifdef MT_HAVE_CUDNN
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -325,10 +327,21 @@ bool has_note(cudnnBackendDescriptor_t engine, cudnnBackendNumericalNote_t want)
   return false;
 }
 
+// MT_CUDNN_ENGINE_SKIP=k (a benchmarking knob): pass over the first k configs that finalize, and
+// name each finalized config on stderr, to time the alternatives to the heuristics' first choice.
+int engine_skip() {
+  static const int k = [] {
+    const char* v = std::getenv("MT_CUDNN_ENGINE_SKIP");
+    return v ? std::atoi(v) : -1;
+  }();
+  return k;
+}
+
 // Heuristics (mode A, then the fallback list); the first config whose plan finalizes wins.
 // Throws mt::Error listing every config tried and cuDNN's reason for each.
 void choose_engine(cudnnHandle_t h, const Desc& graph, bool need_deterministic, Plan& out) {
   std::string tried;
+  int finalized = 0;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "A" : "FALLBACK";
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
@@ -374,6 +387,13 @@ void choose_engine(cudnnHandle_t h, const Desc& graph, bool need_deterministic, 
       cudnn::check(
           cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws),
           "plan workspace size");
+      if (engine_skip() >= 0) {
+        const bool skip = finalized++ < engine_skip();
+        std::fprintf(stderr, "cuDNN attention: heuristics %s #%lld engine %lld finalizes (workspace %lld)%s\n", mode_name,
+                     static_cast<long long>(i), static_cast<long long>(index), static_cast<long long>(ws),
+                     skip ? ", skipped (MT_CUDNN_ENGINE_SKIP)" : ", chosen");
+        if (skip) continue;
+      }
       out.plan = std::move(plan);
       out.engine_ws = ws;
       for (Desc& c : cfgs) out.keep.push_back(std::move(c));
