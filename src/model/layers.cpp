@@ -22,18 +22,11 @@ Tensor Linear::gather_rows(const Tensor& x, PassContext& ctx) const {
 }
 
 Tensor Linear::forward(const Tensor& x, PassContext& ctx, const Tensor* residual) const {
-  if (residual && fuses_residual()) {
-    ctx.before_use(weight);
-    ctx.before_use(bias);
-    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-    return ops::linear_forward_residual(x, weight->value, bias ? &bias->value : nullptr, *residual);
-  }
-  Tensor y = forward_parallel(x, ctx);
-  if (residual) {
-    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    ops::add_inplace(y, *residual);
-  }
-  return y;
+  if (!residual) return forward_parallel(x, ctx);
+  MT_CHECK(fuses_residual(), "Linear::forward: a residual is added only inside a bias-free GEMM without TP");
+  ctx.before_use(weight);
+  ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+  return ops::linear_forward_residual(x, weight->value, nullptr, *residual);
 }
 
 Tensor Linear::forward_parallel(const Tensor& x, PassContext& ctx) const {
@@ -168,7 +161,7 @@ Tensor Norm::forward(const Tensor& x, Saved& s, PassContext& ctx) const {
 
 Tensor Norm::forward_residual(const Tensor& x, const Tensor& residual, Tensor& sum, Half half, Saved& s,
                               PassContext& ctx) const {
-  if (x.device() != Device::CUDA && half != Half::None) {
+  if (emulates_half(x, half)) {
     // CPU emulation of half storage: the sum is rounded to the half type before the norm sees
     // it, as the GPU kernel stores and normalises it.
     {
@@ -213,6 +206,8 @@ Tensor Dropout::backward(const Tensor& dy, const Saved& s, OpTimes* times) const
   ScopedOpTimer t(times, &OpTimes::elementwise);
   return ops::dropout_backward(dy, p, s.seed, s.offset);
 }
+
+bool emulates_half(const Tensor& t, Half h) { return t.device() != Device::CUDA && h != Half::None; }
 
 void round_to_half_inplace(Tensor& t, Half h) {
   if (t.device() == Device::CUDA) return;  // GPU tensors are stored in the half type already

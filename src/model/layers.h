@@ -26,13 +26,13 @@ struct Linear {
   const TensorParallel* tp = nullptr;
   void build(ParamStore& ps, const std::string& prefix, int64_t in, int64_t out, bool bias, Init init,
              ParallelMode mode = ParallelMode::None, const TensorParallel* tp = nullptr, int blocks = 1);
-  // y = x w^T (+ b) (+ residual, shaped as y: a sequence shard under SP). x saved by caller.
+  // y = x w^T (+ b). x saved by caller. With a residual (shaped as y; only where
+  // fuses_residual): y = x w^T + residual in one GEMM.
   Tensor forward(const Tensor& x, PassContext& ctx, const Tensor* residual = nullptr) const;
-  // Whether forward adds its residual inside the GEMM (cuBLASLt's epilogue, no add kernel):
-  // without TP, where the GEMM's output is the final value, and without a bias (with the bias
-  // epilogue too, bf16 outputs measured more than one ulp from the fp32 sum on an H100: not the
-  // single rounding the fusion is for). A row-parallel GEMM gives partial sums, so the add waits
-  // for the TP reduction and runs as its own kernel.
+  // Whether forward can add a residual inside the GEMM (cuBLASLt's epilogue, no add kernel):
+  // without TP, where the GEMM's output is the final value (a row-parallel GEMM gives partial
+  // sums), and without a bias (with the bias epilogue too, bf16 outputs measured more than one
+  // ulp from the fp32 sum on an H100: not the single rounding the fusion is for).
   bool fuses_residual() const { return mode == ParallelMode::None && bias == nullptr; }
   Tensor backward(const Tensor& dy, const Tensor& x, PassContext& ctx) const;  // returns dx
   // Whether grad_ready hooks fire for the weight (off for the output layer when it shares the
@@ -79,6 +79,10 @@ struct Dropout {
   Tensor forward(const Tensor& x, Saved& s, PassContext& ctx) const;  // may return x itself
   Tensor backward(const Tensor& dy, const Saved& s, OpTimes* times = nullptr) const;
 };
+
+// Whether t's storage is emulated: a CPU tensor of a half-precision model (fp32 values rounded
+// to the half type by round_to_half_inplace); GPU tensors are stored in the half type itself.
+bool emulates_half(const Tensor& t, Half h);
 
 // Rounds activations in place to the half precision the model runs in (none: unchanged).
 void round_to_half_inplace(Tensor& t, Half h);

@@ -17,8 +17,7 @@ namespace {
 // path keeps the residual stream's rounding as it was (the CPU-vs-GPU tracking tests' reference).
 bool residual_in_gemm(const Dropout& d, const Linear& l, const Tensor& x, Half half, const PassContext& ctx) {
   const bool dropout_off = !(ctx.training && d.p > 0.f);
-  const bool emulated = x.device() != Device::CUDA && half != Half::None;
-  return dropout_off && l.fuses_residual() && !emulated;
+  return dropout_off && l.fuses_residual() && !emulates_half(x, half);
 }
 
 }  // namespace
