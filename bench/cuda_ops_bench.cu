@@ -297,6 +297,23 @@ void bench_memory_bound() {
     report("cross_entropy_fwd", shape, ms, bytes / ms * 1e-6, "GB/s");
     ms = time_ms([&](int) { cross_entropy_backward(logits, tg, lse, dl, dlog, N, V, V, nullptr); }, cit);
     report("cross_entropy_bwd", shape, ms, 2 * bytes / ms * 1e-6, "GB/s");
+    // What a training step runs: forward then backward (3 passes over the logits), against the
+    // fused kernel (read once, gradient written once; the cluster size it picks, then forced).
+    ms = time_ms(
+        [&](int) {
+          cross_entropy_forward(logits, tg, loss, lse, N, V, V, nullptr);
+          cross_entropy_backward(logits, tg, lse, dl, dlog, N, V, V, nullptr);
+        },
+        cit);
+    report("cross_entropy_fwd+bwd", shape, ms, 3 * bytes / ms * 1e-6, "GB/s");
+    const int picked = cross_entropy_fused(logits, tg, dl, loss, lse, dlog, N, V, V, nullptr);
+    ms = time_ms([&](int) { cross_entropy_fused(logits, tg, dl, loss, lse, dlog, N, V, V, nullptr); }, cit);
+    report("cross_entropy_fused", shape + " cluster " + std::to_string(picked), ms, 2 * bytes / ms * 1e-6, "GB/s");
+    for (int c : {2, 4, 8}) {
+      if (c == picked) continue;
+      ms = time_ms([&](int) { cross_entropy_fused(logits, tg, dl, loss, lse, dlog, N, V, V, nullptr, c); }, cit);
+      report("cross_entropy_fused", shape + " cluster " + std::to_string(c), ms, 2 * bytes / ms * 1e-6, "GB/s");
+    }
   }
   {
     // AdamW over 1.5e9/8 fp32 params (kept moderate for memory): reads p, g, m, v; writes p, m, v, bf16 p.

@@ -38,11 +38,13 @@ Tensor linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* b
   return y;
 }
 
-Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx) {
-  MT_ON_GPU(dy, linear_backward(dy, x, w, dw, db, need_dx));
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx,
+                       bool accumulate_dw) {
+  MT_ON_GPU(dy, linear_backward(dy, x, w, dw, db, need_dx, accumulate_dw));
   require_cpu_f32(dy, "linear_backward");
   const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
   Tensor dx = need_dx ? Tensor::empty({rows, in}) : Tensor();
+  if (!accumulate_dw) dw.zero_();  // the reference accumulates: from zero, that is the overwrite
   cpu::linear_backward(f(dy), f(x), f(w), need_dx ? f(dx) : nullptr, f(dw), db ? f(*db) : nullptr, rows, out, in);
   return dx;
 }
@@ -64,10 +66,11 @@ Tensor linear_backward_data(const Tensor& dy, const Tensor& w) {
   return dx;
 }
 
-void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db) {
-  MT_ON_GPU(dy, linear_backward_weight(dy, x, dw, db));
+void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db, bool accumulate_dw) {
+  MT_ON_GPU(dy, linear_backward_weight(dy, x, dw, db, accumulate_dw));
   require_cpu_f32(dy, "linear_backward_weight");
   const int64_t out = dw.dim(0), in = dw.dim(1), rows = x.numel() / in;
+  if (!accumulate_dw) dw.zero_();
   cpu::linear_backward(f(dy), f(x), nullptr, nullptr, f(dw), db ? f(*db) : nullptr, rows, out, in);
 }
 
@@ -322,6 +325,13 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   Tensor d = Tensor::empty({N, V});
   cpu::cross_entropy_backward(f(logits), targets.data<int32_t>(), f(lse), f(dloss), f(d), N, V, V);
   return d;
+}
+
+Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets, const Tensor& dloss, Tensor& losses,
+                           Tensor& lse) {
+  MT_ON_GPU(logits, cross_entropy_fused(logits, targets, dloss, losses, lse));
+  cross_entropy_forward(logits, targets, losses, lse);
+  return cross_entropy_backward(logits, targets, lse, dloss);
 }
 
 void add_inplace(Tensor& y, const Tensor& x) {

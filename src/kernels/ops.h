@@ -17,14 +17,17 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* b);
 // the residual in the GEMM's epilogue (one kernel, one rounding of the fp32 sum to the half
 // type); the CPU runs the fp32 linear, then the add: the same bits as linear_forward + add_inplace.
 Tensor linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& residual);
-// Returns dx (undefined when !need_dx); accumulates dw (+ db) into fp32 main-grad views.
-Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx = true);
+// Returns dx (undefined when !need_dx); accumulates dw (+ db) into fp32 main-grad views, or with
+// !accumulate_dw writes dw (the GEMM's beta = 0: a step's first gradient of a weight, with no
+// zeroing pass over it before; db still accumulates).
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx = true,
+                       bool accumulate_dw = true);
 // Pieces of the above, for overlapping communication with the GEMMs (--tp-comm-overlap):
 // y = x w^T + b into a preallocated [rows, out] tensor (or a row slice of one); dx = dy w
 // alone; dw += dy^T x (and db += column sums of dy) alone. Same GEMMs, same results.
 void linear_forward_into(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
 Tensor linear_backward_data(const Tensor& dy, const Tensor& w);
-void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db);
+void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db, bool accumulate_dw = true);
 
 Tensor embedding_forward(const Tensor& ids, const Tensor& table);  // ids: I32 [n]
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
@@ -83,6 +86,12 @@ Tensor dropout_backward(const Tensor& dy, float p, uint64_t seed, uint64_t offse
 // logits [N, V]; targets I32 [N]; writes losses [N] and lse [N] (fp32).
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss);
+// Both in one op, for training heads that know dloss [N] at forward time: writes losses and lse
+// as cross_entropy_forward and returns cross_entropy_backward's gradient. On the GPU the
+// gradient is written over the logits (as the backward does) by one kernel that reads each row
+// once (cuda::cross_entropy_fused); the CPU runs the forward and backward references.
+Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets, const Tensor& dloss, Tensor& losses,
+                           Tensor& lse);
 
 void add_inplace(Tensor& y, const Tensor& x);
 void cast(const Tensor& src, Tensor& dst);  // dtype conversion into dst (same numel and device)

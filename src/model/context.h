@@ -3,6 +3,7 @@
 // training (dropout on), where dropout draws its Philox numbers, and op timers.
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "core/philox.h"
 #include "model/op_times.h"
@@ -24,6 +25,10 @@ class ParamHooks {
 
 struct PassContext {
   bool training = true;
+  // The loss_grad_scale the backward of this forward will be given, where the caller knows it
+  // (the pipeline's training passes): the head then forms the logits' gradient in its forward,
+  // in the same pass over the logits as the loss (GPU, no TP). Unset: the backward forms it.
+  std::optional<float> loss_grad_scale;
   RngState* rng = nullptr;  // dropout stream; offsets are drawn in a fixed order per pass
   // Megatron's model-parallel RNG: dropout inside tensor-parallel regions (attention
   // probabilities, and everything on sequence shards under --sequence-parallel) draws from a

@@ -51,6 +51,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
     final_norm_.build(params_, "decoder.final_layernorm", cfg_, &tp_);
     if (cfg_.untie_embeddings_and_output_weights) {
       output_ = &params_.add("output_layer.weight", {cfg_.vocab_size, h}, Init::Normal, true, tp_.split(0));
+      output_->gemm_only_grad = true;  // untied: only the output layer's weight GEMM writes it
     } else if (part.first_stage) {
       output_ = word_emb_;
     } else {
@@ -168,14 +169,26 @@ LossSums GPTModel::head_forward(const Tensor& x, Saved& s, PassContext& ctx) {
   ScopedOpTimer t(ctx.times, &OpTimes::loss);
   s.labels = upload(s.labels_sb);
   Tensor losses;
-  if (tp_.on()) vocab_parallel_cross_entropy_forward(s.logits, s.labels, tp_, losses, s.lse);
-  else ops::cross_entropy_forward(s.logits, s.labels, losses, s.lse);
+  if (tp_.on()) {
+    vocab_parallel_cross_entropy_forward(s.logits, s.labels, tp_, losses, s.lse);
+  } else if (device_ != Device::CPU && ctx.loss_grad_scale) {
+#ifdef MT_HAVE_CUDA
+    // Training with the backward's scale known: the loss and dlogits = mask * scale * (softmax -
+    // onehot) in one pass over the logits, written over them (the backward reads only dlogits).
+    s.mask = upload(s.mask_sb);
+    s.grad_scale = *ctx.loss_grad_scale;
+    s.logits = ops::cross_entropy_fused(s.logits, s.labels, ops::gpu::scaled_mask(s.mask, s.grad_scale), losses, s.lse);
+    s.logits_are_grad = true;
+#endif
+  } else {
+    ops::cross_entropy_forward(s.logits, s.labels, losses, s.lse);
+  }
   LossSums r;
   if (device_ != Device::CPU) {
     // The loss sum stays on the device until collect_device_loss(); the token count comes from
     // the host mask. Nothing here waits for the device.
 #ifdef MT_HAVE_CUDA
-    s.mask = upload(s.mask_sb);
+    if (!s.mask.defined()) s.mask = upload(s.mask_sb);
     ops::gpu::accumulate_masked_loss(losses, s.mask, loss_acc_);
 #endif
     for (int64_t i = 0; i < n; ++i) r.tokens += s.mask_sb[static_cast<size_t>(i)];
@@ -208,18 +221,25 @@ Tensor GPTModel::head_backward(Saved& s, float loss_grad_scale, PassContext& ctx
   Tensor dlogits;
   {
     ScopedOpTimer t(ctx.times, &OpTimes::loss);
-    Tensor dloss;
-    if (device_ != Device::CPU) {
-#ifdef MT_HAVE_CUDA
-      dloss = ops::gpu::scaled_mask(s.mask, loss_grad_scale);  // from the mask uploaded in forward
-#endif
+    if (s.logits_are_grad) {  // formed in the forward (fused cross-entropy)
+      MT_CHECK(loss_grad_scale == s.grad_scale,
+               "head backward with loss gradient scale {} after a forward that formed the gradient for {}",
+               loss_grad_scale, s.grad_scale);
+      dlogits = s.logits;
     } else {
-      std::vector<float> d(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) d[static_cast<size_t>(i)] = s.mask_sb[static_cast<size_t>(i)] * loss_grad_scale;
-      dloss = Tensor::from_vector(d, {n});
+      Tensor dloss;
+      if (device_ != Device::CPU) {
+#ifdef MT_HAVE_CUDA
+        dloss = ops::gpu::scaled_mask(s.mask, loss_grad_scale);  // from the mask uploaded in forward
+#endif
+      } else {
+        std::vector<float> d(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) d[static_cast<size_t>(i)] = s.mask_sb[static_cast<size_t>(i)] * loss_grad_scale;
+        dloss = Tensor::from_vector(d, {n});
+      }
+      dlogits = tp_.on() ? vocab_parallel_cross_entropy_backward(s.logits, s.labels, s.lse, dloss, tp_)
+                         : ops::cross_entropy_backward(s.logits, s.labels, s.lse, dloss);
     }
-    dlogits = tp_.on() ? vocab_parallel_cross_entropy_backward(s.logits, s.labels, s.lse, dloss, tp_)
-                       : ops::cross_entropy_backward(s.logits, s.labels, s.lse, dloss);
     if (cfg_.fp16) round_to_half_inplace(dlogits, Half::FP16);  // fp16 logits have fp16 gradients
   }
   s.logits = Tensor();

@@ -67,6 +67,10 @@ class GPTModel {
     Tensor ids, labels;  // I32 [S*B] on the model's device
     Tensor mask;         // F32 [S*B] loss mask, GPU only (the CPU path reads mask_sb)
     Tensor final_x, logits, lse;
+    // The head's forward formed the logits' gradient for loss_grad_scale `grad_scale` (fused
+    // cross-entropy, PassContext::loss_grad_scale): `logits` holds that gradient.
+    bool logits_are_grad = false;
+    float grad_scale = 0.f;
   };
 
   // The whole model (one chunk with embedding and head): loss sums of a micro-batch. On the

@@ -12,6 +12,7 @@ void Linear::build(ParamStore& ps, const std::string& prefix, int64_t in_f, int6
   tp = t;
   TPSplit wsplit = mode == ParallelMode::Column ? t->split(0, blocks) : mode == ParallelMode::Row ? t->split(1) : TPSplit{};
   weight = &ps.add(prefix + ".weight", {out, in}, init, true, wsplit);
+  weight->gemm_only_grad = true;  // Linear::backward's weight GEMM is its only gradient
   TPSplit bsplit = mode == ParallelMode::Column ? t->split(0, blocks) : TPSplit{};
   bias = with_bias ? &ps.add(prefix + ".bias", {out}, Init::Zeros, false, bsplit) : nullptr;
 }
@@ -104,7 +105,7 @@ Tensor Linear::backward_column_overlapped(const Tensor& dy, const Tensor& x, Pas
   }
   {
     ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-    ops::linear_backward_weight(dy, xf, weight->grad, bias ? &bias->grad : nullptr);
+    ops::linear_backward_weight(dy, xf, weight->grad, bias ? &bias->grad : nullptr, weight->take_accumulate());
   }
   ScopedOpTimer t(ctx.times, &OpTimes::communication);
   scatter->wait();
@@ -120,7 +121,8 @@ Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx) con
     Tensor xf = tp->sp() ? gather_rows(x, ctx) : x;
     {
       ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-      dx = ops::linear_backward(dy, xf, weight->value, weight->grad, bias ? &bias->grad : nullptr);
+      dx = ops::linear_backward(dy, xf, weight->value, weight->grad, bias ? &bias->grad : nullptr, true,
+                                weight->take_accumulate());
     }
     ScopedOpTimer t(ctx.times, &OpTimes::communication);
     if (tp->sp()) dx = reduce_scatter_rows(dx, *tp);
@@ -130,10 +132,12 @@ Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx) con
     // complete bias gradient, so the replicated bias stays identical without a TP reduction.
     Tensor dyf = tp->sp() ? gather_rows(dy, ctx) : dy;
     ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-    dx = ops::linear_backward(dyf, x, weight->value, weight->grad, bias ? &bias->grad : nullptr);
+    dx = ops::linear_backward(dyf, x, weight->value, weight->grad, bias ? &bias->grad : nullptr, true,
+                              weight->take_accumulate());
   } else {
     ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-    dx = ops::linear_backward(dy, x, weight->value, weight->grad, bias ? &bias->grad : nullptr);
+    dx = ops::linear_backward(dy, x, weight->value, weight->grad, bias ? &bias->grad : nullptr, true,
+                              weight->take_accumulate());
   }
   if (report_weight_grad) ctx.grad_ready(weight);
   ctx.grad_ready(bias);

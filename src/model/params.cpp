@@ -174,8 +174,31 @@ void ParamStore::sync_model_from_main(int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) d[i] = round_bf16(s[i]);
 }
 
-void ParamStore::zero_grad() { grad_.zero_(); }
+void ParamStore::zero_grad() {
+  // Zero everything outside the GEMM-written parameters, merging neighbours into few ranges.
+  std::vector<std::pair<int64_t, int64_t>> skip;
+  for (Param& p : params_)
+    if (p.gemm_only_grad) {
+      p.overwrite_grad = true;
+      skip.push_back({p.offset, p.offset + p.numel()});
+    }
+  std::sort(skip.begin(), skip.end());
+  const int64_t total = grad_.numel();
+  int64_t at = 0;
+  for (auto [lo, hi] : skip) {
+    if (lo > at) grad_.flat_range(at, {lo - at}).zero_();
+    at = std::max(at, hi);
+  }
+  if (at < total) grad_.flat_range(at, {total - at}).zero_();
+}
 
+void ParamStore::zero_unwritten_grads() {
+  for (Param& p : params_)
+    if (p.overwrite_grad) {
+      p.grad.zero_();
+      p.overwrite_grad = false;
+    }
+}
 
 void extract_shard(const Param& p, const float* full, float* shard) {
   for_each_shard_run(p, [&](int64_t fp, int64_t sp, int64_t n) { std::copy_n(full + fp, n, shard + sp); });

@@ -52,6 +52,17 @@ struct Param {
   // and checkpoints need to save it once.
   bool shared_embedding = false;
   bool replica = false;
+  // Gradients that only a weight GEMM writes (Linear weights) are not zeroed between steps:
+  // zero_grad sets overwrite_grad instead, and the step's first GEMM takes it (beta = 0), so most
+  // of the grad buffer is written once per step rather than zeroed and then read back.
+  bool gemm_only_grad = false;
+  bool overwrite_grad = false;
+  // Whether the next gradient write accumulates (false once after zero_grad, for gemm_only_grad).
+  bool take_accumulate() {
+    const bool acc = !overwrite_grad;
+    overwrite_grad = false;
+    return acc;
+  }
   int64_t numel() const { return shape_numel(shape); }
 };
 
@@ -89,7 +100,10 @@ class ParamStore {
   // Refreshes the compute copy after the optimizer changed the main params.
   void sync_model_from_main();
   void sync_model_from_main(int64_t begin, int64_t end);  // a flat range only
+  // Zeroes the gradients for a new step, except gemm_only_grad ones (marked overwrite_grad);
+  // after the step's backward passes, zero_unwritten_grads() zeroes those no GEMM wrote.
   void zero_grad();
+  void zero_unwritten_grads();
 
   int64_t numel() const { return total_; }
   Tensor& main_buffer() { return main_; }

@@ -211,6 +211,8 @@ model::LossSums PipelineRunner::run(const std::vector<model::Batch>& batches, bo
     if (k + 1 < passes.size()) x.prefetch(passes[k + 1]);  // arrives while this pass computes
     Tensor in = x.take(a);
     model::PassContext ctx = base;
+    // Training: the head may form its logits' gradient in the forward (fused cross-entropy).
+    if (!forward_only) ctx.loss_grad_scale = loss_grad_scale;
     if (ddp) {
       // Only a chunk's last micro-batch may start its gradient buckets' reduction.
       ddp->set_last_microbatch(a.microbatch + 1 == M);

@@ -281,6 +281,8 @@ IterationResult Trainer::train_step() {
   // Every stage reads the micro-batches (tokens on the first, labels on the last, the token
   // count everywhere); the schedule interleaves their passes (F0 B0 F1 B1 ... without PP).
   model::LossSums ls = pipeline_->train(mbatches, scaler ? scale * scaler->scale() : scale, ctx, ddp_.get());
+  // Gradients no weight GEMM wrote this step: zero_grad left them for their first write.
+  ps.zero_unwritten_grads();
   ls.loss_sum += model_->collect_device_loss();  // on the GPU the sum stays on the device until here
   if (pg_.pp->size() > 1) {
     // A stage draws dropout offsets for its own layers only: move every stage's streams to the

@@ -1,9 +1,12 @@
 // Softmax cross-entropy with vocab padding: values, finite-difference gradients (padded
-// columns must neither count nor receive gradient), and thread-count invariance.
+// columns must neither count nor receive gradient), thread-count invariance, and the fused
+// Tensor op's CPU path (the forward and backward ops composed).
 #include <cmath>
 #include <limits>
 
+#include "core/tensor.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/ops.h"
 #include "test_util.h"
 
 namespace mt::cpu {
@@ -74,6 +77,25 @@ TEST(CrossEntropy, BitIdenticalAcrossThreadCounts) {
   };
   const auto one = run(1), two = run(2);
   for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(test::bit_equal(one[i], two[i])) << i;
+}
+
+TEST(CrossEntropy, FusedOpOnCpuIsForwardThenBackward) {
+  const int64_t N = 5, V = 37;
+  const auto logits = random_vec<float>(N * V, 5, -4, 4);
+  const std::vector<int32_t> targets = {0, 36, 18, 7, 7};
+  const std::vector<float> dloss = {0.25f, 1.f, 0.f, 2.f, 0.5f};  // row 2 masked
+  const Tensor tl = Tensor::from_vector(logits, {N, V}), tt = Tensor::from_vector(targets, {N}),
+               td = Tensor::from_vector(dloss, {N});
+  Tensor losses, lse;
+  const Tensor d = ops::cross_entropy_fused(tl, tt, td, losses, lse);
+  std::vector<float> want_loss(N), want_lse(N), want_d(N * V);
+  cross_entropy_forward(logits.data(), targets.data(), want_loss.data(), want_lse.data(), N, V, V);
+  cross_entropy_backward(logits.data(), targets.data(), want_lse.data(), dloss.data(), want_d.data(), N, V, V);
+  EXPECT_TRUE(test::bit_equal(losses.to_vector(), want_loss));
+  EXPECT_TRUE(test::bit_equal(lse.to_vector(), want_lse));
+  EXPECT_TRUE(test::bit_equal(d.to_vector(), want_d));
+  for (int64_t j = 0; j < V; ++j) EXPECT_EQ(d.to_vector()[2 * V + j], 0.f);
+  EXPECT_TRUE(test::bit_equal(tl.to_vector(), logits));  // the CPU op leaves the logits alone
 }
 
 }  // namespace

@@ -70,6 +70,46 @@ void check_model_grads(TransformerConfig cfg) {
 TEST(GPTModel, LlamaGradientsMatchFiniteDifferences) { check_model_grads(tiny_llama()); }
 TEST(GPTModel, Gpt2GradientsMatchFiniteDifferences) { check_model_grads(tiny_gpt2()); }
 
+// zero_grad leaves the gradients only weight GEMMs write (Linear weights, the untied output
+// layer) and their first write of the step overwrites: over stale values, two accumulated
+// backward passes give the same bits as from a zeroed buffer; a gradient no GEMM wrote is zeroed
+// by zero_unwritten_grads, and the others (norms, embeddings, biases) by zero_grad itself.
+TEST(GPTModel, ZeroGradLeavesGemmGradientsToTheirFirstWrite) {
+  for (const TransformerConfig& cfg : {tiny_llama(), tiny_gpt2()}) {
+    GPTModel m(cfg);
+    const Batch b1 = random_batch(2, cfg.seq_length, cfg.orig_vocab_size, 5);
+    const Batch b2 = random_batch(2, cfg.seq_length, cfg.orig_vocab_size, 6);
+    auto two_passes = [&] {
+      for (const Batch* b : {&b1, &b2}) {
+        PassContext ctx;
+        GPTModel::Saved s;
+        auto r = m.forward(*b, s, ctx);
+        m.backward(s, static_cast<float>(1.0 / r.tokens), ctx);
+      }
+      m.params().zero_unwritten_grads();
+      return m.params().grad_buffer().to_vector();
+    };
+    m.params().grad_buffer().zero_();  // the reference: accumulate from zero
+    const std::vector<float> want = two_passes();
+    m.params().grad_buffer().fill_(7.f);  // stale values everywhere
+    m.params().zero_grad();
+    int gemm_only = 0;
+    for (const auto& p : m.params().params()) {
+      gemm_only += p.gemm_only_grad;
+      const std::vector<float> g = p.grad.to_vector();
+      EXPECT_EQ(g[0], p.gemm_only_grad ? 7.f : 0.f) << p.name;
+    }
+    EXPECT_GE(gemm_only, 4 * cfg.num_layers) << "every layer's four linear weights";
+    const std::vector<float> got = two_passes();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << i;
+    m.params().grad_buffer().fill_(7.f);
+    m.params().zero_grad();
+    m.params().zero_unwritten_grads();  // a step whose backward wrote nothing
+    for (float g : m.params().grad_buffer().to_vector()) ASSERT_EQ(g, 0.f);
+  }
+}
+
 TEST(GPTModel, ParameterNamesFollowMegatronCore) {
   GPTModel m(tiny_llama());
   auto& ps = m.params();

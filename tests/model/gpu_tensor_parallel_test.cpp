@@ -2,7 +2,8 @@
 // kernels for two fake TP ranks (their partial statistics combined by hand, as the all-reduces
 // would) against the CPU full-vocabulary reference, the same ops through model/vocab_parallel
 // with a group of one, bf16 TP collectives' dtype checks, and GPTModel's device-side loss sum
-// against the host sum of the same logits and against the CPU model.
+// against the host sum of the same logits and against the CPU model, with the head's loss
+// gradient formed in the backward or (fused cross-entropy) in the forward.
 #ifdef MT_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -420,6 +421,56 @@ TEST(GpuGptModel, DeviceLossSumMatchesHostSum) {
     EXPECT_LT(rel_l2(g, c), 5e-2) << name;
   }
   EXPECT_EQ(gpu.collect_device_loss(), 0.0);  // backward adds nothing
+}
+
+// The training head with the loss gradient scale known at forward time (as the pipeline runs it):
+// the fused cross-entropy forms dlogits in the forward, over the logits. Against the same model
+// run without the scale (forward, then backward's two-kernel path): the same device loss sum and
+// the same gradients within bf16 rounding of dlogits, and against the CPU model as above.
+TEST(GpuGptModel, FusedLossHeadMatchesTwoPassHead) {
+  MT_REQUIRE_GPU();
+  const TransformerConfig cfg = gpu_llama();
+  const int32_t V = static_cast<int32_t>(cfg.orig_vocab_size);
+  GPTModel fused(cfg), two_pass(cfg), cpu_model(cfg);  // same seed: the same initial parameters
+  fused.to_device(Device::CUDA);
+  two_pass.to_device(Device::CUDA);
+  const Batch b1 = masked_batch(2, cfg.seq_length, V, 51), b2 = masked_batch(2, cfg.seq_length, V, 61);
+  double tokens = 0;
+  for (const Batch* b : {&b1, &b2})
+    for (float m : b->loss_mask) tokens += m;
+  const float scale = static_cast<float>(1.0 / tokens);
+
+  PassContext plain, known;
+  known.loss_grad_scale = scale;
+  GPTModel::Saved f1, f2, t1, t2, c1, c2;
+  fused.params().zero_grad();
+  two_pass.params().zero_grad();
+  cpu_model.params().zero_grad();
+  fused.forward(b1, f1, known);
+  fused.forward(b2, f2, known);
+  EXPECT_TRUE(f1.logits_are_grad && f2.logits_are_grad);
+  two_pass.forward(b1, t1, plain);
+  two_pass.forward(b2, t2, plain);
+  EXPECT_FALSE(t1.logits_are_grad);
+  const LossSums q1 = cpu_model.forward(b1, c1, plain), q2 = cpu_model.forward(b2, c2, plain);
+  EXPECT_FALSE(c1.logits_are_grad);
+  const double lf = fused.collect_device_loss(), lt = two_pass.collect_device_loss();
+  EXPECT_NEAR(lf, lt, 1e-5 * lt);
+  EXPECT_NEAR(lf, q1.loss_sum + q2.loss_sum, 1e-2 * (q1.loss_sum + q2.loss_sum));
+  EXPECT_THROW(fused.backward(f1, 2 * scale, known), Error);  // not the scale its forward used
+  fused.backward(f1, scale, known);
+  fused.backward(f2, scale, known);
+  two_pass.backward(t1, scale, plain);
+  two_pass.backward(t2, scale, plain);
+  cpu_model.backward(c1, scale, plain);
+  cpu_model.backward(c2, scale, plain);
+  for (const char* name :
+       {"output_layer.weight", "embedding.word_embeddings.weight", "decoder.final_layernorm.weight"}) {
+    const auto g = host(fused.params().find(name)->grad), t = host(two_pass.params().find(name)->grad),
+               c = host(cpu_model.params().find(name)->grad);
+    EXPECT_LT(rel_l2(g, t), 1e-2) << name;
+    EXPECT_LT(rel_l2(g, c), 5e-2) << name;
+  }
 }
 
 }  // namespace

@@ -50,6 +50,11 @@ struct Vec;
 template <>
 struct Vec<float> {
   static constexpr int N = 4;
+  // unpack: one 16-byte group already in registers (a uint4), as fp32 values.
+  __device__ __forceinline__ static void unpack(const uint4& v, float* out) {
+    out[0] = __uint_as_float(v.x), out[1] = __uint_as_float(v.y), out[2] = __uint_as_float(v.z);
+    out[3] = __uint_as_float(v.w);
+  }
   __device__ __forceinline__ static void load(const float* p, float* out) {
     const float4 v = *reinterpret_cast<const float4*>(p);
     out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
@@ -62,7 +67,9 @@ template <>
 struct Vec<__nv_bfloat16> {
   static constexpr int N = 8;
   __device__ __forceinline__ static void load(const __nv_bfloat16* p, float* out) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    unpack(*reinterpret_cast<const uint4*>(p), out);
+  }
+  __device__ __forceinline__ static void unpack(const uint4& v, float* out) {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -85,7 +92,9 @@ template <>
 struct Vec<__half> {
   static constexpr int N = 8;
   __device__ __forceinline__ static void load(const __half* p, float* out) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    unpack(*reinterpret_cast<const uint4*>(p), out);
+  }
+  __device__ __forceinline__ static void unpack(const uint4& v, float* out) {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

@@ -124,12 +124,13 @@ Tensor linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* b
   return y;
 }
 
-Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx) {
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx,
+                       bool accumulate_dw) {
   const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
   Tensor dx = need_dx ? act({rows, in}, dy) : Tensor();
   with_half(dy, [&]<typename T>(T*) {
     cuda::linear_backward(gemm(), h<T>(dy), h<T>(x), h<T>(w), need_dx ? h<T>(dx) : nullptr, f(dw),
-                          db ? f(*db) : nullptr, rows, out, in, st());
+                          db ? f(*db) : nullptr, rows, out, in, st(), accumulate_dw);
   });
   return dx;
 }
@@ -152,11 +153,11 @@ Tensor linear_backward_data(const Tensor& dy, const Tensor& w) {
   return dx;
 }
 
-void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db) {
+void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db, bool accumulate_dw) {
   const int64_t out = dw.dim(0), in = dw.dim(1), rows = x.numel() / in;
   with_half(dy, [&]<typename T>(T*) {
     cuda::linear_backward(gemm(), h<T>(dy), h<T>(x), nullptr, nullptr, f(dw), db ? f(*db) : nullptr, rows, out, in,
-                          st());
+                          st(), accumulate_dw);
   });
 }
 
@@ -423,6 +424,20 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   with_half(logits, [&]<typename T>(T*) {
     cuda::cross_entropy_backward(h<T>(logits), targets.data<int32_t>(), f(lse), f(dloss), h<T>(logits), N, V, V,
                                  st());
+  });
+  return logits;
+}
+
+Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets, const Tensor& dloss, Tensor& losses,
+                           Tensor& lse) {
+  const int64_t N = logits.dim(0), V = logits.dim(1);
+  MT_CHECK(targets.numel() == N && dloss.numel() == N, "cross_entropy_fused: {} targets and {} dloss for {} rows",
+           targets.numel(), dloss.numel(), N);
+  losses = stat({N});
+  lse = stat({N});
+  with_half(logits, [&]<typename T>(T*) {  // in place, as cross_entropy_backward
+    cuda::cross_entropy_fused(h<T>(logits), targets.data<int32_t>(), f(dloss), f(losses), f(lse), h<T>(logits), N, V, V,
+                              st());
   });
   return logits;
 }

@@ -28,10 +28,11 @@ std::string device_name();
 
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* b);
 Tensor linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& residual);
-Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx);
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx,
+                       bool accumulate_dw);
 void linear_forward_into(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
 Tensor linear_backward_data(const Tensor& dy, const Tensor& w);
-void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db);
+void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db, bool accumulate_dw);
 Tensor embedding_forward(const Tensor& ids, const Tensor& table);
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
 void add_position_embedding(Tensor& x, const Tensor& pe, int64_t S, int64_t B);
@@ -66,6 +67,9 @@ Tensor dropout_forward(const Tensor& x, float p, uint64_t seed, uint64_t offset)
 Tensor dropout_backward(const Tensor& dy, float p, uint64_t seed, uint64_t offset);
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss);
+// Forward and backward in one kernel; the gradient is written over the logits and returned.
+Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets, const Tensor& dloss, Tensor& losses,
+                           Tensor& lse);
 void add_inplace(Tensor& y, const Tensor& x);
 void cast(const Tensor& src, Tensor& dst);  // f32 <-> bf16 or fp16, same numel, both on the GPU
 

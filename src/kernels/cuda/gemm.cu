@@ -485,10 +485,12 @@ void forward_impl(Gemm& g, const TI* x, const TI* w, const TO* b, const void* re
 
 template <typename T>
 void backward_impl(Gemm& g, const T* dy, const T* x, const T* w, T* dx, float* dw, float* db, int64_t M, int64_t N,
-                   int64_t K, cudaStream_t s, cudaDataType_t t) {
+                   int64_t K, cudaStream_t s, cudaDataType_t t, bool accumulate_dw) {
   if (M == 0 || N == 0 || K == 0) return;
   if (dx) g.impl()->matmul(false, false, K, M, N, w, K, dy, N, t, 0.f, nullptr, dx, K, t, nullptr, s);
-  if (dw) g.impl()->matmul(false, true, K, N, M, x, K, dy, N, t, 1.f, nullptr, dw, K, CUDA_R_32F, nullptr, s);
+  if (dw)
+    g.impl()->matmul(false, true, K, N, M, x, K, dy, N, t, accumulate_dw ? 1.f : 0.f, nullptr, dw, K, CUDA_R_32F,
+                     nullptr, s);
   if (db) column_sum_add(dy, db, M, N, s);
 }
 
@@ -527,16 +529,16 @@ void linear_forward_residual(Gemm& g, const float* x, const float* w, const floa
   forward_impl(g, x, w, b, residual, y, M, N, K, s, CUDA_R_32F, CUDA_R_32F);
 }
 void linear_backward(Gemm& g, const bf16* dy, const bf16* x, const bf16* w, bf16* dx, float* dw, float* db, int64_t M,
-                     int64_t N, int64_t K, cudaStream_t s) {
-  backward_impl(g, dy, x, w, dx, dw, db, M, N, K, s, CUDA_R_16BF);
+                     int64_t N, int64_t K, cudaStream_t s, bool accumulate_dw) {
+  backward_impl(g, dy, x, w, dx, dw, db, M, N, K, s, CUDA_R_16BF, accumulate_dw);
 }
 void linear_backward(Gemm& g, const f16* dy, const f16* x, const f16* w, f16* dx, float* dw, float* db, int64_t M,
-                     int64_t N, int64_t K, cudaStream_t s) {
-  backward_impl(g, dy, x, w, dx, dw, db, M, N, K, s, CUDA_R_16F);
+                     int64_t N, int64_t K, cudaStream_t s, bool accumulate_dw) {
+  backward_impl(g, dy, x, w, dx, dw, db, M, N, K, s, CUDA_R_16F, accumulate_dw);
 }
 void linear_backward(Gemm& g, const float* dy, const float* x, const float* w, float* dx, float* dw, float* db,
-                     int64_t M, int64_t N, int64_t K, cudaStream_t s) {
-  backward_impl(g, dy, x, w, dx, dw, db, M, N, K, s, CUDA_R_32F);
+                     int64_t M, int64_t N, int64_t K, cudaStream_t s, bool accumulate_dw) {
+  backward_impl(g, dy, x, w, dx, dw, db, M, N, K, s, CUDA_R_32F, accumulate_dw);
 }
 
 }  // namespace mt::cuda

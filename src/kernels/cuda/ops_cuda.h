@@ -114,14 +114,15 @@ void linear_forward_residual(Gemm& g, const bf16* x, const bf16* w, const float*
                              int64_t M, int64_t N, int64_t K, cudaStream_t s);
 void linear_forward_residual(Gemm& g, const float* x, const float* w, const float* b, const float* residual, float* y,
                              int64_t M, int64_t N, int64_t K, cudaStream_t s);
-// dx[M,K] = dy @ w (written, if dx); dw[N,K] += dy^T @ x in fp32 (GEMM with beta = 1, if dw);
+// dx[M,K] = dy @ w (written, if dx); dw[N,K] += dy^T @ x in fp32 (GEMM with beta = 1, if dw; with
+// !accumulate_dw, beta = 0: dw is written, as a step's first gradient is, with nothing read);
 // db[N] += column sums of dy (if db, deterministic).
 void linear_backward(Gemm& g, const bf16* dy, const bf16* x, const bf16* w, bf16* dx, float* dw, float* db, int64_t M,
-                     int64_t N, int64_t K, cudaStream_t s);
+                     int64_t N, int64_t K, cudaStream_t s, bool accumulate_dw = true);
 void linear_backward(Gemm& g, const f16* dy, const f16* x, const f16* w, f16* dx, float* dw, float* db, int64_t M,
-                     int64_t N, int64_t K, cudaStream_t s);
+                     int64_t N, int64_t K, cudaStream_t s, bool accumulate_dw = true);
 void linear_backward(Gemm& g, const float* dy, const float* x, const float* w, float* dx, float* dw, float* db,
-                     int64_t M, int64_t N, int64_t K, cudaStream_t s);
+                     int64_t M, int64_t N, int64_t K, cudaStream_t s, bool accumulate_dw = true);
 
 // ---- Embedding. out[n, dim] = table[ids[n], :]; dtable[ids[n], :] += dout[n, :] (fp32).
 // The backward sorts positions by id (stable radix sort) and each distinct id's rows are summed
@@ -268,6 +269,21 @@ void cross_entropy_backward(const f16* logits, const int32_t* targets, const flo
                             f16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
 void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,
                             float* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
+// Forward and backward in one pass over the logits (training, where dloss is known up front):
+// losses and lse as cross_entropy_forward, and dlogits as cross_entropy_backward (dlogits may be
+// logits: in place). On sm_90 each row is read once into the shared memory of a cluster of
+// CTAs, which combine their (max, sum of exp) through distributed shared memory, and its
+// gradient written once; the result is deterministic for a given cluster size, which depends on
+// V only (and the device's shared memory limit). cluster_ctas: 0 picks (the smallest of 1, 2, 4
+// or 8 whose slice of a row fits ~72 KB, else 8 if it fits at all, else the two kernels); 1, 2,
+// 4 or 8 forces that size (tests; throws if it does not fit); -1 runs the forward and backward
+// kernels. Returns the cluster size used, 0 for the two kernels.
+int cross_entropy_fused(const bf16* logits, const int32_t* targets, const float* dloss, float* losses, float* lse,
+                        bf16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s, int cluster_ctas = 0);
+int cross_entropy_fused(const f16* logits, const int32_t* targets, const float* dloss, float* losses, float* lse,
+                        f16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s, int cluster_ctas = 0);
+int cross_entropy_fused(const float* logits, const int32_t* targets, const float* dloss, float* losses, float* lse,
+                        float* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s, int cluster_ctas = 0);
 
 // ---- Elementwise helpers and casts.
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s);  // y += x
