@@ -398,14 +398,19 @@ struct Gemm::Impl {
     }
     if (trials[best].ms > (1.0 - kMinGain) * trials[0].ms) best = 0;
     ++tuned_plans;
-    if (tune.verbose)
+    if (tune.verbose) {
+      int fastest = best;  // any candidate, bit-identical or not: what the guard costs
+      for (int i = 0; i < static_cast<int>(trials.size()); ++i)
+        if (trials[i].ran && trials[i].ms < trials[fastest].ms) fastest = i;
       std::fprintf(
           stderr,
           "gemm tune m=%lld n=%lld k=%lld beta=%g: default %.4f ms, chosen #%d %.4f ms (%.1f%% faster), "
-          "%d of %zu candidates bit-identical\n",
+          "%d of %zu candidates bit-identical; fastest of all #%d %.4f ms\n",
           static_cast<long long>(call.m), static_cast<long long>(call.n), static_cast<long long>(call.k),
           static_cast<double>(call.beta), static_cast<double>(trials[0].ms), best, static_cast<double>(trials[best].ms),
-          trials[best].ms > 0 ? 100.0 * (trials[0].ms / trials[best].ms - 1.0) : 0.0, survivors, trials.size());
+          trials[best].ms > 0 ? 100.0 * (trials[0].ms / trials[best].ms - 1.0) : 0.0, survivors, trials.size(),
+          fastest, static_cast<double>(trials[fastest].ms));
+    }
     return best;
   }
 
