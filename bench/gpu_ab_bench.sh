@@ -8,6 +8,7 @@
 # for both: MT_AB_FLAGS; environment for the new build only: MT_AB_NEW_ENV (e.g. "MT_GEMM_TUNE=0").
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source bench/llama_1_5b.sh
 OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
 REPS=${1:-2}
 BASE=${MT_AB_BASE:-HEAD}
@@ -25,10 +26,7 @@ build . /tmp/mt_ab_new || { echo "new build failed"; grep -E "error|FAILED" "$OU
 build /tmp/mt_ab_base /tmp/mt_ab_old || { echo "base build failed"; exit 1; }
 echo "built both in $(( $(date +%s) - t0 )) s"
 # shellcheck disable=SC2206
-LLAMA=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query-attention --num-query-groups 8
-       --ffn-hidden-size 8192 --seq-length 2048 --max-position-embeddings 2048 --normalization RMSNorm --swiglu
-       --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
-       --vocab-size 128255 --micro-batch-size 4 --global-batch-size 32 --train-iters ${MT_BENCH_ITERS:-12}
+LLAMA=("${LLAMA_1_5B[@]}" --global-batch-size 32 --train-iters ${MT_BENCH_ITERS:-12}
        --mock-data --bf16 --device cuda --log-interval 1 --eval-iters 0 --no-progress-bar --lr 1e-4 --clip-grad 1.0
        --attention-dropout 0 --hidden-dropout 0 --data-cache-path /tmp/mt_cache ${MT_AB_FLAGS:-})
 median() {  # tokens/s over iterations 4 onwards

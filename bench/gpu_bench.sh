@@ -6,6 +6,7 @@
 # JSON line per benchmark (DESIGN.md). Logs go to $OUT (or /tmp/mt_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source bench/llama_1_5b.sh
 OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
 B=${MT_DEVICE_BUILD:-/tmp/mt_build}
 # Libraries carried by scripts/device_prep.sh for images that lack them (Gloo's dependencies).
@@ -60,13 +61,9 @@ bench() {  # bench NAME ARGS...
   grep "time breakdown" "$OUT/$name.txt"
 }
 
-LLAMA=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query-attention --num-query-groups 8
-       --ffn-hidden-size 8192 --seq-length 2048 --max-position-embeddings 2048 --normalization RMSNorm --swiglu
-       --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
-       --vocab-size 128255 --micro-batch-size 4)
-bench llama-1.5b "${LLAMA[@]}" --global-batch-size 32
+bench llama-1.5b "${LLAMA_1_5B[@]}" --global-batch-size 32
 # The same with our own flash kernels instead of the automatic choice (cuDNN's fused attention).
-[ -n "${MT_AB_FLASH:-}" ] && bench llama-1.5b-flash "${LLAMA[@]}" --global-batch-size 32 --attention-backend flash
+[ -n "${MT_AB_FLASH:-}" ] && bench llama-1.5b-flash "${LLAMA_1_5B[@]}" --global-batch-size 32 --attention-backend flash
 GPT2=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024
       --vocab-size 50257 --micro-batch-size 16 --global-batch-size 16)
 bench gpt2-124m "${GPT2[@]}"
@@ -75,11 +72,11 @@ GPT2XL=(--num-layers 48 --hidden-size 1600 --num-attention-heads 25 --seq-length
         --vocab-size 50257 --micro-batch-size 8 --global-batch-size 8)
 bench gpt2-1.5b "${GPT2XL[@]}"
 # Where the time goes (CUDA-event op breakdown; costs a few percent, so a run of its own).
-bench llama-1.5b-timed "${LLAMA[@]}" --global-batch-size 32 --timing-log-level 1
+bench llama-1.5b-timed "${LLAMA_1_5B[@]}" --global-batch-size 32 --timing-log-level 1
 # Per-kernel GPU time of a few llama-1.5b steps (Nsight Systems, when the image has it).
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 if [ -n "${MT_NSYS:-}" ] && [ -n "$NSYS" ]; then
-  "$NSYS" profile -o /tmp/mt_prof --force-overwrite true "$M" pretrain "${LLAMA[@]}" --global-batch-size 8 \
+  "$NSYS" profile -o /tmp/mt_prof --force-overwrite true "$M" pretrain "${LLAMA_1_5B[@]}" --global-batch-size 8 \
     --mock-data --bf16 --device cuda --train-iters 4 --log-interval 1 --eval-iters 0 --lr 1e-4 --attention-dropout 0 \
     --hidden-dropout 0 --data-cache-path /tmp/mt_cache >"$OUT/nsys_run.txt" 2>&1
   "$NSYS" stats --report cuda_gpu_kern_sum --format csv /tmp/mt_prof.nsys-rep >"$OUT/kernels.csv" 2>/dev/null

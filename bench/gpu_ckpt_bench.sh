@@ -4,6 +4,7 @@
 # llama-1.5b (weights + fp32 optimizer state) with and without --async-save, and the step stall.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source bench/llama_1_5b.sh
 OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
 B=${MT_DEVICE_BUILD:-/tmp/mt_build}
 [ -d third_party_carry/gloo/lib ] && export LD_LIBRARY_PATH="$PWD/third_party_carry/gloo/lib:${LD_LIBRARY_PATH:-}"
@@ -24,11 +25,8 @@ if [ -n "$(l "$OUT/part2.txt")" ] && diff <(l "$OUT/full.txt" | awk '$1 > 5') <(
 else
   echo "GPU resume: FAIL"; tail -3 "$OUT/part2.txt"
 fi
-LLAMA=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query-attention --num-query-groups 8
-       --ffn-hidden-size 8192 --seq-length 2048 --max-position-embeddings 2048 --normalization RMSNorm --swiglu
-       --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
-       --vocab-size 128255 --micro-batch-size 4 --global-batch-size 4 --mock-data --bf16 --device cuda
-       --log-interval 1 --eval-iters 0 --no-progress-bar --lr 1e-4 --data-cache-path /tmp/mt_cache)
+LLAMA=("${LLAMA_1_5B[@]}" --global-batch-size 4 --mock-data --bf16 --device cuda --log-interval 1 --eval-iters 0
+       --no-progress-bar --lr 1e-4 --data-cache-path /tmp/mt_cache)
 for mode in sync async; do
   extra=(); [ $mode = async ] && extra=(--async-save)
   rm -rf "$CK/llama"

@@ -11,6 +11,7 @@
 # MT_LLAMA8_ITERS, MT_TP_TIMED=1 (adds a timed TP run), MT_RUN_EXTRA (flags added to every training run, e.g. --attention-backend flash).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source bench/llama_1_5b.sh
 OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
 B=${MT_DEVICE_BUILD:-/tmp/mt_build}
 PARTS=${1:-build,tests,smoke,single,breakdown,dp,pp,tp,pp8b}
@@ -89,10 +90,7 @@ if has smoke; then  # the CLI path through megatron launch: DP=2, TP=2, PP=2 on 
   done
 fi
 
-LLAMA=(--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query-attention --num-query-groups 8
-       --ffn-hidden-size 8192 --seq-length 2048 --max-position-embeddings 2048 --normalization RMSNorm --swiglu
-       --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
-       --vocab-size 128255 --micro-batch-size 4 --train-iters "$ITERS")
+LLAMA=("${LLAMA_1_5B[@]}" --train-iters "$ITERS")
 ONE=${MT_ONE_GPU_TOKS:-0}  # a one-GPU rate measured earlier, to skip re-measuring it
 if has single || { [ "$ONE" = 0 ] && { has dp || has pp; }; }; then
   run llama-1.5b-1gpu 1 "${LLAMA[@]}" --global-batch-size 32; ONE=$TOK

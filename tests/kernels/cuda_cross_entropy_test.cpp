@@ -196,8 +196,8 @@ TEST(GpuCrossEntropyFused, Bf16EveryClusterSize) {
   check_shape<bf16>(6, 4096, 4000, {0, 4}, 1);     // misaligned
 }
 
-// More rows than clusters fit on the GPU at once (a few hundred): each cluster walks several rows.
-TEST(GpuCrossEntropyFused, ClustersWalkManyRows) {
+// More rows than clusters fit on the GPU at once (a few hundred): clusters launch in many waves.
+TEST(GpuCrossEntropyFused, ManyRowsInManyWaves) {
   check_shape<bf16>(3000, 256, 250, {0, 1, 4});
   check_shape<float>(2500, 64, 64, {0, 2, 8});
 }

@@ -150,8 +150,8 @@ constexpr size_t kStaticReserve = 1024;  // the kernel's static shared memory, r
 template <typename T>
 __global__ void __launch_bounds__(kFusedThreads, 3)
     ce_fused_kernel(const T* logits, const int32_t* __restrict__ targets, const float* __restrict__ dloss,
-                    float* __restrict__ losses, float* __restrict__ lse, T* dlogits, int64_t rows, int64_t V,
-                    int64_t valid_v, int64_t chunk, bool vec) {
+                    float* __restrict__ losses, float* __restrict__ lse, T* dlogits, int64_t V, int64_t valid_v,
+                    int64_t chunk, bool vec) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   constexpr int N = Vec<T>::N;
@@ -166,117 +166,115 @@ __global__ void __launch_bounds__(kFusedThreads, 3)
   const int64_t len = begin < V ? min(chunk, V - begin) : 0;               // columns in this slice
   const int64_t nvalid = begin < valid_v ? min(len, valid_v - begin) : 0;  // of which unpadded
   const int64_t groups = (len + N - 1) / N;
-  // A cluster per row (the grid's); the loop also serves grids smaller than the rows.
-  for (int64_t r = blockIdx.x / C; r < rows; r += gridDim.x / C) {
-    const T* src = logits + r * V + begin;
-    T* dst = dlogits + r * V + begin;
-    const int64_t t = targets[r] - begin;  // the target's column here, when 0 <= t < len
-    const float g = dloss[r];
+  const int64_t r = blockIdx.x / C;  // one cluster per row
+  const T* src = logits + r * V + begin;
+  T* dst = dlogits + r * V + begin;
+  const int64_t t = targets[r] - begin;  // the target's column here, when 0 <= t < len
+  const float g = dloss[r];
 
-    // 1. The slice into shared memory, with this thread's online (max, sum of exp) over its
-    //    groups in a fixed order (as the forward kernel).
-    MaxSum acc{-INFINITY, 0.f};
-    auto consume = [&](int64_t i, float* v) {  // group i's values
-      const int64_t j0 = i * N;
-      if (j0 >= nvalid) return;  // all padding: at least one valid value below
-      float vm = -INFINITY;
+  // 1. The slice into shared memory, with this thread's online (max, sum of exp) over its
+  //    groups in a fixed order (as the forward kernel).
+  MaxSum acc{-INFINITY, 0.f};
+  auto consume = [&](int64_t i, float* v) {  // group i's values
+    const int64_t j0 = i * N;
+    if (j0 >= nvalid) return;  // all padding: at least one valid value below
+    float vm = -INFINITY;
 #pragma unroll
-      for (int e = 0; e < N; ++e) {
-        if (j0 + e >= nvalid) v[e] = -INFINITY;
-        vm = fmaxf(vm, v[e]);
+    for (int e = 0; e < N; ++e) {
+      if (j0 + e >= nvalid) v[e] = -INFINITY;
+      vm = fmaxf(vm, v[e]);
+    }
+    const float m = fmaxf(acc.m, vm);
+    float s = acc.s * __expf(acc.m - m);  // acc.m = -inf at first: exp(-inf) = 0
+#pragma unroll
+    for (int e = 0; e < N; ++e) s += __expf(v[e] - m);
+    acc = {m, s};
+  };
+  if (vec) {  // kFusedUnroll 16-byte loads in flight, streamed (read once), then kept
+    for (int64_t i0 = threadIdx.x; i0 < groups; i0 += kFusedUnroll * kFusedThreads) {
+      uint4 raw[kFusedUnroll];
+#pragma unroll
+      for (int u = 0; u < kFusedUnroll; ++u) {
+        const int64_t i = i0 + u * kFusedThreads;
+        if (i < groups) raw[u] = __ldcs(reinterpret_cast<const uint4*>(src) + i);
       }
-      const float m = fmaxf(acc.m, vm);
-      float s = acc.s * __expf(acc.m - m);  // acc.m = -inf at first: exp(-inf) = 0
 #pragma unroll
-      for (int e = 0; e < N; ++e) s += __expf(v[e] - m);
-      acc = {m, s};
-    };
-    if (vec) {  // kFusedUnroll 16-byte loads in flight, streamed (read once), then kept
-      for (int64_t i0 = threadIdx.x; i0 < groups; i0 += kFusedUnroll * kFusedThreads) {
-        uint4 raw[kFusedUnroll];
-#pragma unroll
-        for (int u = 0; u < kFusedUnroll; ++u) {
-          const int64_t i = i0 + u * kFusedThreads;
-          if (i < groups) raw[u] = __ldcs(reinterpret_cast<const uint4*>(src) + i);
-        }
-#pragma unroll
-        for (int u = 0; u < kFusedUnroll; ++u) {
-          const int64_t i = i0 + u * kFusedThreads;
-          if (i < groups) {
-            ce_slice[i] = raw[u];
-            float v[N];
-            Vec<T>::unpack(raw[u], v);
-            consume(i, v);
-          }
+      for (int u = 0; u < kFusedUnroll; ++u) {
+        const int64_t i = i0 + u * kFusedThreads;
+        if (i < groups) {
+          ce_slice[i] = raw[u];
+          float v[N];
+          Vec<T>::unpack(raw[u], v);
+          consume(i, v);
         }
       }
-    } else {  // element by element (zeros past the row's end)
-      for (int64_t i = threadIdx.x; i < groups; i += kFusedThreads) {
-        float v[N];
-#pragma unroll
-        for (int e = 0; e < N; ++e) {
-          const T x = i * N + e < len ? src[i * N + e] : from_f<T>(0.f);
-          slice[i * N + e] = x;
-          v[e] = to_f(x);
-        }
-        consume(i, v);
-      }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const MaxSum other{__shfl_xor_sync(0xffffffffu, acc.m, o), __shfl_xor_sync(0xffffffffu, acc.s, o)};
-      acc = merge(acc, other);
-    }
-    if ((threadIdx.x & 31) == 0) warp_part[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      MaxSum p = warp_part[0];
-      for (int w = 1; w < kFusedThreads / 32; ++w) p = merge(p, warp_part[w]);
-      cta_part = p;
-    }
-
-    // 2. The row's lse: every CTA merges the cluster's pairs in rank order (the same bits in
-    //    each), reading the others' cta_part through distributed shared memory.
-    cluster.sync();  // every CTA's cta_part and slice written
-    if (threadIdx.x == 0) {
-      MaxSum part[kMaxCluster];  // all remote reads in flight at once, then merged in order
-#pragma unroll
-      for (int q = 0; q < kMaxCluster; ++q)
-        if (q < C) part[q] = *cluster.map_shared_rank(&cta_part, q);
-      MaxSum p = part[0];
-#pragma unroll
-      for (int q = 1; q < kMaxCluster; ++q)
-        if (q < C) p = merge(p, part[q]);
-      const float l = p.m + logf(p.s);
-      row_lse = l;
-      if (rank == 0) lse[r] = l;
-      if (t >= 0 && t < len) losses[r] = l - to_f(slice[t]);
-    }
-    __syncthreads();
-    cluster.barrier_arrive();  // done with the other CTAs' shared memory
-
-    // 3. The gradient of the slice from shared memory: dloss * (softmax - onehot), 0 on padding.
-    const float l = row_lse;
+  } else {  // element by element (zeros past the row's end)
     for (int64_t i = threadIdx.x; i < groups; i += kFusedThreads) {
-      float v[N], o[N];
-      Vec<T>::unpack(ce_slice[i], v);
-      const int64_t j0 = i * N;
+      float v[N];
 #pragma unroll
       for (int e = 0; e < N; ++e) {
-        const int64_t j = j0 + e;
-        o[e] = j < nvalid ? g * __expf(v[e] - l) : 0.f;
-        if (j == t) o[e] -= g;
+        const T x = i * N + e < len ? src[i * N + e] : from_f<T>(0.f);
+        slice[i * N + e] = x;
+        v[e] = to_f(x);
       }
-      if (vec) {
-        Vec<T>::store(dst + j0, o);
-      } else {
-#pragma unroll
-        for (int e = 0; e < N; ++e)
-          if (j0 + e < len) dst[j0 + e] = from_f<T>(o[e]);
-      }
+      consume(i, v);
     }
-    cluster.barrier_wait();  // no CTA reuses (or exits with) cta_part while another may read it
   }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const MaxSum other{__shfl_xor_sync(0xffffffffu, acc.m, o), __shfl_xor_sync(0xffffffffu, acc.s, o)};
+    acc = merge(acc, other);
+  }
+  if ((threadIdx.x & 31) == 0) warp_part[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    MaxSum p = warp_part[0];
+    for (int w = 1; w < kFusedThreads / 32; ++w) p = merge(p, warp_part[w]);
+    cta_part = p;
+  }
+
+  // 2. The row's lse: every CTA merges the cluster's pairs in rank order (the same bits in
+  //    each), reading the others' cta_part through distributed shared memory.
+  cluster.sync();  // every CTA's cta_part and slice written
+  if (threadIdx.x == 0) {
+    MaxSum part[kMaxCluster];  // all remote reads in flight at once, then merged in order
+#pragma unroll
+    for (int q = 0; q < kMaxCluster; ++q)
+      if (q < C) part[q] = *cluster.map_shared_rank(&cta_part, q);
+    MaxSum p = part[0];
+#pragma unroll
+    for (int q = 1; q < kMaxCluster; ++q)
+      if (q < C) p = merge(p, part[q]);
+    const float l = p.m + logf(p.s);
+    row_lse = l;
+    if (rank == 0) lse[r] = l;
+    if (t >= 0 && t < len) losses[r] = l - to_f(slice[t]);
+  }
+  __syncthreads();
+  cluster.barrier_arrive();  // done with the other CTAs' shared memory
+
+  // 3. The gradient of the slice from shared memory: dloss * (softmax - onehot), 0 on padding.
+  const float l = row_lse;
+  for (int64_t i = threadIdx.x; i < groups; i += kFusedThreads) {
+    float v[N], o[N];
+    Vec<T>::unpack(ce_slice[i], v);
+    const int64_t j0 = i * N;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const int64_t j = j0 + e;
+      o[e] = j < nvalid ? g * __expf(v[e] - l) : 0.f;
+      if (j == t) o[e] -= g;
+    }
+    if (vec) {
+      Vec<T>::store(dst + j0, o);
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e)
+        if (j0 + e < len) dst[j0 + e] = from_f<T>(o[e]);
+    }
+  }
+  cluster.barrier_wait();  // no CTA exits while another may read its cta_part
 #endif
 }
 
@@ -311,11 +309,11 @@ cudaLaunchConfig_t fused_config(unsigned blocks, int cluster, size_t smem, cudaS
   return cfg;
 }
 
-// How many clusters of `cluster` CTAs with `smem` bytes each the device runs at once (0: they do
-// not fit at all); asked once per device, kernel and shape.
-int active_clusters(const void* kernel, int dev, int cluster, size_t smem) {
+// Whether clusters of `cluster` CTAs with `smem` bytes each fit on the device at all (asked
+// once per device, kernel and shape).
+bool cluster_fits(const void* kernel, int dev, int cluster, size_t smem) {
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int, int, size_t>, int> known;
+  static std::map<std::tuple<const void*, int, int, size_t>, bool> known;
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_tuple(kernel, dev, cluster, smem);
   auto it = known.find(key);
@@ -325,7 +323,7 @@ int active_clusters(const void* kernel, int dev, int cluster, size_t smem) {
   int n = 0;
   const bool ok = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess && n > 0;
   if (!ok) (void)cudaGetLastError();  // a refusal is an answer, not an error for later checks
-  return known[key] = ok ? n : 0;
+  return known[key] = ok;
 }
 
 template <typename T>
@@ -340,7 +338,7 @@ int ce_fused(const T* logits, const int32_t* targets, const float* dloss, float*
   auto bytes_of = [&](int c) { return static_cast<size_t>(chunk_of(c)) * sizeof(T); };
   const bool vec = V % G == 0 && aligned16(logits) && aligned16(dlogits);
   auto* const kernel = ce_fused_kernel<T>;
-  int C = 0, clusters = 0;
+  int C = 0;
   if (cluster_ctas >= 0) {
     int dev = 0;
     MT_CUDA_CHECK(cudaGetDevice(&dev));
@@ -362,8 +360,7 @@ int ce_fused(const T* logits, const int32_t* targets, const float* dloss, float*
       if (bytes_of(C) > 48 * 1024)
         MT_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes_of(C))));
-      clusters = active_clusters(reinterpret_cast<const void*>(kernel), dev, C, bytes_of(C));
-      if (clusters == 0) {
+      if (!cluster_fits(reinterpret_cast<const void*>(kernel), dev, C, bytes_of(C))) {
         MT_CHECK(cluster_ctas == 0, "cross entropy: clusters of {} CTAs with {} bytes each do not fit on the device", C,
                  bytes_of(C));
         C = 0;
@@ -380,11 +377,10 @@ int ce_fused(const T* logits, const int32_t* targets, const float* dloss, float*
   // 8192 x 128256 bf16: 1.96 against 2.17 ms), and than loading the slices with bulk copies
   // (1.88 against 2.12 ms).
   MT_CHECK(N <= (int64_t{1} << 31) / C - 1, "cross entropy: {} rows exceed the grid", N);
-  const int64_t grid_clusters = N;
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = fused_config(static_cast<unsigned>(grid_clusters * C), C, bytes_of(C), s, &attr);
+  const cudaLaunchConfig_t cfg = fused_config(static_cast<unsigned>(N * C), C, bytes_of(C), s, &attr);
   MT_CUDA_CHECK(
-      cudaLaunchKernelEx(&cfg, kernel, logits, targets, dloss, losses, lse, dlogits, N, V, valid_v, chunk_of(C), vec));
+      cudaLaunchKernelEx(&cfg, kernel, logits, targets, dloss, losses, lse, dlogits, V, valid_v, chunk_of(C), vec));
   MT_CUDA_LAUNCH_CHECK();
   return C;
 }
