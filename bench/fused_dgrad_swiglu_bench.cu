@@ -11,7 +11,7 @@
 //   dgrad_swiglu_pp: persistent "ping-pong", one CTA per SM, two consumer warpgroups taking
 //     alternate 128x128 tiles, a 5-stage ring, g/u streamed through a 32 KB buffer per warpgroup.
 // H100, 2026-11-22, M = F = 8192, K = 2048, 100-call bursts (the GPU at its power cap):
-//   dgrad_swiglu_kernel 0.605-0.636 ms, dgrad_swiglu_pp 0.624-0.632 ms, against
+//   dgrad_swiglu_kernel 0.605-0.642 ms, dgrad_swiglu_pp 0.624-0.632 ms, against
 //   cuBLASLt 0.394-0.405 ms + SwiGLU backward 0.239 ms (2.8 TB/s) = 0.628-0.655 ms unfused.
 // The epilogue is nearly free; the mainloop is not: ~550 TFLOP/s without the epilogue against
 // cuBLASLt's ~700. Nsight Compute (clocks locked at 1.39 GHz) shows why: these kernels move
@@ -112,6 +112,20 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
   return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
+// Byte offset of element (row, col) in a TMA box of 64 bf16 columns (128-byte rows) written with
+// 128-byte swizzling: the 16-byte chunk index is XORed with the row's index within its 8-row group.
+__device__ __forceinline__ uint32_t sw128_offset(int row, int col) {
+  return row * 128 + (((col / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
+}
+// The SwiGLU backward for two neighbouring columns, in place in shared memory: from the fp32 da
+// pair and h = [g | u], gp <- dg = da * u * silu'(g) and up <- du = da * silu(g).
+__device__ __forceinline__ void swiglu_grad_pair(__nv_bfloat162* gp, __nv_bfloat162* up, float a0, float a1) {
+  const float2 g = __bfloat1622float2(*gp), u = __bfloat1622float2(*up);
+  const float s0 = 1.f / (1.f + __expf(-g.x)), s1 = 1.f / (1.f + __expf(-g.y));
+  *gp = __floats2bfloat162_rn(a0 * u.x * s0 * (1.f + g.x * (1.f - s0)), a1 * u.y * s1 * (1.f + g.y * (1.f - s1)));
+  *up = __floats2bfloat162_rn(a0 * g.x * s0, a1 * g.y * s1);
+}
+
 constexpr int GROUP_M = 8;  // row tiles per raster group (L2 reuse)
 // Tile t of a tiles_m x tiles_n grid in grouped order: groups of GROUP_M row tiles walk the column tiles.
 __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
@@ -197,17 +211,10 @@ __global__ void __launch_bounds__(THREADS, 2)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int col = i * 8 + (lane % 4) * 2, row = c * 64 + w * 16 + lane / 4 + 8 * hh;
-      const int box = col / 64, cc = col % 64;
-      const uint32_t off = box * TILE_BYTES + row * 128 + ((((cc / 8) ^ (row % 8))) * 16) + (cc % 8) * 2;
-      __nv_bfloat162* gp = reinterpret_cast<__nv_bfloat162*>(smem + off);
-      __nv_bfloat162* up = reinterpret_cast<__nv_bfloat162*>(smem + 2 * TILE_BYTES + off);
-      const float2 g = __bfloat1622float2(*gp), u = __bfloat1622float2(*up);
-      const float d0 = d[i * 4 + 2 * hh], d1 = d[i * 4 + 2 * hh + 1];
-      const float s0 = 1.f / (1.f + __expf(-g.x)), s1 = 1.f / (1.f + __expf(-g.y));
-      const float du0 = d0 * g.x * s0, du1 = d1 * g.y * s1;
-      const float dg0 = d0 * u.x * s0 * (1.f + g.x * (1.f - s0)), dg1 = d1 * u.y * s1 * (1.f + g.y * (1.f - s1));
-      *gp = __floats2bfloat162_rn(dg0, dg1);
-      *up = __floats2bfloat162_rn(du0, du1);
+      const uint32_t off = (col / 64) * TILE_BYTES + sw128_offset(row, col % 64);
+      swiglu_grad_pair(reinterpret_cast<__nv_bfloat162*>(smem + off),
+                       reinterpret_cast<__nv_bfloat162*>(smem + 2 * TILE_BYTES + off), d[i * 4 + 2 * hh],
+                       d[i * 4 + 2 * hh + 1]);
     }
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -320,17 +327,12 @@ __global__ void __launch_bounds__(384, 1)
           for (int j = half * 8; j < half * 8 + 8; ++j) {
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
-              const int cc = (j % 8) * 8 + (lane % 4) * 2, row = hf * 64 + warp4 * 16 + lane / 4 + 8 * hh;
-              const uint32_t off = row * 128 + ((((cc / 8) ^ (row % 8))) * 16) + (cc % 8) * 2;
-              __nv_bfloat162* gp = reinterpret_cast<__nv_bfloat162*>(ebuf + off);
-              __nv_bfloat162* up = reinterpret_cast<__nv_bfloat162*>(ebuf + TILE_BYTES + off);
-              const float2 g = __bfloat1622float2(*gp), u = __bfloat1622float2(*up);
-              const float a0 = hf ? d1[j * 4 + 2 * hh] : d0[j * 4 + 2 * hh];
-              const float a1 = hf ? d1[j * 4 + 2 * hh + 1] : d0[j * 4 + 2 * hh + 1];
-              const float s0 = 1.f / (1.f + __expf(-g.x)), s1 = 1.f / (1.f + __expf(-g.y));
-              *gp = __floats2bfloat162_rn(a0 * u.x * s0 * (1.f + g.x * (1.f - s0)),
-                                          a1 * u.y * s1 * (1.f + g.y * (1.f - s1)));
-              *up = __floats2bfloat162_rn(a0 * g.x * s0, a1 * g.y * s1);
+              const int col = (j % 8) * 8 + (lane % 4) * 2, row = hf * 64 + warp4 * 16 + lane / 4 + 8 * hh;
+              const uint32_t off = sw128_offset(row, col);
+              const float(&acc)[64] = hf ? d1 : d0;
+              swiglu_grad_pair(reinterpret_cast<__nv_bfloat162*>(ebuf + off),
+                               reinterpret_cast<__nv_bfloat162*>(ebuf + TILE_BYTES + off), acc[j * 4 + 2 * hh],
+                               acc[j * 4 + 2 * hh + 1]);
             }
           }
         }
