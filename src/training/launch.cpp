@@ -11,12 +11,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/env.h"
+#include "comm/socket.h"
 #include "comm/store.h"
 #include "core/error.h"
 #include "training/commands.h"
@@ -77,9 +80,23 @@ int launch_main(const std::vector<std::string>& argv) {
   if (o.master_port < 1 || o.master_port > 65535) fail("--master-port {} is not a TCP port (1-65535)", o.master_port);
   if (child.front() == "launch") fail("'megatron launch -- launch' would start launchers; give the command to run");
 
+  if (o.nnodes > 1 && (o.master_addr.empty() || o.master_addr == "0.0.0.0" || comm::is_loopback_address(o.master_addr)))
+    fail("--master-addr '{}' cannot be reached from the other nodes (--nnodes {}); give node 0's network address",
+         o.master_addr, o.nnodes);
+
   const int64_t world = o.nnodes * o.nproc_per_node;
+  // MT_STORE_SECRET if set (the same on every node), else a fresh one only this node knows.
+  std::string secret = comm::read_store_secret([](const char* n) -> const char* { return std::getenv(n); });
+  if (secret.empty() && o.nnodes > 1)
+    fail("--nnodes {}: set {} to the same random value on every node before 'megatron launch' (e.g. export {}=$(openssl "
+         "rand -hex 16)); the ranks present it to the rendezvous store",
+         o.nnodes, comm::kStoreSecretEnv, comm::kStoreSecretEnv);
+  if (secret.empty()) secret = comm::random_store_secret();
+  // A single node's ranks reach the store over loopback, and nothing else can.
+  const std::string master_addr = o.nnodes == 1 ? "127.0.0.1" : o.master_addr;
   std::unique_ptr<comm::TcpStoreServer> store;
-  if (o.node_rank == 0) store = std::make_unique<comm::TcpStoreServer>("", static_cast<int>(o.master_port));
+  if (o.node_rank == 0)
+    store = std::make_unique<comm::TcpStoreServer>(master_addr, static_cast<int>(o.master_port), secret);
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -103,9 +120,10 @@ int launch_main(const std::vector<std::string>& argv) {
       ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
       ::setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
-      ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+      ::setenv("MASTER_ADDR", master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
       ::setenv("MT_STORE_HOSTED", "1", 1);
+      ::setenv(comm::kStoreSecretEnv, secret.c_str(), 1);
       std::vector<char*> args;
       args.push_back(const_cast<char*>(exe.c_str()));
       for (auto& a : child) args.push_back(const_cast<char*>(a.c_str()));

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/socket.h"
+#include "comm/store.h"
 
 extern char** environ;
 
@@ -144,8 +145,9 @@ TEST(Launch, WithoutLauncherTheSurvivorNamesTheDeadRank) {
   const std::string port = std::to_string(free_port());
   std::string out0 = "/tmp/mt_pair0_" + std::to_string(::getpid()), out1 = "/tmp/mt_pair1_" + std::to_string(::getpid());
   auto args = pretrain_args(1000000);
-  Proc r0 = spawn(args, {"RANK=0", "WORLD_SIZE=2", "MASTER_PORT=" + port}, out0);
-  Proc r1 = spawn(args, {"RANK=1", "WORLD_SIZE=2", "MASTER_PORT=" + port}, out1);
+  const std::string secret = "MT_STORE_SECRET=" + comm::random_store_secret();
+  Proc r0 = spawn(args, {"RANK=0", "WORLD_SIZE=2", "MASTER_PORT=" + port, secret}, out0);
+  Proc r1 = spawn(args, {"RANK=1", "WORLD_SIZE=2", "MASTER_PORT=" + port, secret}, out1);
   ASSERT_TRUE(wait_for_text(out0, "iteration", 60)) << slurp(out0) << slurp(out1);
   auto t0 = std::chrono::steady_clock::now();
   ::kill(r1.pid, SIGKILL);
