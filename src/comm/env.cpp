@@ -1,6 +1,7 @@
 #include "comm/env.h"
 
 #include <charconv>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -14,8 +15,9 @@ int parse_int(const char* name, const char* v, int lo) {
   int out = 0;
   const char* end = v + std::strlen(v);
   auto [p, ec] = std::from_chars(v, end, out);
+  // from_chars reports a value beyond int as out of range: refused, never narrowed.
   if (ec != std::errc() || p != end || out < lo)
-    fail("environment variable {}='{}' is not an integer >= {}", name, v, lo);
+    fail("environment variable {}='{}' is not an integer in {} .. {}", name, v, lo, INT_MAX);
   return out;
 }
 }  // namespace

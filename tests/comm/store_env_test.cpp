@@ -113,6 +113,8 @@ TEST(DistEnv, BadValuesNameTheVariable) {
   };
   EXPECT_NE(msg({{"RANK", "x"}, {"WORLD_SIZE", "2"}}).find("RANK='x'"), std::string::npos);
   EXPECT_NE(msg({{"RANK", "2"}, {"WORLD_SIZE", "2"}}).find("WORLD_SIZE"), std::string::npos);
+  EXPECT_NE(msg({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}).find("WORLD_SIZE='99999999999' is not an integer in 1 .."),
+            std::string::npos);
   EXPECT_NE(msg({{"RANK", "0"}}).find("WORLD_SIZE"), std::string::npos);
   EXPECT_NE(msg({{"MASTER_PORT", "99999"}}).find("MASTER_PORT"), std::string::npos);
   EXPECT_NE(msg({{"MT_STORE_SECRET", "short"}}).find("MT_STORE_SECRET is 5 characters long"), std::string::npos);
