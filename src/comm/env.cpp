@@ -1,9 +1,11 @@
 #include "comm/env.h"
 
 #include <charconv>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 
+#include "comm/store.h"
 #include "core/error.h"
 
 namespace mt::comm {
@@ -13,8 +15,9 @@ int parse_int(const char* name, const char* v, int lo) {
   int out = 0;
   const char* end = v + std::strlen(v);
   auto [p, ec] = std::from_chars(v, end, out);
+  // from_chars reports a value beyond int as out of range: refused, never narrowed.
   if (ec != std::errc() || p != end || out < lo)
-    fail("environment variable {}='{}' is not an integer >= {}", name, v, lo);
+    fail("environment variable {}='{}' is not an integer in {} .. {}", name, v, lo, INT_MAX);
   return out;
 }
 }  // namespace
@@ -58,7 +61,21 @@ DistEnv detect_dist_env(const EnvLookup& env) {
     if (d.master_port > 65535) fail("MASTER_PORT={} is not a TCP port (1-65535)", d.master_port);
   }
   if (const char* h = env("MT_STORE_HOSTED"); h && std::strcmp(h, "1") == 0) d.store_hosted = true;
+  d.store_secret = read_store_secret(env);
   return d;
+}
+
+std::string read_store_secret(const EnvLookup& env) {
+  const char* v = env(kStoreSecretEnv);
+  if (!v || !*v) return "";
+  const size_t n = std::strlen(v);
+  // 16 characters of `openssl rand -hex 8` are the least that resist guessing over the network;
+  // the upper bound keeps the store's first message small.
+  if (n < 16 || n > 256)
+    fail("{} is {} characters long; use 16 to 256 random ones, the same for every rank (e.g. export {}=$(openssl rand "
+         "-hex 16))",
+         kStoreSecretEnv, n, kStoreSecretEnv);
+  return v;
 }
 
 DistEnv detect_dist_env() {

@@ -134,7 +134,20 @@ int listen_on(const std::string& host, int port, int* bound_port) {
     ::close(fd);
   }
   freeaddrinfo(res);
-  throw CommError(fmt::format("cannot listen on port {} ({}); pick another --master-port / MASTER_PORT", port, err));
+  throw CommError(fmt::format("cannot listen on {}:{} ({}); the address must be one of this machine's "
+                              "(--master-addr / MASTER_ADDR) and the port free (--master-port / MASTER_PORT)",
+                              host.empty() ? "*" : host, port, err));
+}
+
+bool is_loopback_address(const std::string& host) {
+  addrinfo* res = resolve(host, 0, false);
+  bool all = res != nullptr;
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+    all = all && (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  freeaddrinfo(res);
+  return all;
 }
 
 std::string local_address_towards(const std::string& host) {

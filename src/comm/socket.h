@@ -37,6 +37,9 @@ Socket connect_with_retry(const std::string& host, int port, Clock::time_point d
 // Listens on host:port (host "" or "0.0.0.0" = all interfaces; port 0 = any). Returns the fd.
 int listen_on(const std::string& host, int port, int* bound_port);
 
+// Whether every IPv4 address `host` resolves to is a loopback one (127.0.0.0/8).
+bool is_loopback_address(const std::string& host);
+
 // The local address a connection to `host` would leave from: the interface peers can reach
 // this process on (127.0.0.1 for a local master).
 std::string local_address_towards(const std::string& host);

@@ -2,7 +2,8 @@
 // A key-value store for rendezvous: Gloo's full-mesh connection setup, NCCL unique-id exchange,
 // and finding out which rank is gone when a collective fails. TcpStore talks to a
 // TcpStoreServer hosted by `megatron launch` or by world rank 0 at MASTER_ADDR:MASTER_PORT.
-// Every call waits at most the store's timeout, never forever.
+// Every call waits at most the store's timeout, never forever. Every connection presents the
+// job's secret (MT_STORE_SECRET) first; see store_protocol.h for the wire format and limits.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "comm/socket.h"
+#include "comm/store_protocol.h"
 
 namespace mt::comm {
 
@@ -35,10 +37,28 @@ class Store {
 // All `size` callers return once all have arrived (or the timeout passes, with an error).
 void store_barrier(Store& store, const std::string& name, int size);
 
+// The environment variable that carries the job's store secret to its ranks.
+inline constexpr const char* kStoreSecretEnv = "MT_STORE_SECRET";
+// 32 random bytes from the kernel, as 64 hex digits.
+std::string random_store_secret();
+
+struct StoreServerOptions {
+  StoreLimits limits;
+  // A connection that has not presented the secret by then is closed.
+  std::chrono::milliseconds auth_timeout{30000};
+  // A connection that leaves a request half-sent, or replies unread, this long is closed. Ranks
+  // never do either: each waits for its reply before sending the next request.
+  std::chrono::milliseconds stall_timeout{120000};
+  // Connections not yet authenticated; more wait in the listen backlog.
+  size_t max_unauthenticated = 64;
+};
+
 class TcpStoreServer {
  public:
-  // Listens on host:port (port 0 = any free port, see port()). Serves from a background thread.
-  TcpStoreServer(const std::string& host, int port);
+  // Listens on host:port (port 0 = any free port, see port()) and serves clients that present
+  // `secret`, from one background thread with non-blocking sockets: a client that stops
+  // reading or sending stalls only itself.
+  TcpStoreServer(const std::string& host, int port, std::string secret, StoreServerOptions options = {});
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -49,14 +69,16 @@ class TcpStoreServer {
   int listen_fd_ = -1;
   int port_ = 0;
   int wake_[2] = {-1, -1};
+  std::string secret_;
+  StoreServerOptions options_;
   std::thread thread_;
 };
 
 class TcpStore final : public Store {
  public:
-  // Connects (retrying until the timeout); `rank` >= 0 registers this connection as that rank
-  // so that its loss can be reported.
-  TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout, int rank = -1);
+  // Connects (retrying until the timeout) and presents `secret`; `rank` >= 0 registers this
+  // connection as that rank so that its loss can be reported.
+  TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout, std::string secret, int rank = -1);
   // Tells the server this rank finished cleanly. A connection that closes without it (a crash,
   // an error exit) marks the rank as lost.
   void goodbye();
@@ -69,10 +91,13 @@ class TcpStore final : public Store {
   std::string where() const override { return host_ + ":" + std::to_string(port_); }
 
  private:
+  // A new connection that has presented the secret.
+  Socket open(Clock::time_point deadline, const char* what);
   std::string request(uint8_t op, const std::string& key, const std::string& value, const char* what);
   std::string host_;
   int port_;
   std::chrono::milliseconds timeout_;
+  std::string secret_;
   std::mutex mu_;
   Socket sock_;
 };

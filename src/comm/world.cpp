@@ -24,8 +24,15 @@ World::World(const DistEnv& env, std::chrono::milliseconds timeout, DeviceComm d
   // A peer that dies closes its sockets; Gloo's next write to one would raise SIGPIPE and kill
   // this rank silently instead of failing the operation with an error that names the lost rank.
   std::signal(SIGPIPE, SIG_IGN);
-  if (env_.rank == 0 && !env_.store_hosted) server_ = std::make_unique<TcpStoreServer>("", env_.master_port);
-  store_ = std::make_shared<TcpStore>(env_.master_addr, env_.master_port, timeout_, env_.rank);
+  if (env_.store_secret.empty())
+    fail("{} ranks from the {}, but {} is not set: export the same random value for every rank (e.g. {}=$(openssl "
+         "rand -hex 16)), or start the ranks with 'megatron launch', which sets it",
+         env_.world_size, env_.source, kStoreSecretEnv, kStoreSecretEnv);
+  // Listen on the master address only (loopback for a local job): the ranks reach the store
+  // there, and nothing else should.
+  if (env_.rank == 0 && !env_.store_hosted)
+    server_ = std::make_unique<TcpStoreServer>(env_.master_addr, env_.master_port, env_.store_secret);
+  store_ = std::make_shared<TcpStore>(env_.master_addr, env_.master_port, timeout_, env_.store_secret, env_.rank);
   gloo::transport::tcp::attr attr;
   // Listen on the interface that routes to the master, which the other ranks can reach too;
   // GLOO_SOCKET_IFNAME (PyTorch's variable) picks an interface explicitly.

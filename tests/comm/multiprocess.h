@@ -1,7 +1,7 @@
 #pragma once
 // Runs a function as N ranks in forked processes, the way 'megatron launch' would start them:
 // the test process hosts the rendezvous store (MT_STORE_HOSTED=1) on a free port and sets
-// RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT in each child. Each child's stderr goes to a file the
+// RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and the store's secret (MT_STORE_SECRET) in each child. Each child's stderr goes to a file the
 // parent returns, so a test can check the error a rank printed. Children leave with _exit and
 // never return into gtest. Fork before the parent uses OpenMP (libgomp is not fork-safe).
 #include <fcntl.h>
@@ -41,7 +41,8 @@ struct RankOptions {
 
 inline std::vector<RankResult> run_ranks(int n, const std::function<void(comm::World&)>& fn,
                                          const RankOptions& opt = {}) {
-  comm::TcpStoreServer server("127.0.0.1", 0);
+  const std::string secret = comm::random_store_secret();
+  comm::TcpStoreServer server("127.0.0.1", 0, secret);
   std::string dir = "/tmp/mt_ranks_" + std::to_string(::getpid()) + "_" + std::to_string(server.port());
   std::string mk = "mkdir -p " + dir;
   if (std::system(mk.c_str()) != 0) return {};
@@ -60,6 +61,7 @@ inline std::vector<RankResult> run_ranks(int n, const std::function<void(comm::W
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(server.port()).c_str(), 1);
       ::setenv("MT_STORE_HOSTED", "1", 1);
+      ::setenv(comm::kStoreSecretEnv, secret.c_str(), 1);
       for (auto& [k, v] : opt.env) ::setenv(k.c_str(), v.c_str(), 1);
       int code = 0;
       try {

@@ -11,10 +11,12 @@
 namespace mt::comm {
 namespace {
 
+const std::string kSecret = "0123456789abcdef-test";
+
 TEST(TcpStore, SetGetAddCheckAcrossClients) {
-  TcpStoreServer server("127.0.0.1", 0);
-  TcpStore a("127.0.0.1", server.port(), std::chrono::seconds(5), 0);
-  TcpStore b("127.0.0.1", server.port(), std::chrono::seconds(5), 1);
+  TcpStoreServer server("127.0.0.1", 0, kSecret);
+  TcpStore a("127.0.0.1", server.port(), std::chrono::seconds(5), kSecret, 0);
+  TcpStore b("127.0.0.1", server.port(), std::chrono::seconds(5), kSecret, 1);
   EXPECT_FALSE(a.check("k"));
   // b waits for a key that a sets later: the GET is parked on the server, not polled.
   std::thread t([&] {
@@ -34,8 +36,8 @@ TEST(TcpStore, SetGetAddCheckAcrossClients) {
 }
 
 TEST(TcpStore, GetTimesOutWithTheKeyInTheMessage) {
-  TcpStoreServer server("127.0.0.1", 0);
-  TcpStore a("127.0.0.1", server.port(), std::chrono::milliseconds(300), 0);
+  TcpStoreServer server("127.0.0.1", 0, kSecret);
+  TcpStore a("127.0.0.1", server.port(), std::chrono::milliseconds(300), kSecret, 0);
   auto t0 = std::chrono::steady_clock::now();
   try {
     a.get("never");
@@ -47,11 +49,11 @@ TEST(TcpStore, GetTimesOutWithTheKeyInTheMessage) {
 }
 
 TEST(TcpStore, ConnectionDroppedWithoutGoodbyeIsALostRank) {
-  TcpStoreServer server("127.0.0.1", 0);
-  TcpStore a("127.0.0.1", server.port(), std::chrono::seconds(5), 0);
+  TcpStoreServer server("127.0.0.1", 0, kSecret);
+  TcpStore a("127.0.0.1", server.port(), std::chrono::seconds(5), kSecret, 0);
   {
-    TcpStore b("127.0.0.1", server.port(), std::chrono::seconds(5), 3);
-    TcpStore c("127.0.0.1", server.port(), std::chrono::seconds(5), 4);
+    TcpStore b("127.0.0.1", server.port(), std::chrono::seconds(5), kSecret, 3);
+    TcpStore c("127.0.0.1", server.port(), std::chrono::seconds(5), kSecret, 4);
     c.goodbye();
   }
   std::vector<int> lost;
@@ -64,7 +66,7 @@ TEST(TcpStore, ConnectionDroppedWithoutGoodbyeIsALostRank) {
 
 TEST(TcpStore, NoServerGivesAClearErrorWithinTheTimeout) {
   try {
-    TcpStore a("127.0.0.1", 1, std::chrono::milliseconds(300), 0);
+    TcpStore a("127.0.0.1", 1, std::chrono::milliseconds(300), kSecret, 0);
     FAIL();
   } catch (const CommError& e) {
     EXPECT_NE(std::string(e.what()).find("MASTER_ADDR"), std::string::npos) << e.what();
@@ -111,8 +113,20 @@ TEST(DistEnv, BadValuesNameTheVariable) {
   };
   EXPECT_NE(msg({{"RANK", "x"}, {"WORLD_SIZE", "2"}}).find("RANK='x'"), std::string::npos);
   EXPECT_NE(msg({{"RANK", "2"}, {"WORLD_SIZE", "2"}}).find("WORLD_SIZE"), std::string::npos);
+  EXPECT_NE(msg({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}).find("WORLD_SIZE='99999999999' is not an integer in 1 .."),
+            std::string::npos);
   EXPECT_NE(msg({{"RANK", "0"}}).find("WORLD_SIZE"), std::string::npos);
   EXPECT_NE(msg({{"MASTER_PORT", "99999"}}).find("MASTER_PORT"), std::string::npos);
+  EXPECT_NE(msg({{"MT_STORE_SECRET", "short"}}).find("MT_STORE_SECRET is 5 characters long"), std::string::npos);
+  EXPECT_NE(msg({{"MT_STORE_SECRET", std::string(300, 'x')}}).find("MT_STORE_SECRET"), std::string::npos);
+}
+
+TEST(DistEnv, StoreSecretIsReadAndRandomOnesDiffer) {
+  EXPECT_EQ(env_of({}).store_secret, "");
+  EXPECT_EQ(env_of({{"MT_STORE_SECRET", "0123456789abcdef"}}).store_secret, "0123456789abcdef");
+  const std::string a = random_store_secret(), b = random_store_secret();
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_NE(a, b);
 }
 
 }  // namespace
