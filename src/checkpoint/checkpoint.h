@@ -90,6 +90,11 @@ struct SaveOptions {
   int write_delay_ms = 0;          // tests: a slow disk, so a save can be interrupted part-way
 };
 
+// Megatron's tracker may read "release" instead of a number: the checkpoint is then the directory
+// SAVE/release/, and it is loaded as weights only, starting at iteration 0 (as Megatron does).
+// latest_iteration() returns this value for it, and iteration_dir() maps it to SAVE/release.
+constexpr int64_t kReleaseIteration = -1;
+
 std::string iteration_dir(const std::string& save, int64_t iteration);
 
 // Saves (or, async, starts saving) checkpoints. Collective: every rank calls save(), poll() and
@@ -124,12 +129,17 @@ class Saver {
 void save_checkpoint(const std::string& save, const TrainingState& state, model::ParamStore& params,
                      optim::Optimizer* optimizer /* null: --no-save-optim */);
 
-// Reads SAVE/latest_checkpointed_iteration.txt; nullopt when the directory holds no checkpoint.
+// Reads SAVE/latest_checkpointed_iteration.txt: an iteration, or kReleaseIteration for
+// "release"; nullopt when the directory holds no checkpoint.
 std::optional<int64_t> latest_iteration(const std::string& load);
 
 struct LoadOptions {
   bool load_optim = true;
   bool load_rng = true;
+  // The model's true (unpadded) vocabulary, when known: a checkpoint of the same vocabulary padded
+  // to another multiple (another TP size or --make-vocab-size-divisible-by) then loads its true
+  // rows and zero padding. 0: the padded shapes must match.
+  int64_t orig_vocab_size = 0;
 };
 // Loads iteration `it` into this rank's params (and optimizer state when given and requested),
 // resharding from whatever layout saved it; verifies the checksum of every file it reads and

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "checkpoint/io_util.h"
+#include "checkpoint/json_fields.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -15,95 +16,133 @@ const char* kSupported = "llama, mistral, qwen2, qwen3, gpt2";
 // A float setting as the decimal it was written as (1e-05, not 9.999999747378752e-06).
 double shortest(float x) { return std::stod(fmt::format("{}", x)); }
 
-template <typename T>
-T get_or(const nlohmann::json& j, const char* key, T dflt) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return dflt;
-  return it->get<T>();
+// Bounds on a config's sizes: beyond every published model, and small enough that products of
+// them (parameter counts, buffer sizes) cannot overflow 64 bits.
+constexpr int64_t kMaxLayers = 1 << 14, kMaxHidden = 1 << 18, kMaxFfn = 1 << 20, kMaxHeads = 1 << 14,
+                  kMaxHeadDim = 1 << 14, kMaxVocab = 1 << 26, kMaxPositions = 1 << 26;
+
+// A float setting that must be positive and at most `hi`.
+double positive_or(const JsonFields& f, const char* key, double dflt, double hi) {
+  const double x = f.number_or(key, dflt, 0, hi);
+  if (x <= 0) fail("{} must be positive, got {}", f.what(key), json_brief(f.at(key)));
+  return x;
+}
+
+// The same for a setting the model keeps as a float (an epsilon of 1e-50 would become 0).
+float positive_float_or(const JsonFields& f, const char* key, double dflt, double hi) {
+  const double x = positive_or(f, key, dflt, hi);
+  if (!(static_cast<float>(x) > 0)) fail("{} is too small for a 32-bit float, got {}", f.what(key), x);
+  return static_cast<float>(x);
+}
+
+// An object-valued setting (rope_scaling, rope_parameters): null when absent or null.
+const nlohmann::json* object_or_null(const JsonFields& f, const char* key) {
+  if (!f.has(key)) return nullptr;
+  const auto& v = f.at(key);
+  if (!v.is_object()) fail("{} must be an object or null, got {}", f.what(key), json_brief(v));
+  return &v;
 }
 
 // The rope settings: rope_parameters (5.x) or rope_theta + rope_scaling (4.x, "type" in older ones).
-void read_rope(const nlohmann::json& j, HfSpec& s, const std::string& where) {
-  nlohmann::json scaling;
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
-    s.v5_style = true;
-    scaling = j["rope_parameters"];
-    s.cfg.rotary_base = get_or<double>(scaling, "rope_theta", get_or<double>(j, "rope_theta", 10000.0));
-  } else {
-    s.cfg.rotary_base = get_or<double>(j, "rope_theta", 10000.0);
-    if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) scaling = j["rope_scaling"];
+void read_rope(const JsonFields& f, HfSpec& s) {
+  auto& c = s.cfg;
+  const double theta = positive_or(f, "rope_theta", 10000.0, 1e15);
+  const nlohmann::json* scaling = object_or_null(f, "rope_parameters");
+  if (scaling) s.v5_style = true;
+  else scaling = object_or_null(f, "rope_scaling");
+  if (!scaling) {
+    c.rotary_base = theta;
+    return;
   }
-  if (scaling.is_null()) return;
-  const std::string type = scaling.contains("rope_type") ? scaling["rope_type"].get<std::string>()
-                                                         : get_or<std::string>(scaling, "type", "default");
+  const JsonFields r(*scaling, f.what(s.v5_style ? "rope_parameters" : "rope_scaling"));
+  c.rotary_base = positive_or(r, "rope_theta", theta, 1e15);
+  const std::string type = r.string_or("rope_type", r.string_or("type", "default"));
   if (type == "default") return;
   if (type != "llama3")
     fail("{}: rope_scaling type '{}' is not supported (megatron.cpp implements 'llama3', Llama 3.1's, and none)",
-         where, type);
-  auto& c = s.cfg;
+         f.where(), type.substr(0, 40));
   c.rope_scaling = true;
-  c.rope_scaling_factor = get_or<double>(scaling, "factor", 8.0);
-  c.rope_low_freq_factor = get_or<double>(scaling, "low_freq_factor", 1.0);
-  c.rope_high_freq_factor = get_or<double>(scaling, "high_freq_factor", 4.0);
-  c.rope_original_max_position = get_or<int64_t>(scaling, "original_max_position_embeddings", 8192);
+  c.rope_scaling_factor = positive_or(r, "factor", 8.0, 1e6);
+  c.rope_low_freq_factor = positive_or(r, "low_freq_factor", 1.0, 1e6);
+  c.rope_high_freq_factor = positive_or(r, "high_freq_factor", 4.0, 1e6);
+  // Llama 3.1's smoothing divides by their difference.
+  if (c.rope_high_freq_factor <= c.rope_low_freq_factor)
+    fail("{}: high_freq_factor ({}) must exceed low_freq_factor ({})", r.where(), c.rope_high_freq_factor,
+         c.rope_low_freq_factor);
+  c.rope_original_max_position = r.integer_or("original_max_position_embeddings", 8192, 1, kMaxPositions);
 }
 
-void read_llama_like(const nlohmann::json& j, HfSpec& s, const std::string& where) {
+// Heads, query groups and the head dimension, with the divisibility attention needs.
+void read_heads(const JsonFields& f, HfSpec& s, const char* heads_key, const char* hidden_key, bool groups) {
   auto& c = s.cfg;
-  c.num_layers = j.at("num_hidden_layers");
-  c.hidden_size = j.at("hidden_size");
-  c.ffn_hidden_size = j.at("intermediate_size");
-  c.num_attention_heads = j.at("num_attention_heads");
-  c.num_query_groups = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads);
-  c.kv_channels = get_or<int64_t>(j, "head_dim", c.hidden_size / c.num_attention_heads);
-  c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 4096);
+  c.num_attention_heads = f.integer(heads_key, 1, kMaxHeads);
+  c.num_query_groups = groups ? f.integer_or("num_key_value_heads", c.num_attention_heads, 1, c.num_attention_heads)
+                              : c.num_attention_heads;
+  if (c.num_attention_heads % c.num_query_groups != 0)
+    fail("{}: num_attention_heads ({}) must be divisible by num_key_value_heads ({})", f.where(),
+         c.num_attention_heads, c.num_query_groups);
+  if (groups && f.has("head_dim")) {
+    c.kv_channels = f.integer("head_dim", 1, kMaxHeadDim);
+    return;
+  }
+  if (c.hidden_size % c.num_attention_heads != 0)
+    fail("{}: {} ({}) must be divisible by {} ({}){}", f.where(), hidden_key, c.hidden_size, heads_key,
+         c.num_attention_heads, groups ? ", or set head_dim" : "");
+  c.kv_channels = c.hidden_size / c.num_attention_heads;
+}
+
+void read_llama_like(const JsonFields& f, HfSpec& s) {
+  auto& c = s.cfg;
+  c.num_layers = f.integer("num_hidden_layers", 1, kMaxLayers);
+  c.hidden_size = f.integer("hidden_size", 1, kMaxHidden);
+  c.ffn_hidden_size = f.integer("intermediate_size", 1, kMaxFfn);
+  read_heads(f, s, "num_attention_heads", "hidden_size", true);
+  c.max_position_embeddings = f.integer_or("max_position_embeddings", 4096, 1, kMaxPositions);
   c.normalization = "RMSNorm";
-  c.norm_epsilon = static_cast<float>(get_or<double>(j, "rms_norm_eps", 1e-6));
-  const std::string act = get_or<std::string>(j, "hidden_act", "silu");
-  if (act != "silu") fail("{}: hidden_act '{}' is not supported for {} (SwiGLU needs 'silu')", where, act, s.arch);
+  c.norm_epsilon = positive_float_or(f, "rms_norm_eps", 1e-6, 1.0);
+  const std::string act = f.string_or("hidden_act", "silu");
+  if (act != "silu")
+    fail("{}: hidden_act '{}' is not supported for {} (SwiGLU needs 'silu')", f.where(), act.substr(0, 40), s.arch);
   c.swiglu = true;
   c.position_embedding_type = "rope";
-  c.rotary_percent = static_cast<float>(get_or<double>(j, "partial_rotary_factor", 1.0));
-  read_rope(j, s, where);
-  const bool attn_bias = get_or<bool>(j, "attention_bias", false), mlp_bias = get_or<bool>(j, "mlp_bias", false);
-  if (attn_bias || mlp_bias)
+  c.rotary_percent = positive_float_or(f, "partial_rotary_factor", 1.0, 1.0);
+  read_rope(f, s);
+  if (f.boolean_or("attention_bias", false) || f.boolean_or("mlp_bias", false))
     fail("{}: attention_bias / mlp_bias are not supported for {} (megatron.cpp has biases on all linear layers or on "
          "the QKV projection only)",
-         where, s.arch);
+         f.where(), s.arch);
   c.add_bias_linear = false;
   c.add_qkv_bias = s.arch == "qwen2";
   c.qk_layernorm = s.arch == "qwen3";
-  c.untie_embeddings_and_output_weights = !get_or<bool>(j, "tie_word_embeddings", false);
-  const bool sliding = s.arch == "mistral" ? !get_or<nlohmann::json>(j, "sliding_window", nullptr).is_null()
-                                           : get_or<bool>(j, "use_sliding_window", false);
+  c.untie_embeddings_and_output_weights = !f.boolean_or("tie_word_embeddings", false);
+  const bool sliding = s.arch == "mistral" ? f.has("sliding_window") : f.boolean_or("use_sliding_window", false);
   if (sliding)
     log_warn("{}: sliding-window attention is not implemented; results match only for sequences within the window "
              "({} tokens)",
-             where, get_or<int64_t>(j, "sliding_window", 0));
+             f.where(), f.integer_or("sliding_window", 0, 0, INT64_MAX));
 }
 
-void read_gpt2(const nlohmann::json& j, HfSpec& s, const std::string& where) {
+void read_gpt2(const JsonFields& f, HfSpec& s) {
   auto& c = s.cfg;
-  c.num_layers = j.at("n_layer");
-  c.hidden_size = j.at("n_embd");
-  c.num_attention_heads = j.at("n_head");
-  c.num_query_groups = c.num_attention_heads;
-  c.kv_channels = c.hidden_size / c.num_attention_heads;
-  c.ffn_hidden_size = get_or<int64_t>(j, "n_inner", 4 * c.hidden_size);
-  c.max_position_embeddings = get_or<int64_t>(j, "n_positions", 1024);
+  c.num_layers = f.integer("n_layer", 1, kMaxLayers);
+  c.hidden_size = f.integer("n_embd", 1, kMaxHidden);
+  read_heads(f, s, "n_head", "n_embd", false);
+  c.ffn_hidden_size = f.integer_or("n_inner", 4 * c.hidden_size, 1, kMaxFfn);
+  c.max_position_embeddings = f.integer_or("n_positions", 1024, 1, kMaxPositions);
   c.normalization = "LayerNorm";
-  c.norm_epsilon = static_cast<float>(get_or<double>(j, "layer_norm_epsilon", 1e-5));
-  const std::string act = get_or<std::string>(j, "activation_function", "gelu_new");
+  c.norm_epsilon = positive_float_or(f, "layer_norm_epsilon", 1e-5, 1.0);
+  const std::string act = f.string_or("activation_function", "gelu_new");
   if (act == "gelu_new" || act == "gelu_pytorch_tanh") c.openai_gelu = true;
-  else if (act != "gelu") fail("{}: activation_function '{}' is not supported for gpt2", where, act);
+  else if (act != "gelu")
+    fail("{}: activation_function '{}' is not supported for gpt2", f.where(), act.substr(0, 40));
   c.position_embedding_type = "learned_absolute";
   c.add_bias_linear = c.add_qkv_bias = true;
-  c.untie_embeddings_and_output_weights = !get_or<bool>(j, "tie_word_embeddings", true);
-  if (get_or<bool>(j, "scale_attn_by_inverse_layer_idx", false) || get_or<bool>(j, "reorder_and_upcast_attn", false) ||
-      !get_or<bool>(j, "scale_attn_weights", true))
+  c.untie_embeddings_and_output_weights = !f.boolean_or("tie_word_embeddings", true);
+  if (f.boolean_or("scale_attn_by_inverse_layer_idx", false) || f.boolean_or("reorder_and_upcast_attn", false) ||
+      !f.boolean_or("scale_attn_weights", true))
     fail("{}: GPT-2 attention-scaling variants (scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, "
          "scale_attn_weights false) are not supported",
-         where);
+         f.where());
 }
 
 }  // namespace
@@ -126,35 +165,33 @@ std::string hf_dtype_name(DType t) {
 HfSpec parse_hf_config(const nlohmann::json& j, const std::string& where) {
   HfSpec s;
   s.raw = j;
-  try {
-    s.arch = get_or<std::string>(j, "model_type", "");
-    if (s.arch == "mixtral" || s.arch == "qwen2_moe" || s.arch == "qwen3_moe")
-      fail("{}: model_type '{}' needs mixture-of-experts layers, which megatron.cpp does not implement yet", where,
-           s.arch);
-    if (s.arch == "llama" || s.arch == "mistral" || s.arch == "qwen2" || s.arch == "qwen3") read_llama_like(j, s, where);
-    else if (s.arch == "gpt2") read_gpt2(j, s, where);
-    else fail("{}: model_type '{}' is not supported (supported: {})", where, s.arch, kSupported);
-    s.vocab_size = j.at("vocab_size");
-    s.cfg.vocab_size = s.vocab_size;
-    s.cfg.orig_vocab_size = s.vocab_size;
-    if (j.contains("dtype") && j["dtype"].is_string()) {
-      s.v5_style = true;
-      s.dtype = hf_dtype(j["dtype"], where + " dtype");
-    } else if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) {
-      s.dtype = hf_dtype(j["torch_dtype"], where + " torch_dtype");
-    }
-    s.cfg.seq_length = std::min<int64_t>(s.cfg.max_position_embeddings, 4096);
-    s.cfg.attention_dropout = s.cfg.hidden_dropout = 0.f;
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: missing or malformed key: {}", where, e.what());
+  const JsonFields f(j, where);
+  s.arch = f.string_or("model_type", "");
+  if (s.arch == "mixtral" || s.arch == "qwen2_moe" || s.arch == "qwen3_moe")
+    fail("{}: model_type '{}' needs mixture-of-experts layers, which megatron.cpp does not implement yet", where,
+         s.arch);
+  if (s.arch == "llama" || s.arch == "mistral" || s.arch == "qwen2" || s.arch == "qwen3") read_llama_like(f, s);
+  else if (s.arch == "gpt2") read_gpt2(f, s);
+  else fail("{}: model_type '{}' is not supported (supported: {})", where, s.arch.substr(0, 40), kSupported);
+  s.vocab_size = f.integer("vocab_size", 1, kMaxVocab);
+  s.cfg.vocab_size = s.vocab_size;
+  s.cfg.orig_vocab_size = s.vocab_size;
+  if (f.has("dtype")) {
+    s.v5_style = true;
+    s.dtype = hf_dtype(json_string(f.at("dtype"), f.what("dtype")), where);
+  } else if (f.has("torch_dtype")) {
+    s.dtype = hf_dtype(json_string(f.at("torch_dtype"), f.what("torch_dtype")), where);
   }
+  s.cfg.seq_length = std::min<int64_t>(s.cfg.max_position_embeddings, 4096);
+  s.cfg.attention_dropout = s.cfg.hidden_dropout = 0.f;
   return s;
 }
 
 HfSpec read_hf_config(const std::string& dir) {
   const auto path = std::filesystem::path(dir) / "config.json";
-  if (!std::filesystem::exists(path)) fail("'{}' has no config.json: not a HuggingFace model directory", dir);
-  return parse_hf_config(parse_json_file(path), path.string());
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail("'{}' has no config.json: not a HuggingFace model directory", dir);
+  return parse_hf_config(parse_json_file(path, "HuggingFace model"), path.string());
 }
 
 std::string infer_hf_arch(const model::TransformerConfig& c) {

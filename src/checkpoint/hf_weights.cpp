@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "checkpoint/io_util.h"
+#include "checkpoint/json_fields.h"
 #include "core/error.h"
 
 namespace fs = std::filesystem;
@@ -14,14 +15,14 @@ HfTensors::HfTensors(const std::string& dir) : dir_(dir) {
   const fs::path d(dir), index = d / "model.safetensors.index.json";
   std::vector<std::string> names;
   if (fs::exists(index)) {
-    nlohmann::json j = parse_json_file(index);
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    nlohmann::json j = parse_json_file(index, "HuggingFace model");
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       fail("'{}' has no weight_map: not a safetensors index", index.string());
     std::map<std::string, size_t> file_idx;
     for (auto& [tensor, file] : j["weight_map"].items()) {
-      const std::string f = file.get<std::string>();
-      if (f.find('/') != std::string::npos || f.find("..") != std::string::npos)
-        fail("'{}': shard name '{}' points outside the directory", index.string(), f);
+      const std::string f = json_string(file, fmt::format("'{}': weight_map.{}", index.string(), tensor.substr(0, 200)));
+      if (!is_plain_file_name(f))
+        fail("'{}': shard name '{}' points outside the directory", index.string(), f.substr(0, 200));
       if (!file_idx.count(f)) {
         file_idx[f] = files_.size();
         files_.emplace_back((d / f).string());

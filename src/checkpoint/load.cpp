@@ -1,14 +1,18 @@
 // Loading: read metadata.json, then fill every box this rank needs from the stored pieces that
 // overlap it, whatever layout wrote them. Each file is checksummed once, before its first use.
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <map>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/io_util.h"
+#include "checkpoint/json_fields.h"
+#include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/slices.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 
 namespace fs = std::filesystem;
@@ -16,11 +20,6 @@ namespace fs = std::filesystem;
 namespace mt::checkpoint {
 
 namespace {
-
-struct FileInfo {
-  uint32_t crc = 0;
-  int64_t bytes = -1;  // -1: unknown (version 1)
-};
 
 // The checkpoint's files, opened and verified on first use.
 class Files {
@@ -36,12 +35,16 @@ class Files {
     const fs::path p = dir_ / name;
     auto it = info_.find(name);
     if (it == info_.end()) fail("checkpoint '{}' refers to file '{}' that its metadata.json does not list", dir_.string(), name);
-    if (!fs::exists(p))
+    std::error_code ec;
+    if (!fs::exists(p, ec))
       fail("checkpoint file '{}' is missing (the checkpoint is incomplete: a shard was deleted or not copied)",
            p.string());
-    if (it->second.bytes >= 0 && static_cast<int64_t>(fs::file_size(p)) != it->second.bytes)
-      fail("checkpoint file '{}' is corrupt: {} bytes, metadata.json says {} (truncated?)", p.string(),
-           fs::file_size(p), it->second.bytes);
+    require_regular_file(p.string(), "checkpoint file");  // a directory, FIFO or device is never a shard
+    const auto bytes = fs::file_size(p, ec);
+    if (ec) fail("cannot read checkpoint file '{}': {}", p.string(), ec.message());
+    if (it->second.bytes >= 0 && static_cast<int64_t>(bytes) != it->second.bytes)
+      fail("checkpoint file '{}' is corrupt: {} bytes, metadata.json says {} (truncated?)", p.string(), bytes,
+           it->second.bytes);
     if (crc32_file(p.string()) != it->second.crc)
       fail("checkpoint file '{}' is corrupt (checksum mismatch)", p.string());
   }
@@ -54,172 +57,187 @@ class Files {
   std::map<std::string, SafetensorsFile> open_;
 };
 
-struct Index {
-  std::map<std::string, TensorIndex> tensors;
-  nlohmann::json meta;
-};
-
-Box box_from(const nlohmann::json& j) {
-  return Box{j.at("offset").get<std::vector<int64_t>>(), j.at("extent").get<std::vector<int64_t>>()};
-}
-
 // Version 1 (single-rank) checkpoints list whole tensors in model.safetensors and
 // optimizer.safetensors; describe them as one piece each.
-void index_v1(Files& files, const nlohmann::json& meta, Index& idx) {
+void index_v1(Files& files, Metadata& md) {
   for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
-    if (!meta.at("files").contains(f)) continue;
+    if (!md.files.count(f)) continue;
     const SafetensorsFile& sf = files.get(f);
     for (const auto& key : sf.names()) {
       const TensorEntry& e = sf.entry(key);
       Piece pc{f, key, Box{std::vector<int64_t>(e.shape.size(), 0), e.shape}, 0, shape_numel(e.shape)};
-      idx.tensors[key] = TensorIndex{e.shape, {pc}};
+      md.tensors[key] = TensorIndex{e.shape, {pc}};
     }
   }
 }
 
-Index read_index(const fs::path& dir, std::unique_ptr<Files>& files) {
-  Index idx;
-  idx.meta = parse_json_file(dir / "metadata.json");
-  const auto& m = idx.meta;
-  try {
-    if (m.value("format", "") != "megatron.cpp-native")
-      fail("'{}' is not a megatron.cpp checkpoint (format '{}')", (dir / "metadata.json").string(),
-           m.value("format", "?"));
-    const int version = m.at("version");
-    std::map<std::string, FileInfo> info;
-    for (auto& [name, f] : m.at("files").items()) {
-      if (f.is_number()) info[name] = {f.get<uint32_t>(), -1};
-      else info[name] = {f.at("crc32").get<uint32_t>(), f.at("bytes").get<int64_t>()};
-    }
-    files = std::make_unique<Files>(dir, std::move(info));
-    if (version == 1) {
-      index_v1(*files, m, idx);
-      return idx;
-    }
-    if (version != 2)
-      fail("'{}' is format version {}, newer than this megatron.cpp reads (2); update megatron.cpp",
-           (dir / "metadata.json").string(), version);
-    for (auto& [name, t] : m.at("tensors").items()) {
-      TensorIndex ti;
-      ti.shape = t.at("shape").get<Shape>();
-      for (auto& pc : t.at("pieces")) {
-        auto flat = pc.at("flat").get<std::vector<int64_t>>();
-        if (flat.size() != 2) fail("'{}': tensor '{}' has a malformed piece", (dir / "metadata.json").string(), name);
-        ti.pieces.push_back({pc.at("file"), pc.at("key"), box_from(pc), flat[0], flat[1]});
-      }
-      idx.tensors[name] = std::move(ti);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    fail("'{}' is corrupt: {}", (dir / "metadata.json").string(), e.what());
-  }
-  return idx;
+Metadata read_index(const fs::path& dir, std::unique_ptr<Files>& files) {
+  const fs::path path = dir / "metadata.json";
+  Metadata md = parse_metadata(parse_json_file(path), path.string());
+  files = std::make_unique<Files>(dir, md.files);
+  if (md.version == 1) index_v1(*files, md);
+  return md;
 }
+
+// The vocabulary tensors (and their optimizer states), whose rows past the true vocabulary are
+// padding to a multiple that depends on the TP size.
+bool is_vocab_tensor(const std::string& name) {
+  const std::string param = name.substr(name.rfind('/') + 1);
+  return param == "embedding.word_embeddings.weight" || param == "output_layer.weight";
+}
+
+// `b` cut to its rows before global row `rows` (dimension 0 is outermost, so those are a prefix
+// of the box and keep their flat indices).
+Box rows_before(const Box& b, int64_t rows) {
+  Box c = b;
+  if (!c.extent.empty()) c.extent[0] = std::clamp<int64_t>(rows - c.offset[0], 0, c.extent[0]);
+  return c;
+}
+
+// What one load needs besides its arguments.
+struct Source {
+  Metadata idx;
+  std::unique_ptr<Files> files;
+  int64_t model_vocab = 0;  // the model's true vocabulary (0: not known)
+  int64_t ckpt_vocab = 0;   // the checkpoint's, from its state.json (0: not recorded)
+  bool told_repad = false;
+};
 
 // Fills elements [lo, hi) of a local shard (the concatenation of `boxes`) of tensor `name` into dst.
-void fill(Index& idx, Files& files, const std::string& name, const Shape& shape, const std::vector<Box>& boxes,
-          int64_t lo, int64_t hi, float* dst) {
-  auto it = idx.tensors.find(name);
-  if (it == idx.tensors.end())
+// A vocabulary tensor padded to another number of rows than the model's takes the checkpoint's
+// true vocabulary rows and zero padding.
+void fill(Source& src, const std::string& name, const Shape& shape, const std::vector<Box>& boxes, int64_t lo,
+          int64_t hi, float* dst) {
+  Files& files = *src.files;
+  auto it = src.idx.tensors.find(name);
+  if (it == src.idx.tensors.end())
     fail("tensor '{}' is missing from checkpoint '{}' (a checkpoint of another model shape? check --num-layers, "
          "--swiglu, --untie-embeddings-and-output-weights, --add-qkv-bias)",
          name, files.dir().string());
-  if (it->second.shape != shape)
-    fail("tensor '{}' in checkpoint '{}' has shape {} but the model expects {} (checkpoint of another model shape?)",
-         name, files.dir().string(), shape_to_string(it->second.shape), shape_to_string(shape));
-  int64_t copied = 0, s = 0;
+  const Shape& saved = it->second.shape;
+  int64_t rows = shape.empty() ? 0 : shape[0];  // rows taken from the checkpoint
+  if (saved != shape) {
+    const bool only_rows = saved.size() == shape.size() && !shape.empty() &&
+                           std::equal(saved.begin() + 1, saved.end(), shape.begin() + 1);
+    const bool vocab = only_rows && is_vocab_tensor(name) && src.model_vocab > 0 && src.ckpt_vocab > 0;
+    if (vocab && src.model_vocab != src.ckpt_vocab)
+      fail("checkpoint '{}' has a vocabulary of {} tokens, the model {} (another tokenizer or --vocab-size?)",
+           files.dir().string(), src.ckpt_vocab, src.model_vocab);
+    if (!vocab || src.ckpt_vocab > std::min(saved[0], shape[0]))
+      fail("tensor '{}' in checkpoint '{}' has shape {} but the model expects {} (checkpoint of another model shape?)",
+           name, files.dir().string(), shape_to_string(saved), shape_to_string(shape));
+    rows = src.ckpt_vocab;
+    if (!src.told_repad)
+      log_info("checkpoint '{}' pads its vocabulary of {} tokens to {} rows, this layout to {}: loading the {} true "
+               "rows and zero padding",
+               files.dir().string(), rows, saved[0], shape[0], rows);
+    src.told_repad = true;
+  }
+  int64_t copied = 0, wanted = 0, s = 0;
   for (const Box& b : boxes) {
     const int64_t e = s + b.numel(), y0 = std::max(lo, s), y1 = std::min(hi, e);
-    if (y0 < y1) {
+    const Box want = rows_before(b, rows);
+    const int64_t w1 = std::min(y1, s + want.numel());  // [y0, w1) from the checkpoint, [w1, y1) padding
+    if (y0 < w1) {
+      wanted += w1 - y0;
       for (const Piece& pc : it->second.pieces) {
+        const Box have = rows_before(pc.box, rows);
+        const int64_t have_hi = std::min(pc.flat_hi, have.numel());
+        if (pc.flat_lo >= have_hi) continue;
         bool meets = true;  // skip pieces whose box misses this one without opening their file
-        for (size_t d = 0; d < b.offset.size() && d < pc.box.offset.size(); ++d)
-          meets &= pc.box.offset[d] < b.offset[d] + b.extent[d] && b.offset[d] < pc.box.offset[d] + pc.box.extent[d];
+        for (size_t d = 0; d < want.offset.size(); ++d)
+          meets &= have.offset[d] < want.offset[d] + want.extent[d] && want.offset[d] < have.offset[d] + have.extent[d];
         if (!meets) continue;
         const TensorEntry& en = files.get(pc.file).entry(pc.key);
         if (en.dtype != DType::F32 || shape_numel(en.shape) != pc.numel())
-          fail("checkpoint file '{}' is corrupt: entry '{}' does not match metadata.json", (files.dir() / pc.file).string(),
-               pc.key);
-        copied += copy_overlap(pc.box, pc.flat_lo, pc.flat_hi, static_cast<const float*>(en.data), b, y0 - s, y1 - s,
+          fail("checkpoint file '{}' is corrupt: entry '{}' ({} of {} elements) does not match metadata.json ({} F32 "
+               "elements)",
+               (files.dir() / pc.file).string(), pc.key, safetensors_dtype(en.dtype), shape_numel(en.shape), pc.numel());
+        copied += copy_overlap(have, pc.flat_lo, have_hi, static_cast<const float*>(en.data), want, y0 - s, w1 - s,
                                dst + (y0 - lo));
       }
     }
+    if (std::max(y0, w1) < y1) std::fill(dst + (std::max(y0, w1) - lo), dst + (y1 - lo), 0.f);
     s = e;
   }
-  if (copied != hi - lo)
+  if (copied != wanted)
     fail("tensor '{}' is incomplete in checkpoint '{}': found {} of the {} elements this rank needs (a shard file "
          "missing from metadata.json?)",
-         name, files.dir().string(), copied, hi - lo);
+         name, files.dir().string(), copied, wanted);
 }
 
 }  // namespace
 
 std::optional<int64_t> latest_iteration(const std::string& load) {
   const fs::path tracker = fs::path(load) / "latest_checkpointed_iteration.txt";
-  if (!fs::exists(load)) fail("--load: directory '{}' does not exist", load);
-  if (!fs::exists(tracker)) return std::nullopt;
-  std::string t = read_text(tracker);
-  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
-  if (t == "release") return 0;
-  try {
-    size_t pos = 0;
-    int64_t it = std::stoll(t, &pos);
-    if (pos != t.size() || it < 0) throw std::invalid_argument(t);
-    return it;
-  } catch (const std::exception&) {
-    fail("'{}' should hold an iteration number, found '{}'", tracker.string(), t);
-  }
+  std::error_code ec;
+  if (!fs::exists(load, ec)) fail("--load: directory '{}' does not exist", load);
+  if (!fs::exists(tracker, ec) && !fs::is_symlink(tracker, ec)) return std::nullopt;
+  std::string t = read_text(tracker, "--load");
+  // Megatron reads it with int(f.read().strip()), or the word "release".
+  const auto space = [](char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; };
+  while (!t.empty() && space(t.back())) t.pop_back();
+  while (!t.empty() && space(t.front())) t.erase(t.begin());
+  if (t == "release") return kReleaseIteration;
+  int64_t it = -1;
+  const auto [end, err] = std::from_chars(t.data(), t.data() + t.size(), it);
+  if (t.empty() || err != std::errc() || end != t.data() + t.size() || it < 0 || it > kMaxIteration)
+    fail("'{}' should hold an iteration number (0 to {}) or 'release', found '{}'", tracker.string(), kMaxIteration,
+         t.substr(0, 40));
+  return it;
 }
+
+namespace {
+
+std::string describe(int64_t it) {
+  return it == kReleaseIteration ? "the release checkpoint" : fmt::format("iteration {}", it);
+}
+
+}  // namespace
 
 TrainingState read_state(const std::string& load, int64_t it) {
   const fs::path dir = iteration_dir(load, it);
-  if (!fs::exists(dir)) fail("--load: checkpoint directory '{}' is missing (tracker points at iteration {})", dir.string(), it);
-  if (!fs::exists(dir / "metadata.json"))
+  std::error_code ec;
+  if (!fs::exists(dir, ec))
+    fail("--load: checkpoint directory '{}' is missing (the tracker points at {})", dir.string(), describe(it));
+  if (!fs::is_directory(dir, ec)) fail("--load: '{}' is not a directory (the tracker points at it)", dir.string());
+  if (!fs::exists(dir / "metadata.json", ec))
     fail("--load: '{}' has no metadata.json: the save did not complete", dir.string());
-  nlohmann::json s = parse_json_file(dir / "state.json");
-  TrainingState st;
-  try {
-    st.iteration = s.at("iteration");
-    st.consumed_train_samples = s.at("consumed_train_samples");
-    st.consumed_valid_samples = s.at("consumed_valid_samples");
-    st.optimizer_steps = s.at("optimizer_steps");
-    // Older checkpoints: the scheduler followed the consumed samples.
-    st.scheduler_samples = s.value("scheduler_samples", st.consumed_train_samples);
-    st.has_rng = s.at("has_rng");
-    st.rng_seed = s.at("rng_seed");
-    st.rng_offset = s.at("rng_offset");
-    st.has_optimizer = s.value("has_optimizer", true);
-    st.skipped_iterations = s.value("skipped_iterations", 0);
-    st.nan_iterations = s.value("nan_iterations", 0);
-    if (s.contains("grad_scaler")) {  // --fp16 checkpoints only
-      const auto& g = s.at("grad_scaler");
-      st.grad_scaler = optim::GradScalerState{g.at("scale").get<float>(), g.at("growth_tracker").get<int64_t>(),
-                                              g.at("hysteresis_tracker").get<int64_t>()};
-    }
-    st.args = s.at("args");
-  } catch (const nlohmann::json::exception& e) {
-    fail("'{}' is missing a field: {}", (dir / "state.json").string(), e.what());
-  }
-  return st;
+  const fs::path path = dir / "state.json";
+  return parse_state(parse_json_file(path, "--load"), path.string(), it);
 }
+
+namespace {
+
+// The checkpoint's true vocabulary as its state.json records it (0: not recorded).
+int64_t recorded_vocab(const TrainingState& st, const fs::path& dir) {
+  if (!st.args.contains("orig_vocab_size")) return 0;
+  return json_int(st.args["orig_vocab_size"], fmt::format("'{}': args.orig_vocab_size", (dir / "state.json").string()),
+                  1, INT64_MAX);
+}
+
+}  // namespace
 
 TrainingState load_checkpoint(const std::string& load, int64_t it, const RankInfo& ri, model::ParamStore& params,
                               OptimizerState* opt, const LoadOptions& opts) {
   const fs::path dir = iteration_dir(load, it);
   TrainingState st = read_state(load, it);
-  std::unique_ptr<Files> files;
-  Index idx = read_index(dir, files);
-  if (files->lists("state.json")) files->verify("state.json");
+  Source src;
+  src.idx = read_index(dir, src.files);
+  if (src.files->lists("state.json")) src.files->verify("state.json");
+  src.model_vocab = opts.orig_vocab_size;
+  src.ckpt_vocab = recorded_vocab(st, dir);
 
   // Parameters on the GPU are filled through a host copy.
   const bool on_host = params.device() == Device::CPU;
   Tensor host = on_host ? params.main_buffer() : params.main_buffer().to_device(Device::CPU);
   for (auto& p : params.params())
-    fill(idx, *files, p.name, p.full_shape, local_boxes(p), 0, p.numel(), host.data<float>() + p.offset);
+    fill(src, p.name, p.full_shape, local_boxes(p), 0, p.numel(), host.data<float>() + p.offset);
   if (!on_host) params.main_buffer().copy_from(host);
   if (ri.pp == 1) {  // every model tensor is local: anything left over is another model shape
     size_t model_tensors = 0;
     std::string extra;
-    for (const auto& [name, t] : idx.tensors) {
+    for (const auto& [name, t] : src.idx.tensors) {
       if (name.find('/') != std::string::npos) continue;  // optimizer state
       ++model_tensors;
       if (!params.find(name) && extra.empty()) extra = name;
@@ -239,11 +257,11 @@ TrainingState load_checkpoint(const std::string& load, int64_t it, const RankInf
         const int64_t x0 = std::max(a.lo, p.offset) - p.offset, x1 = std::min(a.hi, p.offset + p.numel()) - p.offset;
         if (x0 >= x1) continue;
         const std::string name = a.name + "/" + p.name;
-        if (!idx.tensors.count(name) && idx.tensors.count(p.name))
+        if (!src.idx.tensors.count(name) && src.idx.tensors.count(p.name))
           fail("checkpoint '{}' has no optimizer state '{}' for '{}' (saved with another --optimizer?); use "
                "--no-load-optim to start the optimizer afresh",
                dir.string(), a.name, p.name);
-        fill(idx, *files, name, p.full_shape, local_boxes(p), x0, x1, a.data + (p.offset + x0 - a.lo));
+        fill(src, name, p.full_shape, local_boxes(p), x0, x1, a.data + (p.offset + x0 - a.lo));
       }
     opt->steps = st.optimizer_steps;
   }
@@ -251,25 +269,23 @@ TrainingState load_checkpoint(const std::string& load, int64_t it, const RankInf
   // RNG: this rank's own streams when the layout is the one that saved; otherwise rank 0's
   // (stream offsets advance alike on every rank, the seeds come from --seed and the TP rank).
   st.has_tp_rng = false;
-  if (opts.load_rng && idx.meta.contains("rng")) {
-    const auto& layout = idx.meta.at("layout");
-    const bool same = layout.value("tp", 1) == ri.tp && layout.value("pp", 1) == ri.pp && layout.value("dp", 1) == ri.dp;
-    const nlohmann::json* pick = nullptr;
-    for (const auto& r : idx.meta["rng"]) {
-      if (same && r.at("rank") == ri.rank) pick = &r;
-      if (!same && r.at("rank") == 0) pick = &r;
-    }
+  const Metadata& md = src.idx;
+  if (opts.load_rng && !md.rng.empty()) {
+    const bool same = md.tp == ri.tp && md.pp == ri.pp && md.dp == ri.dp;
+    const RngEntry* pick = nullptr;
+    for (const auto& r : md.rng)
+      if (r.rank == (same ? ri.rank : 0)) pick = &r;
     if (pick) {
       st.has_rng = true;
-      st.rng_seed = pick->at("seed");
-      st.rng_offset = pick->at("offset");
-      st.tp_rng_seed = pick->at("tp_seed");
-      st.tp_rng_offset = pick->at("tp_offset");
+      st.rng_seed = pick->seed;
+      st.rng_offset = pick->offset;
+      st.tp_rng_seed = pick->tp_seed;
+      st.tp_rng_offset = pick->tp_offset;
       st.has_tp_rng = true;
     }
     if (!same)
-      log_info("checkpoint saved with TP {} x PP {} x DP {}, loading as TP {} x PP {} x DP {}: resharded",
-               layout.value("tp", 1), layout.value("pp", 1), layout.value("dp", 1), ri.tp, ri.pp, ri.dp);
+      log_info("checkpoint saved with TP {} x PP {} x DP {}, loading as TP {} x PP {} x DP {}: resharded", md.tp,
+               md.pp, md.dp, ri.tp, ri.pp, ri.dp);
   }
   return st;
 }
@@ -283,10 +299,7 @@ TrainingState load_checkpoint(const std::string& load, int64_t it, model::ParamS
   return st;
 }
 
-struct CheckpointReader::Impl {
-  std::unique_ptr<Files> files;
-  Index idx;
-};
+struct CheckpointReader::Impl : Source {};
 
 CheckpointReader::CheckpointReader(const std::string& load, int64_t it) : impl_(std::make_unique<Impl>()) {
   state_ = read_state(load, it);
@@ -308,7 +321,7 @@ std::vector<float> CheckpointReader::read(const std::string& name) {
   const Shape s = shape(name);
   std::vector<float> out(static_cast<size_t>(shape_numel(s)));
   const Box whole{std::vector<int64_t>(s.size(), 0), s};
-  fill(impl_->idx, *impl_->files, name, s, {whole}, 0, whole.numel(), out.data());
+  fill(*impl_, name, s, {whole}, 0, whole.numel(), out.data());
   return out;
 }
 

@@ -26,13 +26,24 @@ struct TensorEntry {
 uint32_t write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
                            const std::map<std::string, std::string>& metadata = {});
 
+// A validated header: the tensors (data pointing into the bytes given) and the string metadata.
+struct SafetensorsHeader {
+  std::map<std::string, TensorEntry> tensors;
+  std::map<std::string, std::string> metadata;
+};
+// Parses the header of the safetensors file `bytes` (all `size` bytes of it): every size and
+// offset is checked, and the tensors must tile the data section exactly. Throws mt::Error naming
+// `path` and the tensor.
+SafetensorsHeader parse_safetensors(const uint8_t* bytes, uint64_t size, const std::string& path);
+
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);  // reads and validates; throws mt::Error naming the file
   bool has(const std::string& name) const { return index_.count(name) != 0; }
   const TensorEntry& entry(const std::string& name) const;  // throws naming tensor and file
   std::vector<std::string> names() const;
-  // Copies tensor `name` into dst (converted to f32) after checking its shape.
+  // Copies tensor `name` into dst (converted to f32) after checking its shape; refuses integer
+  // dtypes (a float parameter stored as I32 is a corrupt or foreign file, not a number to convert).
   void read_f32(const std::string& name, const Shape& expected, float* dst) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }

@@ -75,6 +75,8 @@ OptimizerState optimizer_state(optim::Optimizer& opt, const std::vector<std::pai
 }
 
 std::string iteration_dir(const std::string& save, int64_t iteration) {
+  if (iteration == kReleaseIteration) return (fs::path(save) / "release").string();
+  MT_CHECK(iteration >= 0, "iteration {}", iteration);
   return (fs::path(save) / fmt::format("iter_{:07d}", iteration)).string();
 }
 
@@ -162,8 +164,7 @@ void stage(Saver::Job& job) {
 void write_files(Saver::Job& job, int rank) {
   for (auto& f : job.files) {
     const fs::path path = job.tmp / f.name;
-    const uint32_t crc = write_safetensors(path.string(), f.entries);
-    fsync_path(path);
+    const uint32_t crc = write_safetensors(path.string(), f.entries);  // fsynced
     if (job.o.write_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(job.o.write_delay_ms));
     // Read back: the tracker only moves past files that hold what was meant to be written.
     if (crc32_file(path.string()) != crc) fail("checkpoint file '{}' did not read back as written", path.string());
@@ -286,9 +287,11 @@ void Saver::save(const std::string& dir, const TrainingState& st, model::ParamSt
       std::error_code ec;
       fs::create_directories(dir, ec);
       if (ec) fail("--save: cannot create directory '{}': {}", dir, ec.message());
-      fs::remove_all(job->tmp, ec);  // left by a save that was killed
-      fs::create_directories(job->tmp, ec);
-      if (ec) fail("--save: cannot create '{}': {}", job->tmp.string(), ec.message());
+      fs::remove_all(job->tmp, ec);  // left by a save that was killed (a link there: the link goes)
+      // Created here and now, never an existing directory or a link planted at its name.
+      if (!fs::create_directory(job->tmp, ec) || ec)
+        fail("--save: cannot create '{}': {}", job->tmp.string(),
+             ec ? ec.message() : "something else created it meanwhile");
     } catch (const Error& e) {
       failed = 1;
       err = e.what();

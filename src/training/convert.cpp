@@ -110,7 +110,8 @@ int native_to_hf(const ConvertOptions& o) {
   checkpoint::write_hf_model(
       o.output, spec, [&](const std::string& n) { return reader.read(n); },
       [&](const std::string& n) { return reader.shape(n); }, eo);
-  std::printf("exported iteration %lld of %s as a %s model (%s) to %s\n", static_cast<long long>(it), o.input.c_str(),
+  const std::string which = it == checkpoint::kReleaseIteration ? "the release checkpoint" : fmt::format("iteration {}", it);
+  std::printf("exported %s of %s as a %s model (%s) to %s\n", which.c_str(), o.input.c_str(),
               spec.arch.c_str(), checkpoint::hf_dtype_name(eo.dtype).c_str(), o.output.c_str());
   return 0;
 }
@@ -146,7 +147,13 @@ int convert_main(const std::vector<std::string>& argv) {
   if (o.to == o.from) fail("--from and --to are both '{}'; nothing to convert", o.from);
   if (o.input.empty()) fail("--input DIR is required");
   if (o.output.empty()) fail("--output DIR is required");
-  if (fs::exists(o.output) && !fs::is_empty(o.output) && o.from == "megatron")
+  // Either direction writes a whole new directory: into an existing checkpoint it would move the
+  // tracker back to iteration 0 (and beside its files), into a HuggingFace directory mix shards.
+  std::error_code ec;
+  const auto out = fs::symlink_status(o.output, ec);
+  if (fs::exists(out) && !fs::is_directory(fs::status(o.output, ec)))
+    fail("--output '{}' exists and is not a directory; choose a new directory", o.output);
+  if (fs::exists(out) && !fs::is_empty(o.output, ec))
     fail("--output '{}' exists and is not empty; choose a new directory", o.output);
   cpu::set_num_threads(static_cast<int>(o.threads));
   return o.from == "hf" ? hf_to_native(o) : native_to_hf(o);

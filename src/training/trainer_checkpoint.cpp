@@ -73,9 +73,12 @@ void Trainer::maybe_load() {
     return;
   }
   const auto load_start = std::chrono::steady_clock::now();
+  // Megatron's "release" checkpoint: weights only, training starts at iteration 0.
+  const bool release = *it == checkpoint::kReleaseIteration;
   checkpoint::LoadOptions o;
-  o.load_optim = !args_.no_load_optim && !args_.finetune;
-  o.load_rng = !args_.no_load_rng && !args_.finetune;
+  o.load_optim = !args_.no_load_optim && !args_.finetune && !release;
+  o.load_rng = !args_.no_load_rng && !args_.finetune && !release;
+  o.orig_vocab_size = args_.model.orig_vocab_size;
   std::optional<checkpoint::OptimizerState> os;
   if (o.load_optim) os = checkpoint::optimizer_state(host_optimizer(), optimizer_ranges(), ddp_->sharded());
   auto st = checkpoint::load_checkpoint(args_.load, *it, rank_info(), model_->params(), os ? &*os : nullptr, o);
@@ -83,10 +86,19 @@ void Trainer::maybe_load() {
 #ifdef MT_HAVE_CUDA
   if (!gpu_adam_.empty() && o.load_optim) host_optimizer_to_gpu();
 #endif
-  if (args_.finetune) {
-    log_info("loaded weights from {} iteration {} (--finetune: starting at iteration 0)", args_.load, *it);
+  if (args_.finetune || release) {
+    log_info("loaded weights from {} {} ({}: starting at iteration 0)", args_.load,
+             release ? "release/" : fmt::format("iteration {}", *it),
+             release ? "a release checkpoint holds weights only" : "--finetune");
     return;
   }
+  if (st.iteration > total_iters_)
+    fail("--load {}: the checkpoint is at iteration {}, past the {} iterations this run trains (--train-iters or "
+         "--train-samples); raise them to continue, or add --finetune to start over from its weights",
+         args_.load, st.iteration, total_iters_);
+  if (st.iteration == total_iters_)
+    log_warn("--load {}: the checkpoint is at iteration {}, which is where this run ends: nothing to train", args_.load,
+             st.iteration);
   state_.iteration = st.iteration;
   state_.consumed_train_samples = st.consumed_train_samples;
   state_.scheduler_samples = st.scheduler_samples;

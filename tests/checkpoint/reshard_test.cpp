@@ -33,6 +33,8 @@ struct Layout {
   int world = 1, tp = 1, pp = 1;
   bool dist_opt = false;
   bool gpt = false;  // GPT-2 shape: tied embeddings (a replica on the last pipeline stage), LayerNorm, biases
+  int64_t vocab = kVocab;   // the true vocabulary (the data uses the first kVocab ids)
+  int64_t divisible = 16;   // --make-vocab-size-divisible-by
 };
 
 // Megatron's Llama shape (or GPT-2's), trained as the layout tests train (tests/parallel).
@@ -55,9 +57,10 @@ Arguments make_args(const Layout& l, const std::string& save, const std::string&
   a.pipeline_model_parallel_size = l.pp;
   a.use_distributed_optimizer = l.dist_opt;
   a.ddp_bucket_size = l.dist_opt ? 3000 : 0;  // several buckets: owned slices cut through tensors
+  a.make_vocab_size_divisible_by = l.divisible;
   a.save = save;
   a.load = load;
-  validate_args(a, kVocab);
+  validate_args(a, l.vocab);
   return a;
 }
 
@@ -253,6 +256,45 @@ TEST(Reshard, TP4WithTwoQueryGroupsToTP2AndTP1) {
     for (size_t i = 0; i < got.size(); ++i)
       EXPECT_LT(std::fabs(got[i] - ref[kFirst + i]) / ref[kFirst + i], 1e-5)
           << "tp4 -> tp" << l.tp << " step " << kFirst + i + 1 << ": " << got[i] << " vs " << ref[kFirst + i];
+  }
+}
+
+// The vocabulary padding depends on the TP size: 600 tokens are 640 rows at TP 1 and 768 at TP 2
+// with --make-vocab-size-divisible-by 128. The true rows reshard and the padding is made afresh
+// (zero), in both directions. The padding rows' logits take part in the softmax, so the losses
+// cannot match the run that kept its padding; they match a run that re-pads the same way under
+// its own TP size (the same 768 or 640 rows through another --make-vocab-size-divisible-by), and
+// stay close to the uninterrupted run.
+TEST(Reshard, VocabularyPaddedDifferentlyAtTP1AndTP2) {
+  const Layout tp1{.vocab = 600, .divisible = 128}, tp2{.world = 2, .tp = 2, .vocab = 600, .divisible = 128};
+  auto resume = [](const Layout& l, const std::string& dir, const char* what) {
+    run(l, kRest, "", dir, dir + ".resumed");
+    auto v = losses(dir + ".resumed");
+    EXPECT_EQ(v.size(), static_cast<size_t>(kRest)) << what;
+    return v;
+  };
+  auto expect_same = [](const std::vector<double>& got, const std::vector<double>& want, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_LT(std::fabs(got[i] - want[i]) / want[i], 1e-5) << what << " step " << i << ": " << got[i] << " vs " << want[i];
+  };
+  for (const bool up : {true, false}) {  // TP 1 (640 rows) -> TP 2 (768 rows), and back
+    const Layout& saver = up ? tp1 : tp2;
+    const Layout& loader = up ? tp2 : tp1;
+    // The loader's padding under the saver's TP size.
+    Layout same_rows = saver;
+    same_rows.divisible = up ? 256 : 64;
+    const std::string dir = tmp_root() + (up ? "/vocab_up" : "/vocab_down");
+    fs::remove_all(dir);
+    run(saver, kFirst + kRest, "", "", dir + ".full");
+    const auto full = losses(dir + ".full");
+    ASSERT_EQ(full.size(), static_cast<size_t>(kFirst + kRest));
+    run(saver, kFirst, dir, "", dir + ".first");
+    const auto got = resume(loader, dir, up ? "tp1 -> tp2" : "tp2 -> tp1");
+    const auto want = resume(same_rows, dir, up ? "tp1 -> tp1 at 768 rows" : "tp2 -> tp2 at 640 rows");
+    expect_same(got, want, up ? "tp1 -> tp2" : "tp2 -> tp1");
+    for (size_t i = 0; i < got.size(); ++i)  // close to the uninterrupted run: only the padding logits moved
+      EXPECT_LT(std::fabs(got[i] - full[kFirst + i]) / full[kFirst + i], 0.05) << "step " << kFirst + i + 1;
   }
 }
 
