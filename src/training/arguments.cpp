@@ -22,8 +22,6 @@ namespace limits = model::limits;
 constexpr int64_t kMaxMicroBatch = int64_t{1} << 20;
 constexpr int64_t kMaxGlobalBatch = int64_t{1} << 32;
 constexpr int64_t kMaxSteps = int64_t{1} << 48;          // iterations or samples
-constexpr int64_t kMaxParallel = int64_t{1} << 16;       // ranks along one parallel dimension (int)
-constexpr int64_t kMaxVocabMultiple = int64_t{1} << 20;  // --make-vocab-size-divisible-by
 constexpr int64_t kMaxBucketElements = int64_t{1} << 40;
 constexpr int64_t kMaxTimeoutMinutes = 366 * 24 * 60;    // a year; chrono converts it to ns
 

@@ -17,8 +17,11 @@
 
 namespace mt {
 
-// --num-threads of every command: an OpenMP thread count (an int), far above any machine's cores.
-inline constexpr int64_t kMaxThreads = int64_t{1} << 12;
+// Bounds shared by the commands' count flags (FlagParser IntRange): far above any real run, low
+// enough that the ints and products made from them cannot wrap.
+inline constexpr int64_t kMaxThreads = int64_t{1} << 12;         // --num-threads: an OpenMP count (int)
+inline constexpr int64_t kMaxParallel = int64_t{1} << 16;        // ranks along one parallel dimension (int)
+inline constexpr int64_t kMaxVocabMultiple = int64_t{1} << 20;   // --make-vocab-size-divisible-by
 
 struct Arguments {
   model::TransformerConfig model;

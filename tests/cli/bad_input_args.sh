@@ -68,6 +68,9 @@ expect_error "--prompt (3 tokens) + --max-new-tokens (1000000000) exceeds the mo
 expect_error "--prompt is 17 tokens but the model's context is 16" \
   generate --load "$TMP/ck" --prompt "$(seq -s ' ' 1 17)" --max-new-tokens 0
 expect_error "--num-threads: value out of range" "${GEN[@]}" --num-threads 99999999999
+expect_error "--num-threads: value out of range" convert --from hf --input "$TMP/none" --output "$TMP/out" --num-threads 99999999999
+expect_error "--max-shard-size-mb: value out of range" convert --from megatron --input "$TMP/ck" --output "$TMP/out" \
+  --max-shard-size-mb 9223372036854775807
 expect_error "--iteration: value out of range (got -1" logits --load "$TMP/ck" --input-ids x.npy --output y.npy --iteration -1
 
 # The continuation stays space-separated after the prompt (was "... 8" + "9 10" -> "... 89 10").
