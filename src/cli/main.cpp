@@ -1,11 +1,14 @@
 // megatron: one binary, several subcommands. Every user mistake surfaces as mt::Error and is
-// printed on one line with exit code 2; nothing else is caught so real bugs stay loud.
+// printed on one line with exit code 2. Any other exception (a std::bad_alloc, a library's
+// exception, even one escaping a worker thread) is printed on one line too, with exit code 1:
+// a crash dump tells a user nothing, and the line names what was being done where it can.
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/error_report.h"
 #include "training/commands.h"
 
 namespace {
@@ -30,13 +33,16 @@ int main(int argc, char** argv) {
     usage();
     return argc < 2 ? 2 : 0;
   }
-  std::string cmd = argv[1];
-  std::vector<std::string> args(argv + 2, argv + argc);
+  const std::string cmd = argv[1], prefix = "megatron " + cmd;
+  mt::report_terminate_as_error(prefix);
   try {
+    std::vector<std::string> args(argv + 2, argv + argc);
     return mt::run_command(cmd, args);
-  } catch (const mt::Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "megatron %s: error: %s\n", cmd.c_str(), e.what());
+  } catch (const mt::Error&) {
+    mt::print_error_line(prefix, mt::describe_exception(std::current_exception()));
     return 2;
+  } catch (...) {
+    mt::print_error_line(prefix, mt::describe_exception(std::current_exception()));
+    return 1;
   }
 }

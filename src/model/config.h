@@ -6,6 +6,22 @@
 
 namespace mt::model {
 
+// Upper bounds on a model's shape, whatever its source (flags, a checkpoint's state.json, an HF
+// config.json). Far above any real model (Llama 3.1 405B: 126 layers, hidden 16384, FFN 53248,
+// 128 heads of 128, 131072 positions), low enough that every size the engine derives from them
+// is checked rather than wrapped: finalize() also checks the products (BLAS dimensions within
+// int32, the parameter count within int64) before anything is allocated.
+namespace limits {
+inline constexpr int64_t kLayers = int64_t{1} << 16;
+inline constexpr int64_t kHidden = int64_t{1} << 20;
+inline constexpr int64_t kFfnHidden = int64_t{1} << 22;
+inline constexpr int64_t kHeads = int64_t{1} << 16;
+inline constexpr int64_t kHeadDim = int64_t{1} << 16;
+inline constexpr int64_t kSeqLength = int64_t{1} << 24;
+inline constexpr int64_t kVocab = (int64_t{1} << 31) - 1;  // token ids are int32
+inline constexpr int64_t kBlasDim = (int64_t{1} << 31) - 1;  // one GEMM dimension (BLAS int)
+}  // namespace limits
+
 // The half precision the CPU engine emulates (compute copy of the params and stored activations
 // rounded to it); fp32 main params and grads either way.
 enum class Half : uint8_t { None, BF16, FP16 };
@@ -65,7 +81,9 @@ struct TransformerConfig {
   bool recompute_selective() const { return recompute_granularity == "selective"; }
 
   // Fills defaults that depend on other fields, then validates; throws mt::Error naming the flag.
+  // Sizes are range-checked before any default is derived from them.
   void finalize();
+  // Overflow-checked (throws mt::Error naming the shape flags); call after finalize().
   int64_t num_parameters() const;
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/gpt_model.h"
@@ -12,6 +13,17 @@
 
 namespace mt {
 namespace {
+
+namespace limits = model::limits;
+
+// Bounds of the count flags that are not model sizes (those are model::limits): beyond anything
+// a run uses, and low enough that the products formed from them (samples = iterations x global
+// batch, tokens = micro-batch x sequence) are checked, not wrapped, in validate_args.
+constexpr int64_t kMaxMicroBatch = int64_t{1} << 20;
+constexpr int64_t kMaxGlobalBatch = int64_t{1} << 32;
+constexpr int64_t kMaxSteps = int64_t{1} << 48;          // iterations or samples
+constexpr int64_t kMaxBucketElements = int64_t{1} << 40;
+constexpr int64_t kMaxTimeoutMinutes = 366 * 24 * 60;    // a year; chrono converts it to ns
 
 struct Registered {
   FlagParser parser{"pretrain"};
@@ -22,15 +34,15 @@ struct Registered {
 void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   auto& m = a.model;
   // Model shape.
-  p.value("--num-layers", &m.num_layers, "number of transformer layers");
-  p.value("--hidden-size", &m.hidden_size, "transformer hidden size");
-  p.value("--ffn-hidden-size", &m.ffn_hidden_size, "MLP hidden size (default 4*h; SwiGLU: 8h/3 rounded to 64)");
-  p.value("--num-attention-heads", &m.num_attention_heads, "number of attention heads");
+  p.value("--num-layers", &m.num_layers, "number of transformer layers", {1, limits::kLayers});
+  p.value("--hidden-size", &m.hidden_size, "transformer hidden size", {1, limits::kHidden});
+  p.value("--ffn-hidden-size", &m.ffn_hidden_size, "MLP hidden size (default 4*h; SwiGLU: 8h/3 rounded to 64)", {1, limits::kFfnHidden});
+  p.value("--num-attention-heads", &m.num_attention_heads, "number of attention heads", {1, limits::kHeads});
   p.store_true("--group-query-attention", &a.group_query_attention, "use grouped-query attention");
-  p.value("--num-query-groups", &m.num_query_groups, "number of query groups (with --group-query-attention)");
-  p.value("--kv-channels", &m.kv_channels, "head dimension (default hidden/heads)");
-  p.value("--seq-length", &m.seq_length, "sequence length");
-  p.value("--max-position-embeddings", &m.max_position_embeddings, "positions of the learned position embedding");
+  p.value("--num-query-groups", &m.num_query_groups, "number of query groups (with --group-query-attention)", {1, limits::kHeads});
+  p.value("--kv-channels", &m.kv_channels, "head dimension (default hidden/heads)", {1, limits::kHeadDim});
+  p.value("--seq-length", &m.seq_length, "sequence length", {1, limits::kSeqLength});
+  p.value("--max-position-embeddings", &m.max_position_embeddings, "positions of the learned position embedding", {1, limits::kSeqLength});
   p.value("--normalization", &m.normalization, "normalization layer", {"LayerNorm", "RMSNorm"});
   p.value("--norm-epsilon", &m.norm_epsilon, "epsilon of the normalization layers (default 1e-5)");
   p.store_true("--swiglu", &m.swiglu, "SwiGLU MLP activation");
@@ -50,7 +62,7 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.value("--init-method-std", &m.init_method_std, "std of the normal init (default 0.02)");
   p.value("--attention-dropout", &m.attention_dropout, "attention dropout (default 0.1)");
   p.value("--hidden-dropout", &m.hidden_dropout, "hidden dropout (default 0.1)");
-  p.value("--make-vocab-size-divisible-by", &a.make_vocab_size_divisible_by, "vocab padding multiple (default 128)");
+  p.value("--make-vocab-size-divisible-by", &a.make_vocab_size_divisible_by, "vocab padding multiple (default 128)", {1, kMaxVocabMultiple});
   p.store_true("--bf16", &m.bf16, "bf16 params and activations, fp32 main params and grads");
   p.store_true("--fp16", &m.fp16, "fp16 params and activations with loss scaling, fp32 main params and grads");
   p.value("--loss-scale", &a.grad_scaler.loss_scale,
@@ -58,9 +70,9 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.value("--initial-loss-scale", &a.grad_scaler.initial_loss_scale, "initial dynamic loss scale (default 2^32)");
   p.value("--min-loss-scale", &a.grad_scaler.min_loss_scale, "minimum dynamic loss scale (default 1.0)");
   p.value("--loss-scale-window", &a.grad_scaler.loss_scale_window,
-          "clean iterations before the dynamic loss scale doubles (default 1000)");
+          "clean iterations before the dynamic loss scale doubles (default 1000)", {1, kMaxSteps});
   p.value("--hysteresis", &a.grad_scaler.hysteresis,
-          "overflowing iterations tolerated before the dynamic loss scale halves (default 2)");
+          "overflowing iterations tolerated before the dynamic loss scale halves (default 2)", {0, kMaxSteps});
   p.custom("--attention-softmax-in-fp32", false, [](const std::string&) {},
            "softmax in fp32 (always the case in megatron.cpp)");
   p.custom("--use-flash-attn", false, [](const std::string&) {}, "accepted: attention is always flash-style");
@@ -100,7 +112,7 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.value("--vocab-file", &a.tokenizer.vocab_file, "GPT-2 encoder.json");
   p.value("--merge-file", &a.tokenizer.merge_file, "GPT-2 vocab.bpe");
   p.value("--tokenizer-model", &a.tokenizer.tokenizer_model, "tokenizer.json / directory / SentencePiece .model");
-  p.value("--vocab-size", &a.tokenizer.vocab_size, "vocabulary size (NullTokenizer)");
+  p.value("--vocab-size", &a.tokenizer.vocab_size, "vocabulary size (NullTokenizer)", {1, limits::kVocab});
   p.list("--data-path", &a.data.data_path, "PREFIX or W1 PREFIX1 W2 PREFIX2 ...");
   p.list("--train-data-path", &a.data.train_data_path, "data for the train split only");
   p.list("--valid-data-path", &a.data.valid_data_path, "data for the validation split only");
@@ -112,10 +124,10 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.custom("--num-workers", true, [](const std::string&) {}, "accepted (data loading is synchronous and deterministic)");
 
   // Batch and length of training.
-  p.value("--micro-batch-size", &a.micro_batch_size, "samples per micro-batch");
-  p.value("--global-batch-size", &a.global_batch_size, "samples per iteration (gradient accumulation)");
-  p.value("--train-iters", &a.train_iters, "iterations to train");
-  p.value("--train-samples", &a.train_samples, "samples to train (instead of --train-iters)");
+  p.value("--micro-batch-size", &a.micro_batch_size, "samples per micro-batch", {1, kMaxMicroBatch});
+  p.value("--global-batch-size", &a.global_batch_size, "samples per iteration (gradient accumulation)", {1, kMaxGlobalBatch});
+  p.value("--train-iters", &a.train_iters, "iterations to train", {1, kMaxSteps});
+  p.value("--train-samples", &a.train_samples, "samples to train (instead of --train-iters)", {1, kMaxSteps});
 
   // Optimizer and learning-rate schedule.
   p.value("--optimizer", &a.optimizer.type, "optimizer", {"adam", "sgd"});
@@ -123,16 +135,16 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.value("--min-lr", &a.min_lr, "minimum learning rate");
   p.value("--lr-decay-style", &a.lr_decay_style, "decay style",
           {"constant", "linear", "cosine", "inverse-square-root", "WSD"});
-  p.value("--lr-decay-iters", &a.lr_decay_iters, "iterations of decay (default --train-iters)");
-  p.value("--lr-decay-samples", &a.lr_decay_samples, "samples of decay (default --train-samples)");
-  p.value("--lr-warmup-iters", &a.lr_warmup_iters, "iterations of linear warm-up");
-  p.value("--lr-warmup-samples", &a.lr_warmup_samples, "samples of linear warm-up");
+  p.value("--lr-decay-iters", &a.lr_decay_iters, "iterations of decay (default --train-iters)", {1, kMaxSteps});
+  p.value("--lr-decay-samples", &a.lr_decay_samples, "samples of decay (default --train-samples)", {1, kMaxSteps});
+  p.value("--lr-warmup-iters", &a.lr_warmup_iters, "iterations of linear warm-up", {0, kMaxSteps});
+  p.value("--lr-warmup-samples", &a.lr_warmup_samples, "samples of linear warm-up", {0, kMaxSteps});
   p.value("--lr-warmup-fraction", &a.lr_warmup_fraction, "warm-up as a fraction of the decay length");
   p.value("--lr-warmup-init", &a.lr_warmup_init, "learning rate at the start of warm-up");
   p.value("--lr-wsd-decay-style", &a.lr_wsd_decay_style, "WSD decay style",
           {"exponential", "linear", "cosine", "minus_sqrt"});
-  p.value("--lr-wsd-decay-iters", &a.lr_wsd_decay_iters, "iterations of the WSD decay phase");
-  p.value("--lr-wsd-decay-samples", &a.lr_wsd_decay_samples, "samples of the WSD decay phase");
+  p.value("--lr-wsd-decay-iters", &a.lr_wsd_decay_iters, "iterations of the WSD decay phase", {1, kMaxSteps});
+  p.value("--lr-wsd-decay-samples", &a.lr_wsd_decay_samples, "samples of the WSD decay phase", {1, kMaxSteps});
   p.value("--weight-decay", &a.optimizer.weight_decay, "weight decay (default 0.01)");
   p.value("--start-weight-decay", &a.start_weight_decay, "weight decay at the start (with an incr style)");
   p.value("--end-weight-decay", &a.end_weight_decay, "weight decay at the end");
@@ -146,15 +158,15 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
 
   // Run control, logging, evaluation, checkpoints.
   p.value("--seed", &a.seed, "random seed (default 1234)");
-  p.value("--log-interval", &a.log_interval, "iterations between log lines (default 100)");
+  p.value("--log-interval", &a.log_interval, "iterations between log lines (default 100)", {1, INT64_MAX});
   p.value("--timing-log-level", &a.timing_log_level,
           "0: no per-op timing on the GPU (default); 1 or 2: time op categories with CUDA events and print the "
           "breakdown at the end");
-  p.value("--eval-interval", &a.eval_interval, "iterations between evaluations (default 1000)");
-  p.value("--eval-iters", &a.eval_iters, "iterations per evaluation (default 100; 0 disables)");
+  p.value("--eval-interval", &a.eval_interval, "iterations between evaluations (default 1000)", {1, INT64_MAX});
+  p.value("--eval-iters", &a.eval_iters, "iterations per evaluation (default 100; 0 disables)", {0, kMaxSteps});
   p.value("--save", &a.save, "checkpoint directory to save to");
   p.value("--load", &a.load, "checkpoint directory to load from");
-  p.value("--save-interval", &a.save_interval, "iterations between checkpoints");
+  p.value("--save-interval", &a.save_interval, "iterations between checkpoints", {0, INT64_MAX});
   p.store_true("--no-save-optim", &a.no_save_optim, "do not save optimizer state");
   p.store_true("--no-save-rng", &a.no_save_rng, "do not save RNG state");
   p.store_true("--no-load-optim", &a.no_load_optim, "do not load optimizer state");
@@ -162,7 +174,7 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.store_true("--finetune", &a.finetune, "load weights only; start at iteration 0");
   p.store_true("--async-save", &a.async_save, "write checkpoints in a background thread while training goes on");
   p.value("--save-retain-interval", &a.save_retain_interval,
-          "keep only checkpoints of iterations divisible by this, and the latest");
+          "keep only checkpoints of iterations divisible by this, and the latest", {0, INT64_MAX});
   p.custom("--ckpt-format", true,
            [&a](const std::string& v) {
              if (v == "native") {
@@ -181,29 +193,29 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.store_true("--auto-detect-ckpt-format", &a.auto_detect_ckpt_format,
                "accepted: --load always detects native and HuggingFace directories");
   p.store_true("--eval-at-start", &a.eval_at_start, "megatron.cpp: also evaluate before the first iteration");
-  p.value("--exit-interval", &a.exit_interval, "exit after the iteration divisible by this");
+  p.value("--exit-interval", &a.exit_interval, "exit after the iteration divisible by this", {0, INT64_MAX});
   p.custom("--no-progress-bar", false, [&a](const std::string&) { a.log_progress_bar = false; },
            "no progress bar even on a terminal");
   p.value("--device", &a.device, "where to train", {"auto", "cpu", "cuda"});
-  p.value("--num-threads", &a.num_threads, "CPU threads (default: all cores)");
+  p.value("--num-threads", &a.num_threads, "CPU threads (default: all cores)", {0, kMaxThreads});
 
   // Parallelism.
-  p.value("--tensor-model-parallel-size", &a.tensor_model_parallel_size, "tensor-parallel size");
-  p.value("--pipeline-model-parallel-size", &a.pipeline_model_parallel_size, "pipeline-parallel size");
+  p.value("--tensor-model-parallel-size", &a.tensor_model_parallel_size, "tensor-parallel size", {1, kMaxParallel});
+  p.value("--pipeline-model-parallel-size", &a.pipeline_model_parallel_size, "pipeline-parallel size", {1, kMaxParallel});
   p.value("--decoder-first-pipeline-num-layers", &a.decoder_first_pipeline_num_layers,
-          "layers on the first pipeline stage (uneven split)");
+          "layers on the first pipeline stage (uneven split)", {1, limits::kLayers});
   p.value("--decoder-last-pipeline-num-layers", &a.decoder_last_pipeline_num_layers,
-          "layers on the last pipeline stage (uneven split)");
+          "layers on the last pipeline stage (uneven split)", {1, limits::kLayers});
   p.value("--num-layers-per-virtual-pipeline-stage", &a.num_layers_per_virtual_pipeline_stage,
-          "layers per virtual pipeline stage (interleaved 1F1B schedule)");
+          "layers per virtual pipeline stage (interleaved 1F1B schedule)", {1, limits::kLayers});
   p.value("--num-virtual-stages-per-pipeline-rank", &a.num_virtual_stages_per_pipeline_rank,
-          "virtual pipeline stages per pipeline rank (interleaved 1F1B schedule)");
+          "virtual pipeline stages per pipeline rank (interleaved 1F1B schedule)", {1, limits::kLayers});
   p.value("--microbatch-group-size-per-virtual-pipeline-stage", &a.microbatch_group_size_per_vp_stage,
-          "interleaved schedule: micro-batches a virtual stage runs in a row (default: pipeline size)");
+          "interleaved schedule: micro-batches a virtual stage runs in a row (default: pipeline size)", {1, kMaxGlobalBatch});
   p.custom("--no-overlap-p2p-communication", false, [](const std::string&) {},
            "accepted (no effect): pipeline point-to-point messages always overlap compute");
-  p.value("--context-parallel-size", &a.context_parallel_size, "context-parallel size");
-  p.value("--expert-model-parallel-size", &a.expert_model_parallel_size, "expert-parallel size");
+  p.value("--context-parallel-size", &a.context_parallel_size, "context-parallel size", {1, kMaxParallel});
+  p.value("--expert-model-parallel-size", &a.expert_model_parallel_size, "expert-parallel size", {1, kMaxParallel});
   p.store_true("--sequence-parallel", &a.sequence_parallel, "sequence parallelism (with TP)");
   p.store_true("--tp-comm-overlap", &a.tp_comm_overlap,
                "overlap the sequence-parallel all-gathers and reduce-scatters of the column-parallel linears with "
@@ -212,9 +224,9 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.store_true("--overlap-grad-reduce", &a.overlap_grad_reduce, "reduce gradient buckets while backward runs");
   p.store_true("--overlap-param-gather", &a.overlap_param_gather,
                "all-gather updated parameters while the next forward runs (distributed optimizer)");
-  p.value("--ddp-bucket-size", &a.ddp_bucket_size, "elements per gradient bucket (default: Megatron's)");
+  p.value("--ddp-bucket-size", &a.ddp_bucket_size, "elements per gradient bucket (default: Megatron's)", {1, kMaxBucketElements});
   p.value("--distributed-timeout-minutes", &a.distributed_timeout_minutes,
-          "how long a rank waits for the others before failing (default 10)");
+          "how long a rank waits for the others before failing (default 10)", {1, kMaxTimeoutMinutes});
   p.value("--distributed-backend", &a.distributed_backend, "collectives backend", {"nccl", "gloo"});
   p.custom("--use-cpu-initialization", false, [](const std::string&) {},
            "accepted: weights are always initialised from the full tensor on the host");
@@ -228,7 +240,7 @@ void register_flags(FlagParser& p, Arguments& a, Registered& r) {
   p.value("--recompute-method", &m.recompute_method,
           "full recomputation: uniform (groups of N layers) or block (the first N layers of each stage)",
           {"uniform", "block"});
-  p.value("--recompute-num-layers", &m.recompute_num_layers, "N for --recompute-method");
+  p.value("--recompute-num-layers", &m.recompute_num_layers, "N for --recompute-method", {0, limits::kLayers});
 
   // Megatron-LM flags that are known but not implemented yet: rejected by name.
   p.unsupported("--pipeline-model-parallel-layout", "give the split with --decoder-first-pipeline-num-layers / "
@@ -287,7 +299,8 @@ void validate_parallel_args(Arguments& a) {
   if (a.expert_model_parallel_size > 1)
     fail("--expert-model-parallel-size {} needs mixture-of-experts layers (--num-experts), not implemented yet",
          a.expert_model_parallel_size);
-  const int64_t mp = a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size;
+  const int64_t mp = checked_product({a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size},
+                                     "--tensor-model-parallel-size x --pipeline-model-parallel-size x --context-parallel-size");
   if (a.world_size % mp != 0)
     fail("world size {} is not divisible by --tensor-model-parallel-size ({}) x --pipeline-model-parallel-size ({}) x "
          "--context-parallel-size ({}); start a multiple of {} processes",
@@ -383,8 +396,9 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   if (a.attention_backend == "fused" && a.device == "cpu")
     fail("--attention-backend fused runs cuDNN on the GPU; it cannot be combined with --device cpu");
   if (a.micro_batch_size <= 0) fail("--micro-batch-size must be positive (got {})", a.micro_batch_size);
-  if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * a.data_parallel_size;
-  if (a.global_batch_size % (a.micro_batch_size * a.data_parallel_size) != 0)
+  const int64_t per_step = checked_mul(a.micro_batch_size, a.data_parallel_size, "--micro-batch-size x data-parallel size");
+  if (a.global_batch_size == 0) a.global_batch_size = per_step;
+  if (a.global_batch_size % per_step != 0)
     fail("--global-batch-size ({}) is not divisible by --micro-batch-size ({}) times data-parallel size ({})",
          a.global_batch_size, a.micro_batch_size, a.data_parallel_size);
 
@@ -400,7 +414,7 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   }
   if (a.lr_warmup_fraction >= 0 && (a.lr_warmup_iters || a.lr_warmup_samples))
     fail("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples cannot be used together");
-  if (a.optimizer.lr <= 0) fail("--lr must be positive (got {})", a.optimizer.lr);
+  validate_float_args(a);
   if (a.log_interval <= 0) fail("--log-interval must be positive (got {})", a.log_interval);
   if (a.timing_log_level < 0 || a.timing_log_level > 2)
     fail("--timing-log-level must be 0, 1 or 2 (got {})", a.timing_log_level);
@@ -410,7 +424,6 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   if (a.save_interval > 0 && a.save.empty()) fail("--save-interval needs --save DIR");
   if (a.save_retain_interval < 0) fail("--save-retain-interval must be >= 0 (got {})", a.save_retain_interval);
   if (a.save_retain_interval > 0 && a.save.empty()) fail("--save-retain-interval needs --save DIR");
-  if (a.clip_grad < 0) fail("--clip-grad must be >= 0 (got {})", a.clip_grad);
   if (a.num_threads < 0) fail("--num-threads must be >= 0 (got {})", a.num_threads);
   // Loss scaling exists for fp16 only: Megatron ignores these flags in fp32 runs (and would
   // apply --loss-scale to bf16); here they are refused so a forgotten --fp16 shows.
@@ -441,6 +454,7 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   a.data.seq_length = a.model.seq_length;
   a.data.seed = a.seed;
   a.model.finalize();
+  validate_size_products(a);
   if (a.tensor_model_parallel_size > 1)
     model::check_tensor_parallel(a.model, a.tensor_model_parallel_size, a.sequence_parallel);
   validate_pipeline_args(a, given);

@@ -17,6 +17,12 @@
 
 namespace mt {
 
+// Bounds shared by the commands' count flags (FlagParser IntRange): far above any real run, low
+// enough that the ints and products made from them cannot wrap.
+inline constexpr int64_t kMaxThreads = int64_t{1} << 12;         // --num-threads: an OpenMP count (int)
+inline constexpr int64_t kMaxParallel = int64_t{1} << 16;        // ranks along one parallel dimension (int)
+inline constexpr int64_t kMaxVocabMultiple = int64_t{1} << 20;   // --make-vocab-size-divisible-by
+
 struct Arguments {
   model::TransformerConfig model;
   int64_t make_vocab_size_divisible_by = 128;
@@ -97,6 +103,10 @@ Arguments parse_pretrain_args(const std::vector<std::string>& argv);
 void validate_args(Arguments& a, int64_t tokenizer_vocab_size);
 // The parallel-size rules (part of validate_args): sizes, world-size divisibility, derived DP.
 void validate_parallel_args(Arguments& a);
+// Parts of validate_args (arguments_numeric.cpp): the float flags' ranges (NaN-safe), and the
+// sizes formed from several count flags (samples, tokens per micro-batch) checked for overflow.
+void validate_float_args(const Arguments& a);
+void validate_size_products(const Arguments& a);
 std::string pretrain_help();
 // The pipeline-split flags, for parallel::PipelineLayout.
 parallel::PipelineOptions pipeline_options(const Arguments& a);

@@ -125,18 +125,22 @@ int convert_main(const std::vector<std::string>& argv) {
   p.value("--to", &o.to, "target format (default: the other one)", {"hf", "megatron"});
   p.value("--input", &o.input, "HuggingFace model directory, or checkpoint directory (as --save wrote it)");
   p.value("--output", &o.output, "directory to write");
-  p.value("--target-tensor-parallel-size", &o.tp, "TP size the checkpoint must suit (vocab padding; checked)");
-  p.value("--target-pipeline-parallel-size", &o.pp, "PP size the checkpoint must suit (checked)");
-  p.value("--make-vocab-size-divisible-by", &o.divisible_by, "vocab padding multiple (default 128)");
-  p.value("--seq-length", &o.seq_length, "sequence length recorded in the checkpoint (default min(max positions, 4096))");
-  p.value("--iteration", &o.iteration, "--from megatron: which iteration (default: the latest)");
+  p.value("--target-tensor-parallel-size", &o.tp, "TP size the checkpoint must suit (vocab padding; checked)",
+          {1, kMaxParallel});
+  p.value("--target-pipeline-parallel-size", &o.pp, "PP size the checkpoint must suit (checked)", {1, kMaxParallel});
+  p.value("--make-vocab-size-divisible-by", &o.divisible_by, "vocab padding multiple (default 128)",
+          {1, kMaxVocabMultiple});
+  p.value("--seq-length", &o.seq_length, "sequence length recorded in the checkpoint (default min(max positions, 4096))",
+          {1, model::limits::kSeqLength});
+  p.value("--iteration", &o.iteration, "--from megatron: which iteration (default: the latest)", {0, INT64_MAX});
   p.value("--dtype", &o.dtype, "--to hf: weight dtype (default: the original's, else bf16 for --bf16 runs, else fp32)",
           {"fp32", "bf16", "fp16", "float32", "bfloat16", "float16"});
   p.value("--hf-config-style", &o.hf_config_style, "--to hf: config.json in transformers 4.x (4) or 5.x (5) style");
   p.value("--hf-architecture", &o.hf_arch, "--to hf: model_type to write (default: recorded or inferred)",
           {"llama", "mistral", "qwen2", "qwen3", "gpt2"});
-  p.value("--max-shard-size-mb", &o.max_shard_mb, "--to hf: split larger models into shards (default 5120)");
-  p.value("--num-threads", &o.threads, "CPU threads");
+  p.value("--max-shard-size-mb", &o.max_shard_mb, "--to hf: split larger models into shards (default 5120)",
+          {1, INT64_MAX >> 20});  // bytes = MB << 20
+  p.value("--num-threads", &o.threads, "CPU threads (default: all cores)", {0, kMaxThreads});
   p.parse(argv);
   if (p.help_requested()) {
     std::fputs(p.help().c_str(), stdout);

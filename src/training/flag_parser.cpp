@@ -2,25 +2,48 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
-#include <fstream>
+#include <filesystem>
+#include <limits>
 
 #include <yaml-cpp/yaml.h>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "training/suggest.h"
 
 namespace mt {
 namespace {
 
-int64_t parse_int(const std::string& flag, const std::string& v) {
+std::string range_text(const IntRange& r) {
+  if (r.lo != INT64_MIN && r.hi != INT64_MAX) return fmt::format("; expected {} to {}", r.lo, r.hi);
+  if (r.lo != INT64_MIN) return fmt::format("; expected at least {}", r.lo);
+  if (r.hi != INT64_MAX) return fmt::format("; expected at most {}", r.hi);
+  return "; expected a 64-bit integer";
+}
+
+[[noreturn]] void out_of_range(const std::string& flag, const std::string& v, const std::string& expected) {
+  fail("{}: value out of range (got {}{})", flag, v, expected);
+}
+
+int64_t parse_int(const std::string& flag, const std::string& v, const IntRange& r = {}) {
   errno = 0;
   char* end = nullptr;
   long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno) {
-    // Accept integral floats like 1e3 as Megatron's argparse would not; keep it strict.
-    fail("{} expects an integer, got '{}'", flag, v);
-  }
+  // Integral floats like 1e3 are refused, as Megatron's argparse (type=int) refuses them.
+  if (v.empty() || *end != '\0') fail("{} expects an integer, got '{}'", flag, v);
+  if (errno == ERANGE || x < r.lo || x > r.hi) out_of_range(flag, v, range_text(r));
+  return x;
+}
+
+uint64_t parse_uint(const std::string& flag, const std::string& v) {
+  if (v.find('-') != std::string::npos) fail("{} must be non-negative, got {}", flag, v);  // strtoull wraps "-1"
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0') fail("{} expects an integer, got '{}'", flag, v);
+  if (errno == ERANGE) out_of_range(flag, v, "; expected at most 18446744073709551615");
   return x;
 }
 
@@ -28,8 +51,21 @@ double parse_float(const std::string& flag, const std::string& v) {
   errno = 0;
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || errno) fail("{} expects a number, got '{}'", flag, v);
+  if (v.empty() || *end != '\0') fail("{} expects a number, got '{}'", flag, v);
+  if (errno == ERANGE) out_of_range(flag, v, "; expected 0 or a magnitude from 2.2e-308 to 1.8e308");
+  // strtod reads "inf" and "nan": no flag means anything by them (an infinite learning rate or a
+  // NaN clip threshold would train garbage without a word).
+  if (!std::isfinite(x)) fail("{} must be a finite number, got '{}'", flag, v);
   return x;
+}
+
+// A float flag: the value must survive the conversion (not overflow to inf, not flush a non-zero to 0).
+float parse_float32(const std::string& flag, const std::string& v) {
+  const double x = parse_float(flag, v);
+  if (std::fabs(x) > std::numeric_limits<float>::max() ||
+      (x != 0.0 && std::fabs(x) < std::numeric_limits<float>::denorm_min()))
+    out_of_range(flag, v, "; expected 0 or a magnitude from 1.4e-45 to 3.4e38 (a 32-bit float)");
+  return static_cast<float>(x);
 }
 
 std::string dashed(std::string k) {
@@ -60,16 +96,12 @@ void FlagParser::store_false(const std::string& name, bool* t, const std::string
   f.set = [t](const std::string&) { *t = false; };
 }
 
-void FlagParser::value(const std::string& name, int64_t* t, const std::string& help) {
-  add(name, help).set = [t, name](const std::string& v) { *t = parse_int(name, v); };
+void FlagParser::value(const std::string& name, int64_t* t, const std::string& help, IntRange range) {
+  add(name, help).set = [t, name, range](const std::string& v) { *t = parse_int(name, v, range); };
 }
 
 void FlagParser::value(const std::string& name, uint64_t* t, const std::string& help) {
-  add(name, help).set = [t, name](const std::string& v) {
-    int64_t x = parse_int(name, v);
-    if (x < 0) fail("{} must be non-negative, got {}", name, v);
-    *t = static_cast<uint64_t>(x);
-  };
+  add(name, help).set = [t, name](const std::string& v) { *t = parse_uint(name, v); };
 }
 
 void FlagParser::value(const std::string& name, double* t, const std::string& help) {
@@ -77,7 +109,7 @@ void FlagParser::value(const std::string& name, double* t, const std::string& he
 }
 
 void FlagParser::value(const std::string& name, float* t, const std::string& help) {
-  add(name, help).set = [t, name](const std::string& v) { *t = static_cast<float>(parse_float(name, v)); };
+  add(name, help).set = [t, name](const std::string& v) { *t = parse_float32(name, v); };
 }
 
 void FlagParser::value(const std::string& name, std::string* t, const std::string& help,
@@ -128,17 +160,27 @@ void FlagParser::unknown(const std::string& name, const std::string& source) con
 }
 
 void FlagParser::apply(const Flag& f, const std::vector<std::string>& values, const std::string& source) {
-  if (f.is_list) {
-    if (values.empty()) fail("{}{} expects at least one value", source, f.name);
-    f.set_list(values);
-  } else {
-    f.set(values.empty() ? std::string() : values[0]);
+  if (f.is_list && values.empty()) fail("{}{} expects at least one value", source, f.name);
+  try {
+    if (f.is_list) f.set_list(values);
+    else f.set(values.empty() ? std::string() : values[0]);
+  } catch (const Error& e) {
+    if (source.empty()) throw;
+    fail("{}{}", source, e.what());  // a value from --config: say which file it came from
   }
   given_.erase(std::remove(given_.begin(), given_.end(), f.name), given_.end());
   given_.push_back(f.name);
 }
 
 void FlagParser::apply_yaml(const std::string& path) {
+  // A FIFO or device would hang the read, a directory would throw from yaml-cpp, and a flag file
+  // is a few KiB: refuse all of those by name before reading.
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail("--config: cannot read '{}' (no such file or not readable)", path);
+  require_regular_file(path, "--config");
+  const auto bytes = std::filesystem::file_size(path, ec);
+  if (!ec && bytes > kMaxConfigBytes)
+    fail("--config: '{}' is {} bytes; a flag file is expected to be under {} MiB", path, bytes, kMaxConfigBytes >> 20);
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
@@ -149,35 +191,41 @@ void FlagParser::apply_yaml(const std::string& path) {
   }
   if (!root.IsMap()) fail("--config: '{}' must be a mapping of flag names to values", path);
   const std::string source = "--config " + path + ": ";
-  for (const auto& kv : root) {
-    std::string name = dashed(kv.first.as<std::string>());
-    auto it = flags_.find(name);
-    if (it == flags_.end()) unknown(name, source);
-    const Flag& f = it->second;
-    const YAML::Node& v = kv.second;
-    if (!f.takes_value) {
-      bool on = false;
-      try {
-        on = v.as<bool>();
-      } catch (const YAML::Exception&) {
-        fail("{}{} is a switch: use true or false", source, name);
-      }
-      if (on) apply(f, {}, source);
-      continue;
-    }
-    std::vector<std::string> values;
-    if (v.IsSequence()) {
-      for (const auto& e : v) values.push_back(e.as<std::string>());
-    } else if (v.IsScalar()) {
-      values.push_back(v.as<std::string>());
-    } else if (v.IsNull()) {
-      continue;
-    } else {
-      fail("{}{} must be a scalar or a list", source, name);
-    }
-    if (!f.is_list && values.size() != 1) fail("{}{} takes one value", source, name);
-    apply(f, values, source);
+  try {
+    for (const auto& kv : root) apply_yaml_entry(kv.first, kv.second, source);
+  } catch (const YAML::Exception& e) {  // a shape the checks below did not foresee: still one clear line
+    fail("{}{}", source, e.what());
   }
+}
+
+void FlagParser::apply_yaml_entry(const YAML::Node& key, const YAML::Node& v, const std::string& source) {
+  if (!key.IsScalar()) fail("{}keys must be flag names (e.g. num_layers), not lists or mappings", source);
+  const std::string name = dashed(key.Scalar());
+  auto it = flags_.find(name);
+  if (it == flags_.end()) unknown(name, source);
+  const Flag& f = it->second;
+  if (!f.takes_value) {
+    bool on = false;
+    if (!v.IsScalar() || !YAML::convert<bool>::decode(v, on)) fail("{}{} is a switch: use true or false", source, name);
+    if (on) apply(f, {}, source);
+    return;
+  }
+  std::vector<std::string> values;
+  if (v.IsSequence()) {
+    for (const auto& e : v) {
+      // e.g. data_path: [[a, b]]: a flag's values are plain words, as on the command line.
+      if (!e.IsScalar()) fail("{}{}: list entries must be plain values, not nested lists or mappings", source, name);
+      values.push_back(e.Scalar());
+    }
+  } else if (v.IsScalar()) {
+    values.push_back(v.Scalar());
+  } else if (v.IsNull()) {
+    return;
+  } else {
+    fail("{}{} must be a scalar or a list", source, name);
+  }
+  if (!f.is_list && values.size() != 1) fail("{}{} takes one value", source, name);
+  apply(f, values, source);
 }
 
 void FlagParser::parse(const std::vector<std::string>& argv) {

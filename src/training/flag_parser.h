@@ -9,7 +9,18 @@
 #include <string>
 #include <vector>
 
+namespace YAML {
+class Node;
+}
+
 namespace mt {
+
+// The values an integer flag accepts; anything outside is "--flag: value out of range". Every
+// count flag gets one so a number never wraps or narrows silently later (an int cast, a product).
+struct IntRange {
+  int64_t lo = INT64_MIN;
+  int64_t hi = INT64_MAX;
+};
 
 class FlagParser {
  public:
@@ -17,8 +28,10 @@ class FlagParser {
 
   void store_true(const std::string& name, bool* target, const std::string& help);
   void store_false(const std::string& name, bool* target, const std::string& help);
-  void value(const std::string& name, int64_t* target, const std::string& help);
+  void value(const std::string& name, int64_t* target, const std::string& help, IntRange range = {});
   void value(const std::string& name, uint64_t* target, const std::string& help);
+  // Numbers must be finite (no flag here means anything by inf or nan) and, for float targets,
+  // representable as a float.
   void value(const std::string& name, double* target, const std::string& help);
   void value(const std::string& name, float* target, const std::string& help);
   void value(const std::string& name, std::string* target, const std::string& help,
@@ -51,7 +64,10 @@ class FlagParser {
   Flag& add(const std::string& name, const std::string& help);
   void apply(const Flag& f, const std::vector<std::string>& values, const std::string& source);
   void apply_yaml(const std::string& path);
+  void apply_yaml_entry(const YAML::Node& key, const YAML::Node& value, const std::string& source);
   [[noreturn]] void unknown(const std::string& name, const std::string& source) const;
+
+  static constexpr uint64_t kMaxConfigBytes = 16u << 20;
 
   std::string command_;
   std::map<std::string, Flag> flags_;

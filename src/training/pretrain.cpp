@@ -9,13 +9,16 @@
 
 #include "comm/env.h"
 #include "comm/world.h"
+#include "core/checked.h"
 #include "core/error.h"
+#include "core/error_report.h"
 #include "core/log.h"
 #include "parallel/grid.h"
 #include "parallel/process_groups.h"
 #include "kernels/cpu/threads.h"
 #include "training/commands.h"
 #include "training/convert.h"
+#include "training/memory_check.h"
 #include "training/trainer.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/dispatch.h"
@@ -34,7 +37,21 @@ std::unique_ptr<data::Tokenizer> tokenizer_for(Arguments& a) {
 
 namespace {
 int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEnv& env, int threads);
+
+// A CPU run's lower bound: this rank's fp32 parameters and gradients (plus the optimizer's
+// moments unless the distributed optimizer shards them, plus the half copy) and one
+// micro-batch's logits.
+void check_training_memory(const Arguments& a) {
+  const auto& m = a.model;
+  int64_t per_param = 8 + (a.use_distributed_optimizer ? 0 : a.optimizer.type == "adam" ? 8 : 4);
+  if (m.bf16 || m.fp16) per_param += 2;
+  const int64_t tp = a.tensor_model_parallel_size;
+  const int64_t logits = checked_product({a.micro_batch_size, m.seq_length, m.vocab_size / tp, 4},
+                                         "--micro-batch-size x --seq-length x vocabulary (logits bytes)");
+  check_host_memory(m, per_param, checked_mul(tp, a.pipeline_model_parallel_size, "model shards"), logits,
+                    "its parameters, gradients, optimizer state and one micro-batch's logits");
 }
+}  // namespace
 
 namespace {
 // --device auto picks the GPU when this build has the CUDA backend and a GPU is visible.
@@ -113,15 +130,14 @@ int pretrain_main(const std::vector<std::string>& argv) {
   auto tok = tokenizer_for(a);
   validate_args(a, tok->vocab_size());
   if (hf) apply_hf_vocab(a, *hf, tok->vocab_size(), (std::filesystem::path(a.load) / "config.json").string());
+  if (a.device == "cpu") check_training_memory(a);
   if (env.world_size == 1) return train(a, std::move(tok), env, threads);
   // Several ranks: a failure on one must end this process promptly (peers may be waiting on it,
   // and unwinding through live communicators could wait too): report and leave at once.
   try {
     return train(a, std::move(tok), env, threads);
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "megatron pretrain: error: [rank %d] %s\n", env.rank, e.what());
-    std::fflush(stderr);
+  } catch (...) {
+    print_error_line("megatron pretrain", fmt::format("[rank {}] {}", env.rank, describe_exception(std::current_exception())));
     std::_Exit(2);
   }
 }
@@ -158,14 +174,19 @@ int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEn
   const int64_t eval_runs = a.eval_iters > 0 ? iters / a.eval_interval + 2 : 0;
   int64_t num_samples[3] = {iters * gbs, eval_runs * a.eval_iters * gbs, a.eval_iters * gbs};
   // Rank 0 builds (and caches) the dataset indexes first; the others then read its caches.
+  std::optional<Activity> datasets(std::in_place, "building the datasets");
   if (world.rank() != 0) world.world()->barrier();
   auto splits = data::build_gpt_datasets(a.data, num_samples);
   if (world.rank() == 0 && env.world_size > 1) world.world()->barrier();
   if (!splits.train) fail("the train split is empty: check --split and --data-path");
+  datasets.reset();
   if (a.eval_iters > 0 && !splits.valid) log_warn("the validation split is empty: no evaluation (check --split)");
 
+  std::optional<Activity> building(std::in_place, fmt::format("building the model ({} parameters)", a.model.num_parameters()));
   Trainer trainer(a, std::move(tok), groups);
   trainer.set_data(std::move(splits.train), std::move(splits.valid));
+  building.reset();
+  Activity training("training");
   int rc = trainer.run();
   world.shutdown();
   return rc;
