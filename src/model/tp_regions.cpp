@@ -1,6 +1,7 @@
 #include "model/tp_regions.h"
 
 #include "core/error.h"
+#include "model/context.h"
 
 namespace mt::model {
 

@@ -18,7 +18,7 @@
 // output's columns, and the ranks sharing a key/value group must sum their K/V gradients.
 // Without tensor parallelism every mapping is the identity.
 #include "comm/communicator.h"
-#include "model/context.h"
+#include "model/op_times.h"
 #include "model/tensor_parallel.h"
 
 namespace mt::model {
