@@ -84,18 +84,17 @@ void SelfAttention::build(ParamStore& ps, const std::string& prefix, const Trans
   recompute_core = c.recompute_selective();
   // Whole query groups go to each TP rank; linear_qkv packs per group [q heads; k; v], so a
   // rank's groups are one contiguous block of its rows, and its heads a contiguous block of
-  // linear_proj's input columns. `cfg` keeps this rank's head and group counts.
+  // linear_proj's input columns.
   // With TP > groups (Megatron's KV replication) the weight is still split into TP contiguous
   // row blocks, which no longer align with groups: forward gathers the whole QKV activation and
   // keeps group tp_rank / (TP / groups) and this rank's H / TP query heads of it, which are heads
   // rank * H / TP onwards in the group-major order, the block linear_proj's row split gives it.
   const int n = t ? t->size() : 1;
-  full_groups = c.num_query_groups;
-  full_heads = c.num_attention_heads;
   if (n > 1) check_query_groups_tp(c, n);
-  kv_replicas = n > c.num_query_groups ? n / c.num_query_groups : 1;
-  cfg.num_attention_heads = c.num_attention_heads / n;
-  cfg.num_query_groups = kv_replicas > 1 ? 1 : c.num_query_groups / n;
+  shard.kv_replicas = n > c.num_query_groups ? n / c.num_query_groups : 1;
+  shard.local_heads = c.num_attention_heads / n;
+  shard.local_query_groups = shard.kv_replicas > 1 ? 1 : c.num_query_groups / n;
+  qkv_gather = TPRegion(shard.kv_replicas > 1 ? TPMapping::Features : TPMapping::None, t);
   qkv.build(ps, prefix + ".linear_qkv", c.hidden_size, c.qkv_out(), c.add_qkv_bias, Init::Normal,
             ParallelMode::Column, t);
   proj.build(ps, prefix + ".linear_proj", c.num_attention_heads * c.kv_channels, c.hidden_size, c.add_bias_linear,
@@ -124,13 +123,21 @@ Tensor head_norm_backward(const Norm& n, const Tensor& dy, Norm::Saved& s, PassC
 }
 
 // The attention core's parameters for this rank's heads, with the dropout this pass drew.
-cpu::AttnParams core_params(const TransformerConfig& cfg, int64_t S, int64_t B, const SelfAttention::Saved& s) {
-  const int64_t D = cfg.kv_channels;
-  cpu::AttnParams p{B, cfg.num_attention_heads, cfg.num_query_groups, S, D, 1.0f / std::sqrt(static_cast<float>(D))};
+cpu::AttnParams core_params(const AttentionShard& shard, int64_t D, int64_t S, int64_t B,
+                            const SelfAttention::Saved& s) {
+  cpu::AttnParams p{B, shard.local_heads, shard.local_query_groups, S, D, 1.0f / std::sqrt(static_cast<float>(D))};
   p.dropout_p = s.dropout_p;
   p.seed = s.seed;
   p.offset = s.offset;
   return p;
+}
+
+// The core's forward: out (in linear_proj's row layout) and lse from q, k, v; in backward
+// again under selective recomputation, with the same inputs and dropout mask.
+void core_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                  Tensor& lse, PassContext& ctx) {
+  ScopedOpTimer t(ctx.times, &OpTimes::attention);
+  ops::attention_forward_rows(p, q, k, v, out, lse);
 }
 
 // Heads [h0, h0 + n) of a [B, H, S, D] tensor, copied (B contiguous runs; any device).
@@ -150,44 +157,61 @@ Tensor place_heads(const Tensor& x, int64_t H, int64_t h0) {
 }  // namespace
 
 ops::RopeRef SelfAttention::fused_rope() const {
-  if (!rope || cfg.qk_layernorm || kv_replicas > 1) return {};
+  if (!rope || cfg.qk_layernorm || shard.kv_replicas > 1) return {};
   return {&rope->cos, &rope->sin, rope->rot_dim};
+}
+
+void SelfAttention::split_qkv(Tensor packed, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
+  ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+  const int64_t D = cfg.kv_channels;
+  if (shard.kv_replicas == 1) {
+    ops::qkv_split(packed, s.q, s.k, s.v, S, B, shard.local_query_groups, shard.local_q_per_group(), D, fused_rope());
+    return;
+  }
+  // This rank's columns of the group-interleaved QKV output do not align with groups: gather
+  // them all, split by the model's groups, and keep group rank / replicas with this rank's
+  // query heads (rank * local heads onwards, group-major), as Megatron does when groups < TP.
+  packed = qkv_gather.forward(packed, ctx.times);
+  Tensor q, k, v;
+  ops::qkv_split(packed, q, k, v, S, B, cfg.num_query_groups, cfg.q_per_group(), D);
+  const int64_t r = tp->rank(), g = r / shard.kv_replicas;
+  s.q = select_heads(q, r * shard.local_heads, shard.local_heads);
+  s.k = select_heads(k, g, 1);
+  s.v = select_heads(v, g, 1);
+}
+
+Tensor SelfAttention::merge_qkv(const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t S, int64_t B,
+                                PassContext& ctx) const {
+  ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+  const int64_t D = cfg.kv_channels;
+  if (shard.kv_replicas == 1)
+    return ops::qkv_merge(dq, dk, dv, S, B, shard.local_query_groups, shard.local_q_per_group(), D, fused_rope());
+  // The gathered activation's gradient: this rank's q heads and its group's k, v, zeros
+  // elsewhere; reduce-scattering it back to the local columns sums the K/V gradients of the
+  // ranks sharing the group (and adds only zeros to the q heads).
+  const int64_t r = tp->rank(), g = r / shard.kv_replicas, G = cfg.num_query_groups;
+  const Tensor dx = ops::qkv_merge(place_heads(dq, cfg.num_attention_heads, r * shard.local_heads),
+                                   place_heads(dk, G, g), place_heads(dv, G, g), S, B, G, cfg.q_per_group(), D);
+  return qkv_gather.backward(dx, ctx.times);
+}
+
+void SelfAttention::rotate(Tensor& q, Tensor& k, bool backward, PassContext& ctx) const {
+  ScopedOpTimer timer(ctx.times, &OpTimes::elementwise);
+  for (Tensor* t : {&q, &k}) {
+    if (backward) ops::rope_backward(*t, rope->cos, rope->sin, rope->rot_dim);
+    else ops::rope_forward(*t, rope->cos, rope->sin, rope->rot_dim);
+  }
 }
 
 Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx,
                               const Tensor* residual) const {
-  const int64_t G = cfg.num_query_groups, qpg = cfg.q_per_group(), D = cfg.kv_channels, Hq = cfg.num_attention_heads;
   s.x = x;
-  Tensor packed = qkv.forward(x, ctx);
-  if (kv_replicas > 1) {
-    // This rank's columns of the group-interleaved QKV output do not align with groups: gather
-    // them all, split by the model's groups, and keep group rank / replicas with this rank's
-    // query heads (rank * Hq onwards, group-major), as Megatron does when groups < TP.
-    {
-      ScopedOpTimer t(ctx.times, &OpTimes::communication);
-      packed = all_gather_last_dim(packed, *tp);
-    }
-    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    Tensor q, k, v;
-    ops::qkv_split(packed, q, k, v, S, B, full_groups, full_heads / full_groups, D);
-    const int64_t r = tp->rank();
-    s.q = select_heads(q, r * Hq, Hq);
-    s.k = select_heads(k, r / kv_replicas, 1);
-    s.v = select_heads(v, r / kv_replicas, 1);
-  } else {
-    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    ops::qkv_split(packed, s.q, s.k, s.v, S, B, G, qpg, D, fused_rope());
-  }
-  packed = Tensor();
+  split_qkv(qkv.forward(x, ctx), S, B, s, ctx);
   if (cfg.qk_layernorm) {
     s.q = head_norm_forward(q_norm, s.q, s.qn, ctx);
     s.k = head_norm_forward(k_norm, s.k, s.kn, ctx);
   }
-  if (rope && !fused_rope().rot_dim) {
-    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    ops::rope_forward(s.q, rope->cos, rope->sin, rope->rot_dim);
-    ops::rope_forward(s.k, rope->cos, rope->sin, rope->rot_dim);
-  }
+  if (rope && !fused_rope().rot_dim) rotate(s.q, s.k, false, ctx);
   s.dropout_p = ctx.training ? cfg.attention_dropout : 0.f;
   if (s.dropout_p > 0.f) {
     RngState* rng = ctx.region_rng(true);  // a TP region: each rank's heads get their own masks
@@ -196,10 +220,7 @@ Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, P
   }
   // The core writes its output in linear_proj's row layout (in place where cuDNN runs it).
   Tensor out, lse;
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::attention);
-    ops::attention_forward_rows(core_params(cfg, S, B, s), s.q, s.k, s.v, out, lse);
-  }
+  core_forward(core_params(shard, cfg.kv_channels, S, B, s), s.q, s.k, s.v, out, lse, ctx);
   // Selective recomputation drops the core's outputs (out and lse); backward rebuilds them from
   // q, k, v and the recorded dropout offset.
   if (!recompute_core) {
@@ -210,45 +231,21 @@ Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, P
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
-  const int64_t G = cfg.num_query_groups, qpg = cfg.q_per_group(), D = cfg.kv_channels, Hq = cfg.num_attention_heads;
-  const cpu::AttnParams p = core_params(cfg, S, B, s);
-  if (!s.out.defined()) {  // selective recomputation: the same kernel, inputs and dropout mask
-    ScopedOpTimer t(ctx.times, &OpTimes::attention);
-    ops::attention_forward_rows(p, s.q, s.k, s.v, s.out, s.lse);
-  }
+  const cpu::AttnParams p = core_params(shard, cfg.kv_channels, S, B, s);
+  if (!s.out.defined()) core_forward(p, s.q, s.k, s.v, s.out, s.lse, ctx);  // selective recomputation
   Tensor dctx = proj.backward(dy, s.out, ctx);  // both in the row layout, as the core reads them
-  Tensor dq, dk, dv, dx;
+  Tensor dq, dk, dv;
   {
     ScopedOpTimer t(ctx.times, &OpTimes::attention);
     ops::attention_backward_rows(p, s.q, s.k, s.v, s.out, s.lse, dctx, dq, dk, dv);
   }
   dctx = Tensor();
-  if (rope && !fused_rope().rot_dim) {
-    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    ops::rope_backward(dq, rope->cos, rope->sin, rope->rot_dim);
-    ops::rope_backward(dk, rope->cos, rope->sin, rope->rot_dim);
-  }
+  if (rope && !fused_rope().rot_dim) rotate(dq, dk, true, ctx);
   if (cfg.qk_layernorm) {
     dq = head_norm_backward(q_norm, dq, s.qn, ctx);
     dk = head_norm_backward(k_norm, dk, s.kn, ctx);
   }
-  if (kv_replicas > 1) {
-    // The gathered activation's gradient: this rank's q heads and its group's k, v, zeros
-    // elsewhere; reduce-scattering it back to the local columns sums the K/V gradients of the
-    // ranks sharing the group (and adds only zeros to the q heads).
-    {
-      ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-      const int64_t r = tp->rank(), g = r / kv_replicas;
-      dx = ops::qkv_merge(place_heads(dq, full_heads, r * Hq), place_heads(dk, full_groups, g),
-                          place_heads(dv, full_groups, g), S, B, full_groups, full_heads / full_groups, D);
-    }
-    ScopedOpTimer t(ctx.times, &OpTimes::communication);
-    dx = reduce_scatter_last_dim(dx, *tp);
-  } else {
-    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-    dx = ops::qkv_merge(dq, dk, dv, S, B, G, qpg, D, fused_rope());
-  }
-  Tensor dxin = qkv.backward(dx, s.x, ctx);
+  Tensor dxin = qkv.backward(merge_qkv(dq, dk, dv, S, B, ctx), s.x, ctx);
   s = Saved{};
   return dxin;
 }

@@ -21,15 +21,25 @@ struct RopeTables {
 // Fails naming the flags otherwise.
 void check_query_groups_tp(const TransformerConfig& c, int64_t tp);
 
-struct SelfAttention {
-  TransformerConfig cfg;  // heads and query groups of this TP rank
-  Linear qkv, proj;
-  // TP > query groups (Megatron's KV replication): linear_qkv stays an ordinary column split of
-  // the group-interleaved weight; forward all-gathers its output along the features, keeps
-  // this rank's KV group and its own query heads; backward reduce-scatters the gradient back,
-  // which sums the K/V gradients of the ranks sharing the group. 1: whole groups per rank.
+// This TP rank's part of the attention (SelfAttention::cfg is the whole model's shape).
+struct AttentionShard {
+  int64_t local_heads = 0;         // query heads: heads / TP
+  int64_t local_query_groups = 0;  // key/value groups: groups / TP, or 1 when replicated
+  // TP > query groups (Megatron's KV replication): the TP / groups ranks that share each
+  // key/value group. 1: whole groups per rank.
   int64_t kv_replicas = 1;
-  int64_t full_groups = 0, full_heads = 0;  // of the whole model
+  int64_t local_q_per_group() const { return local_heads / local_query_groups; }
+};
+
+struct SelfAttention {
+  TransformerConfig cfg;  // the whole model's shape
+  AttentionShard shard;   // this rank's heads and groups
+  Linear qkv, proj;
+  // Under KV replication linear_qkv stays an ordinary column split of the group-interleaved
+  // weight: its output's columns leave the TP region gathered (TPMapping::Features), forward
+  // keeps this rank's KV group and its own query heads of them, and backward's reduce-scatter
+  // of the gradient sums the K/V gradients of the ranks sharing the group. Else the identity.
+  TPRegion qkv_gather;
   const TensorParallel* tp = nullptr;
   Norm q_norm, k_norm;  // --qk-layernorm: over each head's channels, before RoPE
   const RopeTables* rope = nullptr;
@@ -57,6 +67,14 @@ struct SelfAttention {
   // nothing runs between them and the rotation: no --qk-layernorm, whole groups per rank.
   // Empty otherwise, and RoPE runs as its own op.
   ops::RopeRef fused_rope() const;
+
+ private:
+  // The steps of forward and backward, each charged to its OpTimes category.
+  // linear_qkv's output -> this rank's q, k, v ([B, heads, S, head_dim]), and back.
+  void split_qkv(Tensor packed, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
+  Tensor merge_qkv(const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t S, int64_t B, PassContext& ctx) const;
+  // RoPE run as its own op (where not fused into the split and merge); backward: the inverse.
+  void rotate(Tensor& q, Tensor& k, bool backward, PassContext& ctx) const;
 };
 
 }  // namespace mt::model

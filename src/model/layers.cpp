@@ -4,6 +4,15 @@
 
 namespace mt::model {
 
+namespace {
+// Every GEMM of a Linear runs inside this: the one place their time is charged.
+template <class F>
+auto timed_gemm(PassContext& ctx, F&& gemm) -> decltype(gemm()) {
+  ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+  return gemm();
+}
+}  // namespace
+
 void Linear::build(ParamStore& ps, const std::string& prefix, int64_t in_f, int64_t out_f, bool with_bias,
                    Init init, ParallelMode m, const TensorParallel* t, int blocks) {
   in = in_f;
@@ -17,42 +26,43 @@ void Linear::build(ParamStore& ps, const std::string& prefix, int64_t in_f, int6
   bias = with_bias ? &ps.add(prefix + ".bias", {out}, Init::Zeros, false, bsplit) : nullptr;
 }
 
-Tensor Linear::gather_rows(const Tensor& x, PassContext& ctx) const {
-  ScopedOpTimer t(ctx.times, &OpTimes::communication);
-  return all_gather_rows(x, *tp);
+const Tensor* Linear::forward_bias() const {
+  if (!bias || (mode == ParallelMode::Row && tp->rank() != 0)) return nullptr;
+  return &bias->value;
 }
 
 Tensor Linear::forward(const Tensor& x, PassContext& ctx, const Tensor* residual) const {
-  if (!residual) return forward_parallel(x, ctx);
-  MT_CHECK(fuses_residual(), "Linear::forward: a residual is added only inside a bias-free GEMM without TP");
-  ctx.before_use(weight);
-  ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-  return ops::linear_forward_residual(x, weight->value, nullptr, *residual);
-}
-
-Tensor Linear::forward_parallel(const Tensor& x, PassContext& ctx) const {
+  MT_CHECK(!residual || fuses_residual(), "Linear::forward: a residual is added only inside a bias-free GEMM without TP");
   ctx.before_use(weight);
   ctx.before_use(bias);
-  if (mode == ParallelMode::Column) {
-    if (tp->sp() && tp->overlap_comm) return forward_column_overlapped(x, ctx);
-    Tensor xf = tp->sp() ? gather_rows(x, ctx) : x;
-    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-    return ops::linear_forward(xf, weight->value, bias ? &bias->value : nullptr);
+  if (overlaps_comm()) return forward_column_overlapped(x, ctx);
+  const Tensor xf = input_region().forward(x, ctx.times);
+  Tensor y = timed_gemm(ctx, [&] {
+    return residual ? ops::linear_forward_residual(xf, weight->value, nullptr, *residual)
+                    : ops::linear_forward(xf, weight->value, forward_bias());
+  });
+  return output_region().forward(y, ctx.times);
+}
+
+Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx) const {
+  Tensor dx;
+  if (overlaps_comm()) {
+    dx = backward_column_overlapped(dy, x, ctx);
+  } else {
+    // A column-parallel input is re-gathered rather than kept gathered (as Megatron). A
+    // row-parallel output gradient, gathered from sequence shards, gives every rank the complete
+    // gradient of the replicated bias, which so stays identical without a TP reduction.
+    const Tensor xf = input_region().forward(x, ctx.times);
+    const Tensor dyf = output_region().backward(dy, ctx.times);
+    dx = timed_gemm(ctx, [&] {
+      return ops::linear_backward(dyf, xf, weight->value, weight->grad, bias ? &bias->grad : nullptr, true,
+                                  weight->take_accumulate());
+    });
+    dx = input_region().backward(dx, ctx.times);
   }
-  if (mode == ParallelMode::Row) {
-    Tensor y;
-    {
-      ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-      // The bias joins the sum once, from TP rank 0.
-      y = ops::linear_forward(x, weight->value, bias && tp->rank() == 0 ? &bias->value : nullptr);
-    }
-    ScopedOpTimer t(ctx.times, &OpTimes::communication);
-    if (tp->sp()) return reduce_scatter_rows(y, *tp);
-    all_reduce_tp(y, *tp);
-    return y;
-  }
-  ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-  return ops::linear_forward(x, weight->value, bias ? &bias->value : nullptr);
+  if (report_weight_grad) ctx.grad_ready(weight);
+  ctx.grad_ready(bias);
+  return dx;
 }
 
 // The rank's own rows of the output need only its own input rows: their GEMM runs while the
@@ -60,25 +70,15 @@ Tensor Linear::forward_parallel(const Tensor& x, PassContext& ctx) const {
 Tensor Linear::forward_column_overlapped(const Tensor& x, PassContext& ctx) const {
   const int64_t n = tp->size(), r = tp->rank(), rows = x.numel() / in;
   const Tensor x2 = x.view({rows, in});
-  Tensor xf = gathered_rows_buffer(x2, *tp);
-  comm::WorkHandle gather;
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::communication);
-    gather = all_gather_rows_async(x2, xf, *tp);
-  }
+  TPRegion::InFlight gather = input_region().start_forward(x2, ctx.times);
   Tensor y = Tensor::empty({n * rows, weight->value.dim(0)}, x.dtype(), x.device());
-  const Tensor* b = bias ? &bias->value : nullptr;
   auto rows_gemm = [&](const Tensor& in_rows, int64_t first, int64_t count) {
     if (count == 0) return;
-    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
     Tensor out_rows = y.slice(first, count);
-    ops::linear_forward_into(in_rows, weight->value, b, out_rows);
+    timed_gemm(ctx, [&] { ops::linear_forward_into(in_rows, weight->value, forward_bias(), out_rows); });
   };
   rows_gemm(x2, r * rows, rows);
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::communication);
-    gather->wait();
-  }
+  const Tensor xf = gather.wait(ctx.times);
   rows_gemm(xf.slice(0, r * rows), 0, r * rows);
   rows_gemm(xf.slice((r + 1) * rows, (n - r - 1) * rows), (r + 1) * rows, (n - r - 1) * rows);
   return y;
@@ -87,61 +87,14 @@ Tensor Linear::forward_column_overlapped(const Tensor& x, PassContext& ctx) cons
 // The input re-gather runs during the data-gradient GEMM (which does not need the input), and
 // the data gradient's reduce-scatter during the weight-gradient GEMM (which does not need it).
 Tensor Linear::backward_column_overlapped(const Tensor& dy, const Tensor& x, PassContext& ctx) const {
-  const Tensor x2 = x.view({x.numel() / in, in});
-  Tensor xf = gathered_rows_buffer(x2, *tp), dxf, dx;
-  comm::WorkHandle gather, scatter;
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::communication);
-    gather = all_gather_rows_async(x2, xf, *tp);
-  }
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-    dxf = ops::linear_backward_data(dy, weight->value);
-  }
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::communication);
-    gather->wait();
-    scatter = reduce_scatter_rows_async(dxf, dx, *tp);
-  }
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+  TPRegion::InFlight gather = input_region().start_forward(x.view({x.numel() / in, in}), ctx.times);
+  const Tensor dxf = timed_gemm(ctx, [&] { return ops::linear_backward_data(dy, weight->value); });
+  const Tensor xf = gather.wait(ctx.times);
+  TPRegion::InFlight scatter = input_region().start_backward(dxf, ctx.times);
+  timed_gemm(ctx, [&] {
     ops::linear_backward_weight(dy, xf, weight->grad, bias ? &bias->grad : nullptr, weight->take_accumulate());
-  }
-  ScopedOpTimer t(ctx.times, &OpTimes::communication);
-  scatter->wait();
-  return dx;
-}
-
-Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx) const {
-  Tensor dx;
-  if (mode == ParallelMode::Column && tp->sp() && tp->overlap_comm) {
-    dx = backward_column_overlapped(dy, x, ctx);
-  } else if (mode == ParallelMode::Column) {
-    // Re-gather the sequence-sharded input rather than keeping the gathered copy (as Megatron).
-    Tensor xf = tp->sp() ? gather_rows(x, ctx) : x;
-    {
-      ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-      dx = ops::linear_backward(dy, xf, weight->value, weight->grad, bias ? &bias->grad : nullptr, true,
-                                weight->take_accumulate());
-    }
-    ScopedOpTimer t(ctx.times, &OpTimes::communication);
-    if (tp->sp()) dx = reduce_scatter_rows(dx, *tp);
-    else all_reduce_tp(dx, *tp);
-  } else if (mode == ParallelMode::Row) {
-    // The full output gradient (gathered from sequence shards under SP) gives every rank the
-    // complete bias gradient, so the replicated bias stays identical without a TP reduction.
-    Tensor dyf = tp->sp() ? gather_rows(dy, ctx) : dy;
-    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-    dx = ops::linear_backward(dyf, x, weight->value, weight->grad, bias ? &bias->grad : nullptr, true,
-                              weight->take_accumulate());
-  } else {
-    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-    dx = ops::linear_backward(dy, x, weight->value, weight->grad, bias ? &bias->grad : nullptr, true,
-                              weight->take_accumulate());
-  }
-  if (report_weight_grad) ctx.grad_ready(weight);
-  ctx.grad_ready(bias);
-  return dx;
+  });
+  return scatter.wait(ctx.times);
 }
 
 void Norm::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& cfg, const TensorParallel* tp) {

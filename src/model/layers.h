@@ -8,14 +8,15 @@
 #include "model/context.h"
 #include "model/params.h"
 #include "model/tensor_parallel.h"
+#include "model/tp_regions.h"
 
 namespace mt::model {
 
 // None: a plain linear layer. Column: the output features are split over TP ranks (weight
-// rows; `blocks` > 1 splits each of that many stacked blocks, as fc1's [gate; up]); the input is
-// the full activation (all-gathered from sequence shards under SP). Row: the input features are
-// split (weight columns); the partial outputs are summed over TP (reduce-scattered to sequence
-// shards under SP) and the bias, replicated, is added once.
+// rows; `blocks` > 1 splits each of that many stacked blocks, as fc1's [gate; up]); the input
+// enters the TP region (TPMapping::ColumnInput). Row: the input features are split (weight
+// columns); the partial outputs leave the region summed over TP (TPMapping::RowOutput) and the
+// bias, replicated, is added once.
 enum class ParallelMode { None, Column, Row };
 
 struct Linear {
@@ -38,13 +39,19 @@ struct Linear {
   // Whether grad_ready hooks fire for the weight (off for the output layer when it shares the
   // word embedding, whose gradient is complete only after the embedding's backward).
   bool report_weight_grad = true;
-  Tensor gather_rows(const Tensor& x, PassContext& ctx) const;  // SP all-gather, timed as communication
 
  private:
-  Tensor forward_parallel(const Tensor& x, PassContext& ctx) const;  // forward without the residual
+  // The input's way into the GEMM and the output's way out, from the mode (also for a Linear
+  // made without build, as GPTModel's output layer): identity both, unless column (input) or
+  // row (output) parallel.
+  TPRegion input_region() const { return {mode == ParallelMode::Column ? TPMapping::ColumnInput : TPMapping::None, tp}; }
+  TPRegion output_region() const { return {mode == ParallelMode::Row ? TPMapping::RowOutput : TPMapping::None, tp}; }
   // Column-parallel under SP with TensorParallel::overlap_comm (--tp-comm-overlap).
+  bool overlaps_comm() const { return mode == ParallelMode::Column && tp->sp() && tp->overlap_comm; }
   Tensor forward_column_overlapped(const Tensor& x, PassContext& ctx) const;
   Tensor backward_column_overlapped(const Tensor& dy, const Tensor& x, PassContext& ctx) const;
+  // The bias forward adds: a row-parallel layer's joins the sum once, from TP rank 0.
+  const Tensor* forward_bias() const;
 };
 
 struct Norm {

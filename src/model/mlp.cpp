@@ -1,14 +1,14 @@
 #include "model/mlp.h"
 
+#include "core/error.h"
 #include "kernels/ops.h"
 
 namespace mt::model {
 
 void MLP::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const TensorParallel* tp) {
   cfg = c;
-  // fc1 is column-parallel with [gate_r; up_r] per rank under SwiGLU, fc2 row-parallel; the
-  // activation runs on this rank's ffn_hidden_size / TP columns.
-  cfg.ffn_hidden_size = c.ffn_hidden_size / (tp ? tp->size() : 1);
+  // fc1 is column-parallel with [gate_r; up_r] per rank under SwiGLU, fc2 row-parallel.
+  local_ffn = c.ffn_hidden_size / (tp ? tp->size() : 1);
   fc1.build(ps, prefix + ".linear_fc1", c.hidden_size, c.fc1_out(), c.add_bias_linear, Init::Normal,
             ParallelMode::Column, tp, c.swiglu ? 2 : 1);
   fc2.build(ps, prefix + ".linear_fc2", c.ffn_hidden_size, c.hidden_size, c.add_bias_linear, Init::ScaledNormal,
@@ -22,6 +22,7 @@ Tensor MLP::forward(const Tensor& x, Saved& s, PassContext& ctx, const Tensor* r
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     s.a = cfg.swiglu ? ops::swiglu_forward(s.h) : ops::gelu_forward(s.h, cfg.openai_gelu);
   }
+  MT_CHECK(s.a.dim(-1) == local_ffn, "MLP activation of {} columns, expected {} on this rank", s.a.dim(-1), local_ffn);
   return fc2.forward(s.a, ctx, residual);
 }
 

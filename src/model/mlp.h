@@ -5,7 +5,8 @@
 namespace mt::model {
 
 struct MLP {
-  TransformerConfig cfg;
+  TransformerConfig cfg;  // the whole model's shape
+  int64_t local_ffn = 0;  // this rank's ffn_hidden_size / TP columns, where the activation runs
   Linear fc1, fc2;
   struct Saved {
     Tensor x, h, a;  // input, fc1 output, activation output

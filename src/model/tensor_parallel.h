@@ -1,11 +1,8 @@
 #pragma once
-// Tensor parallelism as Megatron does it: the TP group, and the mappings between regions of
-// activations [rows, h] whose rows are Megatron's [s, b] order flattened (seq-major), so a
-// sequence shard under --sequence-parallel is a contiguous block of rows.
-//   without SP: column-parallel input is replicated (backward: all-reduce dx); row-parallel
-//               output is summed over TP (forward: all-reduce).
-//   with SP:    column-parallel input is all-gathered along the sequence (backward:
-//               reduce-scatter); row-parallel output is reduce-scattered along the sequence.
+// Tensor parallelism as Megatron does it: the TP group, and the collectives that map between
+// regions of activations [rows, h] whose rows are Megatron's [s, b] order flattened (seq-major),
+// so a sequence shard under --sequence-parallel is a contiguous block of rows. Which collective
+// runs where, forward and backward, is tp_regions.h's table; layers go through it.
 // Tensors are fp32, or bf16 on the GPU (communicated in bf16, as Megatron does for activations).
 #include "comm/communicator.h"
 #include "core/tensor.h"

@@ -20,6 +20,7 @@
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/vocab_parallel.h"
 #include "model/gpt_model.h"
+#include "model/recording_comm.h"
 #include "model/vocab_parallel.h"
 
 namespace mt::model {
@@ -222,51 +223,7 @@ TEST(GpuVocabParallel, EmbeddingOfTwoRanksMatchesCpu) {
   check_embedding(40);  // scalar path (40 bf16 = 80 bytes per row)
 }
 
-// A two-rank group that communicates nothing and records what it was asked to do.
-class RecordingComm final : public comm::Communicator {
- public:
-  struct Call {
-    const void* buf;
-    size_t count;
-    comm::DataType type;
-  };
-  std::vector<Call> calls;
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  const std::vector<int>& world_ranks() const override { return ranks_; }
-  const std::string& name() const override { return name_; }
-  comm::WorkHandle all_reduce_async(void* buf, size_t count, comm::DataType t, comm::ReduceOp) override {
-    return record(buf, count, t);
-  }
-  comm::WorkHandle reduce_scatter_async(const void* in, void*, size_t count, comm::DataType t,
-                                        comm::ReduceOp) override {
-    return record(in, count, t);
-  }
-  comm::WorkHandle all_gather_async(const void* in, void*, size_t count, comm::DataType t) override {
-    return record(in, count, t);
-  }
-  comm::WorkHandle broadcast_async(void* buf, size_t count, comm::DataType t, int) override {
-    return record(buf, count, t);
-  }
-  comm::WorkHandle all_to_all_async(const void* in, void*, size_t count, comm::DataType t) override {
-    return record(in, count, t);
-  }
-  comm::WorkHandle send_async(const void* buf, size_t count, comm::DataType t, int) override {
-    return record(buf, count, t);
-  }
-  comm::WorkHandle recv_async(void* buf, size_t count, comm::DataType t, int) override {
-    return record(buf, count, t);
-  }
-  comm::WorkHandle barrier_async() override { return comm::done_work(); }
-
- private:
-  comm::WorkHandle record(const void* buf, size_t count, comm::DataType t) {
-    calls.push_back({buf, count, t});
-    return comm::done_work();
-  }
-  std::vector<int> ranks_{0, 1};
-  std::string name_ = "recording";
-};
+using mt::testing::RecordingComm;
 
 TEST(GpuTensorParallel, CollectivesSendBf16DeviceTensorsAsBf16) {
   MT_REQUIRE_GPU();
