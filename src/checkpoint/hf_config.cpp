@@ -4,6 +4,7 @@
 
 #include "checkpoint/io_util.h"
 #include "checkpoint/json_fields.h"
+#include "checkpoint/model_bounds.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -15,11 +16,6 @@ const char* kSupported = "llama, mistral, qwen2, qwen3, gpt2";
 
 // A float setting as the decimal it was written as (1e-05, not 9.999999747378752e-06).
 double shortest(float x) { return std::stod(fmt::format("{}", x)); }
-
-// Bounds on a config's sizes: beyond every published model, and small enough that products of
-// them (parameter counts, buffer sizes) cannot overflow 64 bits.
-constexpr int64_t kMaxLayers = 1 << 14, kMaxHidden = 1 << 18, kMaxFfn = 1 << 20, kMaxHeads = 1 << 14,
-                  kMaxHeadDim = 1 << 14, kMaxVocab = 1 << 26, kMaxPositions = 1 << 26;
 
 // A float setting that must be positive and at most `hi`.
 double positive_or(const JsonFields& f, const char* key, double dflt, double hi) {

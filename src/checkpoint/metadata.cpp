@@ -2,6 +2,7 @@
 
 #include "checkpoint/io_util.h"
 #include "checkpoint/json_fields.h"
+#include "checkpoint/model_bounds.h"
 #include "core/checked.h"
 #include "core/error.h"
 
@@ -52,6 +53,39 @@ Piece parse_piece(const nlohmann::json& j, const std::string& what, const Shape&
   pc.flat_lo = flat[0];
   pc.flat_hi = flat[1];
   return pc;
+}
+
+// The model arguments the checkpoint was saved with (generate, logits and convert build the model
+// from them): sizes within the bounds a HF config has, flags and names of their JSON types. Keys
+// added in later versions may be absent.
+void check_model_args(const JsonFields& a) {
+  const int64_t heads = a.integer("num_attention_heads", 1, kMaxHeads);
+  a.integer("num_layers", 1, kMaxLayers);
+  a.integer("hidden_size", 1, kMaxHidden);
+  a.integer("ffn_hidden_size", 1, kMaxFfn);
+  const int64_t groups = a.integer("num_query_groups", 1, heads);
+  if (heads % groups != 0)
+    fail("{}: num_attention_heads ({}) must be divisible by num_query_groups ({})", a.where(), heads, groups);
+  a.integer("kv_channels", 1, kMaxHeadDim);
+  a.integer("seq_length", 1, kMaxPositions);
+  a.integer("max_position_embeddings", 0, kMaxPositions);
+  const int64_t vocab = a.integer("vocab_size", 1, kMaxVocab);
+  a.integer("orig_vocab_size", 1, vocab);
+  a.integer("tokenizer_vocab_size", 0, kMaxVocab);
+  a.integer_or("rope_original_max_position", 8192, 1, kMaxPositions);
+  for (const char* k : {"norm_epsilon", "rotary_base"})
+    if (json_number(a.at(k), a.what(k), 0, 1e15) <= 0) fail("{} must be positive", a.what(k));
+  if (json_number(a.at("rotary_percent"), a.what("rotary_percent"), 0, 1) <= 0)
+    fail("{} must be positive", a.what("rotary_percent"));
+  for (const char* k : {"rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor"})
+    if (a.number_or(k, 1.0, 0, 1e6) <= 0) fail("{} must be positive", a.what(k));
+  for (const char* k : {"swiglu", "openai_gelu", "add_bias_linear", "add_qkv_bias",
+                        "untie_embeddings_and_output_weights", "bf16"})
+    a.boolean(k);
+  for (const char* k : {"rope_scaling", "qk_layernorm", "fp16"}) a.boolean_or(k, false);
+  for (const char* k : {"normalization", "position_embedding_type", "tokenizer_type", "vocab_file", "merge_file",
+                        "tokenizer_model"})
+    json_string(a.at(k), a.what(k));
 }
 
 }  // namespace
@@ -128,7 +162,7 @@ TrainingState parse_state(const nlohmann::json& j, const std::string& where, int
                                             g.integer("hysteresis_tracker", -kMaxIteration, kMaxIteration)};
   }
   st.args = s.at("args");
-  if (!st.args.is_object()) fail("{} must be an object, got {}", s.what("args"), json_brief(st.args));
+  check_model_args(JsonFields(st.args, s.what("args")));
   return st;
 }
 

@@ -121,46 +121,53 @@ TEST(BadMetadata, FileNamesStayInsideTheCheckpoint) {
 // --- state.json ------------------------------------------------------------------------------
 
 json good_state() {
-  return json::parse(R"({"iteration": 10, "consumed_train_samples": 40, "consumed_valid_samples": 0,
+  json s = json::parse(R"({"iteration": 10, "consumed_train_samples": 40, "consumed_valid_samples": 0,
     "optimizer_steps": 9, "scheduler_samples": 36, "has_optimizer": true, "has_rng": true, "rng_seed": 1234,
     "rng_offset": 77, "skipped_iterations": 1, "nan_iterations": 1,
-    "grad_scaler": {"scale": 1024.0, "growth_tracker": 3, "hysteresis_tracker": -1}, "args": {}})");
+    "grad_scaler": {"scale": 1024.0, "growth_tracker": 3, "hysteresis_tracker": -1}})");
+  s["args"] = model_args_to_json(test::tiny_llama_args());
+  s["args"]["ffn_hidden_size"] = 64;  // as finalize() leaves them
+  s["args"]["kv_channels"] = 8;
+  s["args"]["vocab_size"] = 48;
+  s["args"]["orig_vocab_size"] = 40;
+  return s;
 }
 
 TEST(BadState, CountsAreTypedRangedAndAgreeWithTheTracker) {
   auto parse = [](const json& j, int64_t it = 10) { return checkpoint::parse_state(j, "/c/state.json", it); };
+  // good_state() with one key (of args, when `arg`) set to `v`.
+  auto with = [](const char* key, const json& v, bool arg = false) {
+    json j = good_state();
+    (arg ? j["args"] : j)[key] = v;
+    return j;
+  };
   EXPECT_EQ(parse(good_state()).scheduler_samples, 36);
   EXPECT_EQ(parse(good_state(), checkpoint::kReleaseIteration).iteration, 10);  // release: any iteration
-  json j = good_state();
-  j["iteration"] = -5;  // trained iterations -4...12 while the log said 10
-  EXPECT_ERROR(parse(j), "'/c/state.json': iteration must be an integer between 0 and 1000000000000, got -5");
-  j["iteration"] = 1e15;  // exited 0 without training
-  EXPECT_ERROR(parse(j), "iteration must be an integer between 0 and 1000000000000, got 1e+15");
+  // -5 trained iterations -4...12 while the log said 10; 1e15 exited 0 without training.
+  EXPECT_ERROR(parse(with("iteration", -5)),
+               "'/c/state.json': iteration must be an integer between 0 and 1000000000000, got -5");
+  EXPECT_ERROR(parse(with("iteration", 1e15)), "iteration must be an integer between 0 and 1000000000000, got 1e+15");
   EXPECT_ERROR(parse(good_state(), 7), "iteration is 10, but the checkpoint directory is iteration 7");
-  j = good_state();
-  j["optimizer_steps"] = 11;
-  EXPECT_ERROR(parse(j), "optimizer_steps must be an integer between 0 and 10, got 11");
-  j = good_state();
-  j["scheduler_samples"] = 41;
-  EXPECT_ERROR(parse(j), "scheduler_samples must be an integer between 0 and 40");
-  j = good_state();
-  j["consumed_train_samples"] = 40.5;
-  EXPECT_ERROR(parse(j), "consumed_train_samples must be an integer, got 40.5");
-  j = good_state();
-  j["rng_offset"] = -1;
-  EXPECT_ERROR(parse(j), "rng_offset must be an integer between 0 and");
-  j = good_state();
-  j["has_rng"] = 1;
-  EXPECT_ERROR(parse(j), "has_rng must be true or false, got 1");
-  j = good_state();
-  j["grad_scaler"]["scale"] = 0;
-  EXPECT_ERROR(parse(j), "grad_scaler: scale must be positive");
-  j = good_state();
-  j["grad_scaler"]["scale"] = 1e39;  // beyond a float
-  EXPECT_ERROR(parse(j), "grad_scaler: scale must be a number between");
-  j = good_state();
+  EXPECT_ERROR(parse(with("optimizer_steps", 11)), "optimizer_steps must be an integer between 0 and 10, got 11");
+  EXPECT_ERROR(parse(with("scheduler_samples", 41)), "scheduler_samples must be an integer between 0 and 40");
+  EXPECT_ERROR(parse(with("consumed_train_samples", 40.5)), "consumed_train_samples must be an integer, got 40.5");
+  EXPECT_ERROR(parse(with("rng_offset", -1)), "rng_offset must be an integer between 0 and");
+  EXPECT_ERROR(parse(with("has_rng", 1)), "has_rng must be true or false, got 1");
+  EXPECT_ERROR(parse(with("grad_scaler", {{"scale", 0}, {"growth_tracker", 0}, {"hysteresis_tracker", 0}})),
+               "grad_scaler: scale must be positive");
+  EXPECT_ERROR(parse(with("grad_scaler", {{"scale", 1e39}})), "grad_scaler: scale must be a number between");
+  json j = good_state();
   j.erase("args");
   EXPECT_ERROR(parse(j), "'/c/state.json': key 'args' is missing");
+  // The model arguments generate, logits and convert build the model from.
+  EXPECT_ERROR(parse(with("num_layers", 1e9, true)),
+               "'/c/state.json': args: num_layers must be an integer between 1 and 16384");
+  EXPECT_ERROR(parse(with("hidden_size", 32.5, true)), "args: hidden_size must be an integer, got 32.5");
+  EXPECT_ERROR(parse(with("num_query_groups", 3, true)),
+               "num_attention_heads (4) must be divisible by num_query_groups (3)");
+  EXPECT_ERROR(parse(with("orig_vocab_size", 49, true)), "args: orig_vocab_size must be an integer between 1 and 48");
+  EXPECT_ERROR(parse(with("swiglu", "yes", true)), "args: swiglu must be true or false");
+  EXPECT_ERROR(parse(with("norm_epsilon", 0, true)), "args: norm_epsilon must be positive");
 }
 
 // --- HF config.json --------------------------------------------------------------------------
