@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace mt::data {
 
@@ -20,7 +21,9 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns)
   std::vector<std::string> files;
   for (const auto& p : patterns) {
     if (p.find_first_of("*?[") == std::string::npos) {
-      if (!std::filesystem::is_regular_file(p)) fail("--input {}: no such file", p);
+      // A FIFO or device would block or never end; stdin ('-') is not an input either, as in
+      // Megatron's tools/preprocess_data.py, which opens --input as a file.
+      require_regular_file(p, "--input");
       files.push_back(p);
       continue;
     }
