@@ -70,9 +70,11 @@ TEST(Linear, GradCheckAndAccumulation) {
   for (size_t i = 0; i < db2.size(); ++i) EXPECT_NEAR(db2[i], db0[i] + 2 * db[i], 1e-12);
 }
 
-// Both thread pools vary: OpenMP (bias reduction) and OpenBLAS (the gemms). Each gemm has a
-// reduction length (K = 520, N = 700, M = 300) that OpenBLAS alone splits differently with
-// 1 and several threads.
+// Both thread pools vary: OpenMP (our gemm tiles, the bias reduction) and OpenBLAS (which the
+// gemm must keep single-threaded inside a tile). The shapes give several tiles and edge tiles,
+// and reduction lengths (K = 520, N = 700, M = 300) that OpenBLAS alone would split differently
+// with 1 and several threads. Run also under OPENBLAS_CORETYPE=Haswell and Zen, whose edge
+// kernels sum in another order than the main kernel (the test must pass for any kernel family).
 TEST(Linear, BitIdenticalAcrossThreadCounts) {
   const int64_t M = 300, N = 700, K = 520;
   auto x = random_vec<float>(M * K, 10), w = random_vec<float>(N * K, 11), r = random_vec<float>(M * N, 12);

@@ -1,12 +1,14 @@
 // Linear layer on OpenBLAS. y = x @ w^T with Megatron's [out, in] weight layout, so every
 // product is a gemm with a transpose flag and no copies.
 //
-// Thread-count invariance: OpenBLAS splits a long reduction dimension into blocks of about its
-// GEMM_Q (a few hundred), and its single- and multi-threaded drivers round that split
-// differently when GEMM_Q < k < 2 GEMM_Q, so results changed with the OpenBLAS thread count
-// (seen for sgemm with k = 520). We cut the reduction into fixed chunks of kKChunk, below any
-// GEMM_Q, and accumulate them in order: OpenBLAS never splits k itself, and only partitions
-// the output across threads, which does not change any element's arithmetic.
+// Thread-count invariance: how OpenBLAS splits a gemm across its threads changes which
+// micro-kernel (main or edge, each with its own summation order on some kernel families, e.g.
+// OPENBLAS_CORETYPE=Haswell or Zen) computes a given output element, and for k between GEMM_Q
+// and 2 GEMM_Q its single- and multi-threaded drivers also split the reduction differently. So
+// we control the split ourselves: the output is cut into fixed tiles of kTileM x kTileN, our
+// OpenMP threads share the tiles, and each tile is one single-threaded OpenBLAS call per
+// reduction chunk of kKChunk (below any GEMM_Q), accumulated in order. Every element's arithmetic
+// then depends only on the shapes, never on the thread count or the CPU's core count.
 #include <cblas.h>
 
 #include <algorithm>
@@ -37,17 +39,36 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
 }
 
 constexpr int64_t kKChunk = 128;
+constexpr int64_t kTileM = 256, kTileN = 256;
 
-// C[m,n] = op(A) @ op(B) + beta * C with the k-reduction done chunk by chunk (see above).
-// op(A) is [m,k] (A stored [k,m] when ta); op(B) is [k,n] (B stored [n,k] when tb).
+// OpenBLAS runs single-threaded inside our tiles (its pthread pool would otherwise split each
+// tile again, by its own thread count). The setting is global: it is made here, outside the
+// parallel region, so whoever changed it since (a test, an embedding program) cannot undo it.
+void blas_single_threaded() {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+// C[m,n] = op(A) @ op(B) + beta * C, tile by tile, each tile's k-reduction chunk by chunk (see
+// above). op(A) is [m,k] (A stored [k,m] when ta); op(B) is [k,n] (B stored [n,k] when tb).
 template <typename T>
 void gemm_fixed_k(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
                   int64_t ldb, T beta, T* c, int64_t ldc) {
-  for (int64_t k0 = 0; k0 < k; k0 += kKChunk) {
-    const int64_t kk = std::min(kKChunk, k - k0);
-    const T* ak = ta ? a + k0 * lda : a + k0;
-    const T* bk = tb ? b + k0 : b + k0 * ldb;
-    gemm(ta, tb, m, n, kk, T(1), ak, lda, bk, ldb, k0 == 0 ? beta : T(1), c, ldc);
+  blas_single_threaded();
+  const int64_t tiles_m = (m + kTileM - 1) / kTileM, tiles_n = (n + kTileN - 1) / kTileN;
+  const int64_t tiles = tiles_m * tiles_n;
+#pragma omp parallel for schedule(dynamic, 1) if (tiles > 1 && m * n * k > (1 << 18))
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t i0 = (t / tiles_n) * kTileM, j0 = (t % tiles_n) * kTileN;
+    const int64_t mm = std::min(kTileM, m - i0), nn = std::min(kTileN, n - j0);
+    const T* at = ta ? a + i0 : a + i0 * lda;
+    const T* bt = tb ? b + j0 * ldb : b + j0;
+    T* ct = c + i0 * ldc + j0;
+    for (int64_t k0 = 0; k0 < k; k0 += kKChunk) {
+      const int64_t kk = std::min(kKChunk, k - k0);
+      const T* ak = ta ? at + k0 * lda : at + k0;
+      const T* bk = tb ? bt + k0 : bt + k0 * ldb;
+      gemm(ta, tb, mm, nn, kk, T(1), ak, lda, bk, ldb, k0 == 0 ? beta : T(1), ct, ldc);
+    }
   }
 }
 
