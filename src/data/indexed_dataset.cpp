@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace mt::data {
 
@@ -117,12 +118,19 @@ bool indexed_dataset_exists(const std::string& prefix) {
 // ---------------------------------------------------------------- MappedFile
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK so that a FIFO cannot block the open (it would wait for a writer forever); the
+  // fstat below then refuses anything but a regular file (FIFO, device, directory).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail("cannot open {}: {}", path, errno_text());
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     fail("cannot stat {}: {}", path, errno_text());
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    require_regular_file(path, "data file");  // names what it is
+    fail("data file: '{}' is not a regular file; name a plain file", path);
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {
@@ -170,6 +178,8 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
     fail("dataset {} not found: need both {} and {} (write them with 'megatron preprocess')",
          prefix, ip, bp);
   }
+  require_regular_file(ip, "dataset " + prefix);
+  require_regular_file(bp, "dataset " + prefix);
   idx_ = MappedFile(ip);
   bin_ = MappedFile(bp);
   validate();

@@ -1,10 +1,10 @@
 #include "data/numpy_npy.h"
 
-
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace mt::data {
@@ -50,11 +50,7 @@ NpyArray::NpyArray(std::string descr, std::vector<int64_t> shape)
   owned_.assign(static_cast<size_t>(numel()) * itemsize_, 0);
 }
 
-int64_t NpyArray::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape_) n *= d;
-  return n;
-}
+int64_t NpyArray::numel() const { return checked_product(shape_, "npy array shape"); }
 
 int64_t NpyArray::at(int64_t i) const {
   const uint8_t* p = bytes() + static_cast<size_t>(i) * itemsize_;
@@ -130,7 +126,9 @@ NpyArray NpyArray::load(const std::string& path) {
   if (a.itemsize_ == 0) fail("{} holds dtype '{}', not one of <i2 <i4 <u4 <i8", path, a.descr_);
   if (field(h, "fortran_order") != "False") fail("{} is Fortran-ordered; expected C order", path);
   const std::string shape = field(h, "shape");
-  if (shape.size() < 2) fail("{} has no shape in its .npy header", path);
+  if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')') {
+    fail("{} has no shape tuple in its .npy header", path);
+  }
   size_t i = 1;
   while (i < shape.size() - 1) {
     while (i < shape.size() - 1 && (shape[i] == ' ' || shape[i] == ',')) ++i;
@@ -146,11 +144,15 @@ NpyArray NpyArray::load(const std::string& path) {
     i += used;
   }
   a.offset_ = start + hlen;
-  const int64_t n = a.numel();
-  if (n < 0 || static_cast<uint64_t>(n) > (size - a.offset_) / a.itemsize_ ||
-      a.offset_ + static_cast<size_t>(n) * a.itemsize_ != size) {
+  // The shape comes from the file: its product and byte size are checked for overflow before
+  // they are compared with the file size (a wrapped product would pass as a small array).
+  const std::string what = fmt::format("{}: .npy shape {}", path, shape);
+  const int64_t n = checked_product(a.shape_, what);
+  const int64_t nbytes = checked_mul(n, static_cast<int64_t>(a.itemsize_), what);
+  const uint64_t have = size - a.offset_;
+  if (static_cast<uint64_t>(nbytes) != have) {
     fail("{} is truncated or corrupt: shape {} of {} needs {} data bytes, the file has {}", path,
-         shape, a.descr_, n * static_cast<int64_t>(a.itemsize_), size - a.offset_);
+         shape, a.descr_, nbytes, have);
   }
   return a;
 }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "core/error.h"
@@ -47,9 +48,7 @@ std::string key_prefix(const PreprocessArgs& a, const std::string& key) {
   return a.output_prefix + "_" + key + "_document";
 }
 
-}  // namespace
-
-int preprocess_main(const std::vector<std::string>& args) {
+int run_preprocess(const std::vector<std::string>& args) {
   const PreprocessArgs a = parse_preprocess_args(args);
   if (a.help) {
     std::fputs(preprocess_help().c_str(), stdout);
@@ -143,8 +142,8 @@ int preprocess_main(const std::vector<std::string>& args) {
   } partition_files;
   for (auto& row : writers) {
     for (auto& w : row) {
+      if (round_robin) partition_files.prefixes.push_back(w->prefix());  // before a half-done finalize
       w->finalize();
-      if (round_robin) partition_files.prefixes.push_back(w->prefix());
     }
   }
   for (size_t k = 0; k < nkeys; ++k) {
@@ -166,6 +165,24 @@ int preprocess_main(const std::vector<std::string>& args) {
                  first_skipped.c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+int preprocess_main(const std::vector<std::string>& args) {
+  // Any failure unwinds run_preprocess, whose writers remove their temporary files; exceptions
+  // that are not the project's own (out of memory in a worker, a thread that cannot start)
+  // become one clear error here instead of escaping and aborting without that clean-up.
+  try {
+    return run_preprocess(args);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    fail("preprocess ran out of memory; use fewer --workers, split very long lines, or give it more "
+         "memory (temporary files were removed)");
+  } catch (const std::exception& e) {
+    fail("preprocess failed: {} (temporary files were removed)", e.what());
+  }
 }
 
 }  // namespace mt::data

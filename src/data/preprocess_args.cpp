@@ -1,7 +1,11 @@
 #include "data/preprocess_args.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
+#include <thread>
 
 #include "core/error.h"
 #include "core/suggest.h"
@@ -26,7 +30,7 @@ const Flag kFlags[] = {
     {"--tokenizer-model", "PATH", "tokenizer.json / SentencePiece model / HF directory"},
     {"--vocab-size", "N", "vocabulary size (NullTokenizer)"},
     {"--append-eod", "", "append the tokenizer's EOD id to every non-empty document"},
-    {"--workers", "N", "tokenizer threads (default: one per hardware thread); output does not depend on it"},
+    {"--workers", "N", "tokenizer threads (default: one per hardware thread, at most 4 per hardware thread); output does not depend on it"},
     {"--partitions", "N", "order documents like Megatron's N-partition run (round-robin over lines)"},
     {"--keep-sequential-samples", "", "with --partitions, keep the input order (as Megatron does)"},
     {"--log-interval", "N", "print progress every N documents (default 1000)"},
@@ -49,10 +53,44 @@ const std::pair<const char*, const char*> kUnsupported[] = {
 int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
   int64_t x = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec == std::errc::result_out_of_range) fail("{} {} is out of range", flag, v);
   if (ec != std::errc() || p != v.data() + v.size() || x < min) {
     fail("{} expects an integer >= {} (got '{}')", flag, min, v);
   }
   return x;
+}
+
+// Tokenizing is CPU-bound and every worker holds its own tokenizer (tens of MB for GPT-2's), so
+// threads beyond a few per hardware thread only cost memory and start-up time.
+constexpr int64_t kWorkersPerThread = 4;
+// Each partition keeps three files open per JSON key with write buffers; Megatron's runs use a
+// handful of partitions.
+constexpr int64_t kMaxPartitions = 256;
+constexpr int64_t kFilesPerWriter = 3;
+
+int64_t max_workers() {
+  return kWorkersPerThread * std::max<int64_t>(1, std::thread::hardware_concurrency());
+}
+
+// The bound on --workers and --partitions, checked on the 64-bit value (never narrowed first).
+void check_counts(const PreprocessArgs& a, int64_t workers, int64_t partitions) {
+  if (workers > max_workers()) {
+    fail("--workers {} is more than {} per hardware thread ({} here): tokenizing is CPU-bound and "
+         "each worker holds its own tokenizer; use --workers {} or fewer (default: one per hardware "
+         "thread)", workers, kWorkersPerThread, std::thread::hardware_concurrency(), max_workers());
+  }
+  if (partitions > kMaxPartitions) {
+    fail("--partitions {} is above the limit of {}; Megatron's runs use a few partitions", partitions,
+         kMaxPartitions);
+  }
+  rlimit lim{};
+  const int64_t files = partitions * static_cast<int64_t>(a.json_keys.size()) * kFilesPerWriter;
+  if (!a.keep_sequential_samples && ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
+      files + 64 > static_cast<int64_t>(lim.rlim_cur)) {
+    fail("--partitions {} with {} JSON key(s) keeps {} files open, more than the open-file limit ({}) "
+         "allows; use fewer partitions or raise 'ulimit -n'", partitions, a.json_keys.size(), files,
+         lim.rlim_cur);
+  }
 }
 
 }  // namespace
@@ -77,6 +115,7 @@ PreprocessArgs parse_preprocess_args(const std::vector<std::string>& args) {
   names.emplace_back("--dataset-impl");
 
   bool saw_keys = false;
+  int64_t workers = 0, partitions = 1;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i], inline_value;
     bool has_inline = false;
@@ -121,8 +160,8 @@ PreprocessArgs parse_preprocess_args(const std::vector<std::string>& args) {
     else if (flag == "--tokenizer-model") a.tokenizer.tokenizer_model = value();
     else if (flag == "--vocab-size") a.tokenizer.vocab_size = parse_int(flag, value(), 1);
     else if (flag == "--append-eod") a.append_eod = true;
-    else if (flag == "--workers") a.workers = static_cast<int>(parse_int(flag, value(), 1));
-    else if (flag == "--partitions") a.partitions = static_cast<int>(parse_int(flag, value(), 1));
+    else if (flag == "--workers") workers = parse_int(flag, value(), 1);
+    else if (flag == "--partitions") partitions = parse_int(flag, value(), 1);
     else if (flag == "--keep-sequential-samples") a.keep_sequential_samples = true;
     else if (flag == "--log-interval") a.log_interval = parse_int(flag, value(), 1);
     else if (flag == "--skip-malformed-lines") a.skip_malformed_lines = true;
@@ -154,6 +193,9 @@ PreprocessArgs parse_preprocess_args(const std::vector<std::string>& args) {
   if (a.inputs.empty()) fail("--input is required (JSONL files or glob patterns; see 'megatron preprocess --help')");
   if (a.tokenizer.type.empty()) fail("--tokenizer-type is required (e.g. GPT2BPETokenizer or NullTokenizer)");
   if (a.json_keys.empty()) fail("--json-keys needs at least one key");
+  check_counts(a, workers, partitions);
+  a.workers = static_cast<int>(workers);  // within int after check_counts
+  a.partitions = static_cast<int>(partitions);
   return a;
 }
 

@@ -1,7 +1,6 @@
 #include "data/preprocess_input.h"
 
 #include <glob.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -9,6 +8,8 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/files.h"
+#include "data/gzip_reader.h"
 
 namespace mt::data {
 
@@ -20,7 +21,9 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns)
   std::vector<std::string> files;
   for (const auto& p : patterns) {
     if (p.find_first_of("*?[") == std::string::npos) {
-      if (!std::filesystem::is_regular_file(p)) fail("--input {}: no such file", p);
+      // A FIFO or device would block or never end; stdin ('-') is not an input either, as in
+      // Megatron's tools/preprocess_data.py, which opens --input as a file.
+      require_regular_file(p, "--input");
       files.push_back(p);
       continue;
     }
@@ -44,10 +47,7 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns)
 LineReader::LineReader(const std::string& path) : path_(path), buf_(kReadBuffer) {
   const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
   if (gz) {
-    gzFile f = ::gzopen(path.c_str(), "rb");
-    if (!f) fail("cannot open --input {}: {}", path, std::strerror(errno));
-    ::gzbuffer(f, 256 * 1024);
-    gz_ = f;
+    gz_ = std::make_unique<GzipReader>(path);
   } else {
     file_ = std::fopen(path.c_str(), "rb");
     if (!file_) fail("cannot open --input {}: {}", path, std::strerror(errno));
@@ -55,7 +55,6 @@ LineReader::LineReader(const std::string& path) : path_(path), buf_(kReadBuffer)
 }
 
 LineReader::~LineReader() {
-  if (gz_) ::gzclose(static_cast<gzFile>(gz_));
   if (file_) std::fclose(file_);
 }
 
@@ -71,13 +70,7 @@ bool LineReader::refill() {
   const size_t want = buf_.size() - end_;
   size_t got;
   if (gz_) {
-    const int n = ::gzread(static_cast<gzFile>(gz_), buf_.data() + end_, static_cast<unsigned>(want));
-    int err = Z_OK;
-    const char* msg = ::gzerror(static_cast<gzFile>(gz_), &err);
-    if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
-      fail("{}: corrupt or truncated gzip data ({}) after line {}", path_, msg, line_no_);
-    }
-    got = static_cast<size_t>(n);
+    got = gz_->read(buf_.data() + end_, want);  // after damage: what came before it, then 0
   } else {
     got = std::fread(buf_.data() + end_, 1, want, file_);
     if (got < want && std::ferror(file_)) fail("reading {} failed: {}", path_, std::strerror(errno));
@@ -99,6 +92,11 @@ bool LineReader::next(std::string& line) {
       return true;
     }
     if (!refill()) {
+      if (gz_ && !gz_->error().empty()) {
+        // The damage lies in the line after the last complete one; that line is not returned.
+        fail("{}: corrupt or truncated gzip data at line {} ({}); re-create the file (gzip -t checks it)",
+             path_, line_no_ + 1, gz_->error());
+      }
       if (pos_ == end_) return false;
       // The last line has no newline.
       size_t len = end_ - pos_;

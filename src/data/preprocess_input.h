@@ -9,6 +9,8 @@
 
 namespace mt::data {
 
+class GzipReader;
+
 // Expands each --input entry (a path or a glob pattern) into sorted file names. Throws
 // mt::Error naming the entry when a path does not exist or a pattern matches nothing.
 std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns);
@@ -29,11 +31,11 @@ class LineReader {
   bool refill();
 
   std::string path_;
-  void* gz_ = nullptr;  // gzFile
+  std::unique_ptr<GzipReader> gz_;
   std::FILE* file_ = nullptr;
   std::vector<char> buf_;
   size_t pos_ = 0, end_ = 0;
-  bool eof_ = false;
+  bool eof_ = false;  // no more input (the end, or gzip damage: gz_->error() says)
   int64_t line_no_ = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "data/indexed_dataset.h"
 
@@ -29,6 +30,11 @@ std::vector<std::string> expand_merge_inputs(const std::vector<std::string>& ite
       std::string prefix = item;
       for (const char* ext : {".idx", ".bin"}) {
         if (prefix.size() > 4 && prefix.compare(prefix.size() - 4, 4, ext) == 0) prefix.resize(prefix.size() - 4);
+      }
+      // A present but non-regular file (FIFO, device, directory) is named as such.
+      for (const std::string& f : {idx_path(prefix), bin_path(prefix)}) {
+        std::error_code ec;
+        if (fs::exists(f, ec)) require_regular_file(f, "--merge " + item);
       }
       if (!indexed_dataset_exists(prefix)) {
         fail("--merge {}: need both {} and {}", item, idx_path(prefix), bin_path(prefix));

@@ -5,6 +5,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "core/error.h"
@@ -144,7 +145,7 @@ class Pipeline {
         b = std::move(work_.front());
         work_.pop_front();
       }
-      EncodedBatch out = enc->encode(b);
+      EncodedBatch out = encode(*enc, b);
       out.seq = b.seq;
       out.file = b.file;
       out.first_line = b.first_line;
@@ -155,6 +156,18 @@ class Pipeline {
         done_.emplace(out.seq, std::move(out));
       }
       cv_result_.notify_all();
+    }
+  }
+
+  // Running out of memory is named with the lines that caused it (a worker's bad_alloc would
+  // otherwise reach the user without a hint).
+  EncodedBatch encode(BatchEncoder& enc, const LineBatch& b) {
+    try {
+      return enc.encode(b);
+    } catch (const std::bad_alloc&) {
+      fail("{}: ran out of memory encoding lines {}-{} ({} bytes); use fewer --workers, split very long "
+           "lines, or give it more memory", files_[b.file], b.first_line,
+           b.first_line + static_cast<int64_t>(b.lines.size()) - 1, b.bytes);
     }
   }
 

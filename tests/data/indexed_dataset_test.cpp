@@ -1,7 +1,9 @@
 // Indexed dataset: exact bytes, every dtype, validation of damaged files, and merging.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "core/error.h"
@@ -188,6 +190,25 @@ TEST_F(DamagedFiles, DocumentBoundsOutOfOrder) {
 TEST_F(DamagedFiles, BinTruncated) {
   testing::write_bytes(prefix_ + ".bin", bin_.substr(0, bin_.size() - 2));
   open_expecting({"ds.bin", "truncated"});
+}
+
+// Opening a FIFO waits for a writer forever and a device never ends: both are refused by name,
+// as is a directory, without blocking.
+TEST_F(DamagedFiles, NonRegularFilesAreRefused) {
+  std::filesystem::remove(prefix_ + ".bin");
+  ASSERT_EQ(::mkfifo((prefix_ + ".bin").c_str(), 0600), 0);
+  open_expecting({"ds.bin", "not a regular file"});
+  std::filesystem::remove(prefix_ + ".bin");
+  std::filesystem::create_symlink("/dev/zero", prefix_ + ".bin");
+  open_expecting({"ds.bin", "not a regular file"});
+  std::filesystem::remove(prefix_ + ".bin");
+  testing::write_bytes(prefix_ + ".bin", bin_);
+  std::filesystem::remove(prefix_ + ".idx");
+  std::filesystem::create_directory(prefix_ + ".idx");
+  open_expecting({"ds.idx", "is a directory"});
+  // MappedFile itself never blocks on a FIFO, whoever calls it.
+  ASSERT_EQ(::mkfifo((dir_ / "pipe").c_str(), 0600), 0);
+  expect_error([&] { MappedFile m(dir_ / "pipe"); }, {"pipe", "not a regular file"});
 }
 
 TEST(IndexedDataset, MergeConcatenates) {

@@ -2,10 +2,14 @@
 // tools/preprocess_data.py, independent of --workers, gz and glob inputs, partition order,
 // malformed lines (file:line errors or skipping), and clean failure.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <new>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -237,8 +241,93 @@ TEST(PreprocessErrors, CorruptGzipIsNamed) {
   testing::write_bytes(dir / "in.jsonl.gz", gz.substr(0, gz.size() / 2));
   const std::string e = error_of({"--input", dir / "in.jsonl.gz", "--output-prefix", dir / "out", "--tokenizer-type",
                                   "NullTokenizer", "--vocab-size", "1000"});
-  EXPECT_NE(e.find("in.jsonl.gz: corrupt or truncated gzip"), std::string::npos) << e;
+  EXPECT_NE(e.find("in.jsonl.gz: corrupt or truncated gzip data at line "), std::string::npos) << e;
+  // The lines before the damage were read: the line named is past the first buffer's worth
+  // (it used to say "after line 0").
+  const int64_t line = std::stoll(e.substr(e.find("at line ") + 8));
+  EXPECT_GT(line, 100) << e;
+  EXPECT_LE(line, 2000) << e;
   EXPECT_EQ(testing::list_dir(dir.path()), std::vector<std::string>{"in.jsonl.gz"});
+}
+
+// Two gzip members (as `cat a.gz b.gz` makes): the first intact with 1000 lines, the second cut
+// after its header or broken in its first block. The damage is exactly at line 1001.
+TEST(PreprocessErrors, GzipDamageNamesTheLine) {
+  TempDir dir;
+  gzip_file(dir / "a.gz", corpus(1000, 3));
+  gzip_file(dir / "b.gz", corpus(10, 4));
+  const std::string first = testing::read_bytes(dir / "a.gz"), second = testing::read_bytes(dir / "b.gz");
+  std::filesystem::remove(dir / "a.gz");
+  std::filesystem::remove(dir / "b.gz");
+  auto run = [&] {
+    return error_of({"--input", dir / "in.jsonl.gz", "--output-prefix", dir / "out", "--tokenizer-type",
+                     "NullTokenizer", "--vocab-size", "1000"});
+  };
+  testing::write_bytes(dir / "in.jsonl.gz", first + second.substr(0, 10));
+  std::string e = run();
+  EXPECT_NE(e.find("in.jsonl.gz: corrupt or truncated gzip data at line 1001 (unexpected end of file"),
+            std::string::npos) << e;
+  // Block type 3 does not exist in deflate.
+  testing::write_bytes(dir / "in.jsonl.gz", first + second.substr(0, 10) + "\x07" + second.substr(11));
+  e = run();
+  EXPECT_NE(e.find("in.jsonl.gz: corrupt or truncated gzip data at line 1001 (invalid block type)"),
+            std::string::npos) << e;
+  testing::write_bytes(dir / "in.jsonl.gz", "not gzip\n");
+  EXPECT_NE(run().find("at line 1 (not gzip data"), std::string::npos);
+  EXPECT_EQ(testing::list_dir(dir.path()), std::vector<std::string>{"in.jsonl.gz"});
+
+  // Intact members (and zero padding after them) read as one text.
+  testing::write_bytes(dir / "in.jsonl.gz", first + second + std::string(7, '\0'));
+  testing::write_bytes(dir / "plain.jsonl", corpus(1000, 3) + corpus(10, 4));
+  for (const char* in : {"in.jsonl.gz", "plain.jsonl"}) {
+    EXPECT_EQ(preprocess_main({"--input", dir / in, "--output-prefix", dir / in, "--tokenizer-type",
+                               "NullTokenizer", "--vocab-size", "1000"}),
+              0);
+  }
+  expect_same_dataset(dir / "in.jsonl.gz_text_document", dir / "plain.jsonl_text_document");
+}
+
+// Inputs that would block or never end are refused by name; '-' (stdin) is not an input, as in
+// Megatron's tools/preprocess_data.py.
+TEST(PreprocessErrors, NonRegularInputsAreRefused) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo((dir / "pipe.jsonl").c_str(), 0600), 0);
+  for (const std::string& in : {dir / "pipe.jsonl", std::string("/dev/zero"), dir.path(), std::string("-")}) {
+    const std::string e = error_of({"--input", in, "--output-prefix", dir / "out", "--tokenizer-type",
+                                    "NullTokenizer", "--vocab-size", "10"});
+    EXPECT_NE(e.find("--input"), std::string::npos) << e;
+    EXPECT_NE(e.find(in), std::string::npos) << e;
+  }
+  EXPECT_NE(error_of({"--input", dir / "pipe.jsonl", "--output-prefix", dir / "out", "--tokenizer-type",
+                      "HuggingFaceTokenizer", "--tokenizer-model", dir / "pipe.jsonl"})
+                .find("not a regular file"),
+            std::string::npos);
+}
+
+// Counts are parsed as 64-bit values and bounded before use (they used to be narrowed to int:
+// 99999999999 became 1215752191 workers).
+TEST(PreprocessErrors, WorkerAndPartitionCountsAreBounded) {
+  TempDir dir;
+  testing::write_bytes(dir / "in.jsonl", "{\"text\": \"1\"}\n");
+  auto err = [&](const char* flag, const char* v) {
+    return error_of({"--input", dir / "in.jsonl", "--output-prefix", dir / "o", "--tokenizer-type", "NullTokenizer",
+                     "--vocab-size", "10", flag, v});
+  };
+  const std::string too_many = std::to_string(4 * std::max(1u, std::thread::hardware_concurrency()) + 1);
+  for (const std::string& v : {std::string("10000"), std::string("99999999999"), too_many}) {
+    const std::string e = err("--workers", v.c_str());
+    EXPECT_NE(e.find("--workers " + v + " is more than 4 per hardware thread"), std::string::npos) << e;
+  }
+  EXPECT_NE(err("--workers", "99999999999999999999999").find("--workers 99999999999999999999999 is out of range"),
+            std::string::npos);
+  EXPECT_NE(err("--partitions", "99999999999").find("--partitions 99999999999 is above the limit of 256"),
+            std::string::npos);
+  EXPECT_NE(err("--partitions", "-2").find("--partitions expects an integer >= 1"), std::string::npos);
+  EXPECT_EQ(testing::list_dir(dir.path()), std::vector<std::string>{"in.jsonl"});
+  const std::string most = std::to_string(4 * std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(preprocess_main({"--input", dir / "in.jsonl", "--output-prefix", dir / "o", "--tokenizer-type",
+                             "NullTokenizer", "--vocab-size", "10", "--workers", most, "--partitions", "256"}),
+            0);
 }
 
 // An encoder that fails hard (not a malformed line) on one batch, optionally slowly.
@@ -284,6 +373,32 @@ TEST(PreprocessPipeline, AWorkerExceptionStopsEverythingAndPropagates) {
                               if (b.seq == 5) fail("sink failed");
                             }),
                Error);
+}
+
+// A worker that runs out of memory is reported with the lines it was encoding, as mt::Error.
+TEST(PreprocessPipeline, AWorkerOutOfMemoryNamesItsLines) {
+  TempDir dir;
+  std::string in;
+  for (int i = 0; i < 1000; ++i) in += "{}\n";
+  testing::write_bytes(dir / "in.jsonl", in);
+  struct Hungry final : BatchEncoder {
+    EncodedBatch encode(const LineBatch& b) override {
+      if (b.seq == 3) throw std::bad_alloc();
+      EncodedBatch out;
+      out.errors.assign(b.lines.size(), "");
+      return out;
+    }
+  };
+  PipelineOptions po;
+  po.workers = 2;
+  po.batch_lines = 100;
+  try {
+    run_pipeline({dir / "in.jsonl"}, po, [] { return std::make_unique<Hungry>(); }, [](EncodedBatch&) {});
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in.jsonl: ran out of memory encoding lines 301-400"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(PreprocessPipeline, InFlightBatchesAreBoundedAndOrdered) {

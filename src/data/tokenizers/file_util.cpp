@@ -4,10 +4,12 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace mt::data {
 
 std::string read_tokenizer_file(const std::string& path, std::string_view flag) {
+  require_regular_file(path, std::string(flag));  // a FIFO would block the read forever
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("{} {}: cannot open the file; check the path", flag, path);
   std::ostringstream ss;

@@ -16,8 +16,11 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_file, const std::str
   raw_vocab.reserve(enc.size());
   std::string raw;
   for (const auto& [token, idj] : enc.items()) {
-    if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() >= (1 << 30)) {
-      fail("--vocab-file {}: id of '{}' is not a non-negative integer", vocab_file, token);
+    // The ids index a table of the vocabulary's size (Megatron's vocab_size is len(encoder)), so
+    // they must lie in [0, entries): one id near 2^30 would otherwise allocate gigabytes.
+    if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() >= static_cast<int64_t>(enc.size())) {
+      fail("--vocab-file {}: id of '{}' is not an integer in [0, {}) (GPT-2's ids run from 0 to the vocabulary "
+           "size - 1)", vocab_file, token, enc.size());
     }
     const auto id = idj.get<int32_t>();
     if (static_cast<size_t>(id) >= id_to_token_.size()) id_to_token_.resize(id + 1);

@@ -1,6 +1,7 @@
 #include "data/tokenizers/hf_tokenizer.h"
 
 #include <filesystem>
+#include <limits>
 
 #include "core/error.h"
 #include "data/tokenizers/byte_level.h"
@@ -44,6 +45,15 @@ std::string config_token(const nlohmann::json& cfg, const char* key) {
     return (*it)["content"].get<std::string>();
   }
   return {};
+}
+
+// A token id given in the file: an integer in int32's range (ids of any other type or size would
+// be narrowed silently, or undefined for floats).
+int32_t token_id_value(const nlohmann::json& j, const Where& w) {
+  if (!j.is_number_integer() || j.get<int64_t>() < 0 || j.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+    hf::bad(w, "token id " + j.dump() + " is not an integer in [0, 2^31)");
+  }
+  return static_cast<int32_t>(j.get<int64_t>());
 }
 
 }  // namespace
@@ -97,8 +107,9 @@ void HfTokenizer::load(const std::string& path) {
       const auto& a = list[i];
       hf::AddedToken t;
       t.content = hf::get_string(a, "content", w);
-      t.id = static_cast<int32_t>(hf::get_int(a, "id", w, -1));
-      if (t.id < 0) hf::bad(w, "added token without a valid id");
+      const int64_t id = hf::get_int(a, "id", w, -1);
+      if (id < 0 || id > std::numeric_limits<int32_t>::max()) hf::bad(w, "added token without a valid id");
+      t.id = static_cast<int32_t>(id);
       t.special = hf::get_bool(a, "special", w, false);
       t.lstrip = hf::get_bool(a, "lstrip", w, false);
       t.rstrip = hf::get_bool(a, "rstrip", w, false);
@@ -125,7 +136,6 @@ void HfTokenizer::load(const std::string& path) {
 
   // Vocabulary as HF's get_vocab(with_added_tokens=True) sees it: model tokens and added tokens.
   for (const auto& t : added_) {
-    if (static_cast<size_t>(t.id) >= id_to_token_.size()) id_to_token_.resize(t.id + 1);
     id_to_token_[t.id] = t.content;
     token_to_id_.insert_or_assign(t.content, t.id);
   }
@@ -155,7 +165,6 @@ void HfTokenizer::load_model(const nlohmann::json& m, const std::string& file) {
       hf::bad(w, "id of '" + token + "' is not a non-negative integer");
     }
     const auto id = idj.get<int32_t>();
-    if (static_cast<size_t>(id) >= id_to_token_.size()) id_to_token_.resize(id + 1);
     id_to_token_[id] = token;
     token_to_id_.insert_or_assign(token, id);
     if (!byte_level) {
@@ -238,7 +247,7 @@ void HfTokenizer::load_post_processor(const nlohmann::json& j, const std::string
       std::vector<int32_t> ids;
       auto it = specials.find(name);
       if (it != specials.end() && it->contains("ids")) {
-        ids = (*it)["ids"].get<std::vector<int32_t>>();
+        for (const auto& id : hf::get_array(*it, "ids", w)) ids.push_back(token_id_value(id, w));
       } else {
         const int32_t id = token_id(name);
         if (id < 0) hf::bad(w, "template token '" + name + "' is not in the vocabulary");
@@ -250,10 +259,8 @@ void HfTokenizer::load_post_processor(const nlohmann::json& j, const std::string
   } else if (type == "RobertaProcessing" || type == "BertProcessing") {
     for (const char* key : {"cls", "sep"}) {
       auto it = j.find(key);
-      if (it == j.end() || !it->is_array() || it->size() != 2 || !(*it)[1].is_number_integer()) {
-        hf::bad(w, std::string(key) + " must be [token, id]");
-      }
-      (std::string(key) == "cls" ? pre : post).push_back((*it)[1].get<int32_t>());
+      if (it == j.end() || !it->is_array() || it->size() != 2) hf::bad(w, std::string(key) + " must be [token, id]");
+      (std::string(key) == "cls" ? pre : post).push_back(token_id_value((*it)[1], w));
     }
   } else {
     hf::bad(w, "post-processor type '" + type +
@@ -405,7 +412,7 @@ std::string HfTokenizer::decode_raw(const std::vector<int32_t>& ids) const {
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
     // HF skips ids it does not know.
-    if (id >= 0 && static_cast<size_t>(id) < id_to_token_.size()) tokens.push_back(id_to_token_[id]);
+    if (auto it = id_to_token_.find(id); it != id_to_token_.end()) tokens.push_back(it->second);
   }
   if (decoder_) {
     decoder_->decode_chain(tokens);

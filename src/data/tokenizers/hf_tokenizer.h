@@ -8,6 +8,7 @@
 // BPE per piece -> post-processor's special tokens around the whole.
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "data/tokenizer.h"
@@ -54,7 +55,9 @@ class HfTokenizer final : public Tokenizer {
   hf::AddedTokenMatcher raw_matcher_;         // added tokens matched in the raw text
   hf::AddedTokenMatcher normalized_matcher_;  // those marked "normalized"
   std::vector<hf::AddedToken> normalized_forms_;  // their contents after normalization
-  std::vector<std::string> id_to_token_;     // model vocabulary and added tokens
+  // Model vocabulary and added tokens. A map, as in HF tokenizers: ids need not be dense, and a
+  // file naming one id near 2^31 must not make us allocate a table that large.
+  std::unordered_map<int32_t, std::string> id_to_token_;
   VocabMap token_to_id_;                     // same, as HF's token_to_id sees it
   std::vector<int32_t> prefix_, suffix_;     // post-processor's special tokens
   bool clean_up_spaces_ = false;

@@ -2,10 +2,10 @@
 
 #include <sentencepiece_processor.h>
 
-#include <filesystem>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace mt::data {
 
@@ -16,9 +16,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file, Fl
   if (model_file.empty()) {
     fail("--tokenizer-type {} needs --tokenizer-model (a SentencePiece .model file)", name());
   }
-  if (!std::filesystem::is_regular_file(model_file)) {
-    fail("--tokenizer-model {}: no such file (a SentencePiece .model file is expected)", model_file);
-  }
+  require_regular_file(model_file, "--tokenizer-model");  // a FIFO would block the load
   const auto status = sp_->Load(model_file);
   if (!status.ok()) {
     fail("--tokenizer-model {}: not a SentencePiece model ({})", model_file, status.ToString());
