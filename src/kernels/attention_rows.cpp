@@ -9,13 +9,13 @@
 namespace mt::ops {
 namespace {
 
-void check_rows(const cpu::AttnParams& p, const Tensor& t, const char* what) {
+void check_rows(const ops::AttentionShape& p, const Tensor& t, const char* what) {
   MT_CHECK(t.numel() == p.S * p.B * p.Hq * p.D, "attention rows: {} {} is not [S*B, Hq*D] = [{}, {}]", what,
            t.shape_str(), p.S * p.B, p.Hq * p.D);
 }
 
 // cuDNN with strided O: true when it ran (CUDA tensors, and the policy chose cuDNN for rows).
-bool direct_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out_rows,
+bool direct_forward(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out_rows,
                     Tensor& lse) {
 #ifdef MT_HAVE_CUDA
   if (q.device() == Device::CUDA) return gpu::attention_forward_rows_direct(p, q, k, v, out_rows, lse);
@@ -23,7 +23,7 @@ bool direct_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, 
   return false;
 }
 
-bool direct_backward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+bool direct_backward(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
                      const Tensor& out_rows, const Tensor& lse, const Tensor& dout_rows, Tensor& dq, Tensor& dk,
                      Tensor& dv) {
 #ifdef MT_HAVE_CUDA
@@ -35,7 +35,7 @@ bool direct_backward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k,
 
 }  // namespace
 
-void attention_forward_rows(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+void attention_forward_rows(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
                             Tensor& out_rows, Tensor& lse) {
   if (direct_forward(p, q, k, v, out_rows, lse)) return;
   Tensor out;
@@ -43,7 +43,7 @@ void attention_forward_rows(const cpu::AttnParams& p, const Tensor& q, const Ten
   out_rows = heads_to_rows(out, p.S, p.B, p.Hq, p.D);
 }
 
-void attention_backward_rows(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+void attention_backward_rows(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& out_rows, const Tensor& lse, const Tensor& dout_rows, Tensor& dq, Tensor& dk,
                              Tensor& dv) {
   check_rows(p, out_rows, "out");

@@ -14,10 +14,10 @@
 namespace mt::ops {
 
 // q [B,Hq,S,D], k/v [B,Hkv,S,D]; writes out_rows [S*B, Hq*D] (q's dtype) and lse fp32 [B,Hq,S].
-void attention_forward_rows(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+void attention_forward_rows(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
                             Tensor& out_rows, Tensor& lse);
 // out_rows and dout_rows [S*B, Hq*D]; writes dq, dk, dv in the heads layout of q, k, v.
-void attention_backward_rows(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+void attention_backward_rows(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& out_rows, const Tensor& lse, const Tensor& dout_rows, Tensor& dq, Tensor& dk,
                              Tensor& dv);
 

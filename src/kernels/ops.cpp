@@ -251,7 +251,7 @@ void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, int64_t rot
   cpu::rope_backward(f(dx), f(cos), f(sin), dx.dim(0), dx.dim(1), dx.dim(2), dx.dim(3), rot_dim);
 }
 
-void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+void attention_forward(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& lse) {
   MT_ON_GPU(q, attention_forward(p, q, k, v, out, lse));
   out = Tensor::empty(q.shape());
@@ -259,8 +259,8 @@ void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& 
   cpu::attention_forward(p, f(q), f(k), f(v), f(out), f(lse));
 }
 
-void attention_backward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+void attention_backward(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
   MT_ON_GPU(q, attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv));
   dq = Tensor::empty(q.shape());
   dk = Tensor::empty(k.shape());

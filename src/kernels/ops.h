@@ -70,10 +70,10 @@ Tensor rows_to_heads(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D
 void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, int64_t rot_dim);  // x: [B, H, S, D]
 void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, int64_t rot_dim);
 
-void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+void attention_forward(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& lse);
-void attention_backward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+void attention_backward(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
 
 Tensor swiglu_forward(const Tensor& h);  // [rows, 2F] -> [rows, F]
 Tensor swiglu_backward(const Tensor& dy, const Tensor& h);

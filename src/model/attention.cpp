@@ -124,9 +124,10 @@ Tensor head_norm_backward(const Norm& n, const Tensor& dy, Norm::Saved& s, PassC
 }
 
 // The attention core's parameters for this rank's heads, with the dropout this pass drew.
-cpu::AttnParams core_params(const TransformerConfig& cfg, int64_t S, int64_t B, const SelfAttention::Saved& s) {
+ops::AttentionShape core_params(const TransformerConfig& cfg, int64_t S, int64_t B, const SelfAttention::Saved& s) {
   const int64_t D = cfg.kv_channels;
-  cpu::AttnParams p{B, cfg.num_attention_heads, cfg.num_query_groups, S, D, 1.0f / std::sqrt(static_cast<float>(D))};
+  ops::AttentionShape p{B, cfg.num_attention_heads, cfg.num_query_groups, S, D,
+                        1.0f / std::sqrt(static_cast<float>(D))};
   p.dropout_p = s.dropout_p;
   p.seed = s.seed;
   p.offset = s.offset;
@@ -211,7 +212,7 @@ Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, P
 
 Tensor SelfAttention::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   const int64_t G = cfg.num_query_groups, qpg = cfg.q_per_group(), D = cfg.kv_channels, Hq = cfg.num_attention_heads;
-  const cpu::AttnParams p = core_params(cfg, S, B, s);
+  const ops::AttentionShape p = core_params(cfg, S, B, s);
   if (!s.out.defined()) {  // selective recomputation: the same kernel, inputs and dropout mask
     ScopedOpTimer t(ctx.times, &OpTimes::attention);
     ops::attention_forward_rows(p, s.q, s.k, s.v, s.out, s.lse);

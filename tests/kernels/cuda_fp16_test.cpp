@@ -382,7 +382,7 @@ TEST_F(GpuFp16, UnscaleAndCheckFindsInfAndNan) {
 TEST_F(GpuFp16, AttentionWrapperMatchesCpu) {
   mt::ops::gpu::init();
   for (const bool causal : {true, false}) {
-    AttnParams p{2, 4, 2, 40, 64, 1.f / 8.f};
+    ops::AttentionShape p{2, 4, 2, 40, 64, 1.f / 8.f};
     p.causal = causal;
     const int64_t nq = p.B * p.Hq * p.S * p.D, nk = p.B * p.Hkv * p.S * p.D;
     const auto q = rounded(random_vec<float>(nq, 1, -2, 2)), k = rounded(random_vec<float>(nk, 2, -2, 2));

@@ -101,7 +101,7 @@ struct Bf16Run {
 };
 Bf16Run run_bf16(Gemm& g, const Shape3& s, const Inputs& in, bool bias) {
   DeviceBuffer<bf16> gx(in.x), gw(in.w), gb(in.b), gr(in.r), gy(s.M * s.N);
-  cuda::linear_forward_residual(g, gx, gw, bias ? gb.get() : nullptr, gr, gy, s.M, s.N, s.K, nullptr);
+  cuda::linear_forward_residual(g, gx.get(), gw, bias ? gb.get() : nullptr, gr, gy.get(), s.M, s.N, s.K, nullptr);
   return {gy.bytes(), gr.bytes(), gy.download()};
 }
 

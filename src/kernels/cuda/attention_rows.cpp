@@ -22,7 +22,7 @@ bool all_bf16(std::initializer_list<const Tensor*> ts) {
   return true;
 }
 // Calls that can never take the strided path (and need no policy error) skip its allocations.
-bool never_cudnn(const cpu::AttnParams& p) {
+bool never_cudnn(const ops::AttentionShape& p) {
   return p.B * p.Hq * p.S == 0 || cuda::attention_backend() == cuda::AttentionBackend::Flash;
 }
 Tensor bf16_tensor(const Shape& s) { return Tensor::empty(s, DType::BF16, Device::CUDA); }
@@ -31,7 +31,7 @@ bf16* out(const Tensor& t) { return t.data<bf16>(); }
 
 }  // namespace
 
-bool attention_forward_rows_direct(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+bool attention_forward_rows_direct(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
                                    Tensor& out_rows, Tensor& lse) {
   if (never_cudnn(p) || !all_bf16({&q, &k, &v})) return false;
   // Allocated before the policy call, which checks every pointer's alignment; freed unused on
@@ -46,7 +46,7 @@ bool attention_forward_rows_direct(const cpu::AttnParams& p, const Tensor& q, co
   return true;
 }
 
-bool attention_backward_rows_direct(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+bool attention_backward_rows_direct(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& out_rows, const Tensor& lse, const Tensor& dout_rows, Tensor& dq,
                                     Tensor& dk, Tensor& dv) {
   if (never_cudnn(p) || !all_bf16({&q, &k, &v, &out_rows, &dout_rows})) return false;

@@ -10,9 +10,9 @@
 
 namespace mt::ops::gpu {
 
-bool attention_forward_rows_direct(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+bool attention_forward_rows_direct(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
                                    Tensor& out_rows, Tensor& lse);
-bool attention_backward_rows_direct(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+bool attention_backward_rows_direct(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& out_rows, const Tensor& lse, const Tensor& dout_rows, Tensor& dq,
                                     Tensor& dk, Tensor& dv);
 

@@ -329,7 +329,7 @@ Tensor narrow_f16(const Tensor& t) {
 }
 }  // namespace
 
-void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+void attention_forward(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& lse) {
   lse = stat({p.B, p.Hq, p.S});
   if (q.dtype() == DType::F16) {
@@ -342,8 +342,8 @@ void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& 
   cuda::attention_forward(p, h<bf16>(q), h<bf16>(k), h<bf16>(v), h<bf16>(out), f(lse), st());
 }
 
-void attention_backward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+void attention_backward(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
   if (q.dtype() == DType::F16) {  // the fp16 correctness path (see widen above)
     Tensor q32 = widen(q), k32 = widen(k), v32 = widen(v), o32 = widen(out), do32 = widen(dout);
     Tensor dq32 = stat(q.shape()), dk32 = stat(k.shape()), dv32 = stat(v.shape());

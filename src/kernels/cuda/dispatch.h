@@ -55,10 +55,10 @@ Tensor heads_to_rows(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D
 Tensor rows_to_heads(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D);
 void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, int64_t rot_dim);
 void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, int64_t rot_dim);
-void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+void attention_forward(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& lse);
-void attention_backward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+void attention_backward(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
 Tensor swiglu_forward(const Tensor& h);
 Tensor swiglu_backward(const Tensor& dy, const Tensor& h);
 Tensor gelu_forward(const Tensor& h, bool tanh_approx);
