@@ -3,7 +3,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/attention_rows.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
 
 namespace mt::model {
@@ -126,8 +126,8 @@ Tensor head_norm_backward(const Norm& n, const Tensor& dy, Norm::Saved& s, PassC
 // The attention core's parameters for this rank's heads, with the dropout this pass drew.
 ops::AttentionShape core_params(const TransformerConfig& cfg, int64_t S, int64_t B, const SelfAttention::Saved& s) {
   const int64_t D = cfg.kv_channels;
-  ops::AttentionShape p{B, cfg.num_attention_heads, cfg.num_query_groups, S, D,
-                        1.0f / std::sqrt(static_cast<float>(D))};
+  ops::AttentionShape p{
+      B, cfg.num_attention_heads, cfg.num_query_groups, S, D, 1.0f / std::sqrt(static_cast<float>(D))};
   p.dropout_p = s.dropout_p;
   p.seed = s.seed;
   p.offset = s.offset;

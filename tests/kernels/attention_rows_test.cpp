@@ -1,7 +1,6 @@
-// The attention core with its output in linear_proj's row layout (kernels/attention_rows.h) on
+// The attention core with its output in linear_proj's row layout (ops::attention_forward_rows) on
 // the CPU, where it is the composition attention + heads_to_rows (rows_to_heads + attention
 // backward): bit-identical to it, element (b,h,s,d) at ((s*B + b)*Hq + h)*D + d.
-#include "kernels/attention_rows.h"
 
 #include <cmath>
 

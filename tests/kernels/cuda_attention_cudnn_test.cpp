@@ -17,8 +17,8 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "support/gpu.h"
 #include "test_util.h"
 
 namespace mt::cuda {
@@ -30,7 +30,7 @@ using test::max_abs_diff;
 
 #define MT_REQUIRE_CUDNN()                                                                               \
   do {                                                                                                   \
-    if (!ops::gpu::available()) GTEST_SKIP() << "no GPU";                                                \
+    if (!test::have_gpu()) GTEST_SKIP() << "no GPU";                                                     \
     if (!cudnn_attention_compiled()) GTEST_SKIP() << "this build has no cuDNN (see CMake's cuDNN line)"; \
   } while (0)
 
@@ -215,7 +215,7 @@ TEST_F(GpuCudnnAttention, BackendSelection) {
 }
 
 TEST_F(GpuCudnnAttention, AutoFallsBackForDropout) {
-  if (!ops::gpu::available()) GTEST_SKIP() << "no GPU";
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   const ops::AttentionShape p = params(1, 4, 2, 256, 64, true, 0.1f);
   const Inputs in = make_inputs(p, 5);
   const Result flash = flash_run(p, in);

@@ -1,4 +1,4 @@
-// The attention core with O and dO in linear_proj's row layout (kernels/attention_rows.h) on the
+// The attention core with O and dO in linear_proj's row layout (ops::attention_forward_rows) on the
 // GPU: through cuDNN with row strides (no copy) it must give what the heads layout + copies
 // gives: forward O and lse bit-identical, the deterministic backward bit-identical run to run
 // and equal to (or, should cuDNN pick another engine for the strides, within a tight tolerance
@@ -19,12 +19,10 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "kernels/attention_rows.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention_cudnn.h"
-#include "kernels/cuda/attention_rows.h"
-#include "kernels/cuda/dispatch.h"
 #include "kernels/ops.h"
+#include "support/gpu.h"
 #include "test_util.h"
 
 namespace mt::ops {
@@ -79,7 +77,7 @@ std::vector<float> rows_to_heads_host(const std::vector<float>& r, const ops::At
 // Fills and frees a block of the pool, so that unwritten outputs allocated next read as NaN.
 void poison_pool(int64_t bytes) {
   Tensor t = Tensor::empty({bytes / 4}, DType::I32, Device::CUDA);
-  MT_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0xff, t.nbytes(), static_cast<cudaStream_t>(gpu::compute_stream())));
+  MT_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0xff, t.nbytes(), static_cast<cudaStream_t>(test::gpu().compute_stream())));
 }
 
 struct Case {
@@ -101,10 +99,10 @@ Result run_rows(const Case& c, bool* direct = nullptr) {
   Tensor out_rows, lse, dq, dk, dv;
   poison_pool(p.B * p.Hq * p.S * p.D * 8);  // room for the outputs and the workspaces
   if (direct) {
-    *direct = gpu::attention_forward_rows_direct(p, c.q.dev, c.k.dev, c.v.dev, out_rows, lse);
+    *direct = attention_forward_rows_direct(p, c.q.dev, c.k.dev, c.v.dev, out_rows, lse);
     if (!*direct) attention_forward_rows(p, c.q.dev, c.k.dev, c.v.dev, out_rows, lse);
     const bool bwd =
-        gpu::attention_backward_rows_direct(p, c.q.dev, c.k.dev, c.v.dev, out_rows, lse, c.dout_rows.dev, dq, dk, dv);
+        attention_backward_rows_direct(p, c.q.dev, c.k.dev, c.v.dev, out_rows, lse, c.dout_rows.dev, dq, dk, dv);
     if (!bwd) attention_backward_rows(p, c.q.dev, c.k.dev, c.v.dev, out_rows, lse, c.dout_rows.dev, dq, dk, dv);
     *direct = *direct && bwd;
   } else {
@@ -166,8 +164,8 @@ bool cudnn_rows_ready(const ops::AttentionShape& p, bool deterministic = true) {
 class GpuAttentionRows : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!gpu::available()) GTEST_SKIP() << "no GPU";
-    gpu::init();
+    if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+    test::gpu();
   }
   void TearDown() override {
     cuda::set_attention_backend(AttentionBackend::Auto);

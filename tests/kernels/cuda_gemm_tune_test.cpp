@@ -11,8 +11,8 @@
 #include "core/dtype.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "support/gpu.h"
 #include "test_util.h"
 
 namespace mt::cuda {
@@ -25,7 +25,7 @@ using test::rel_l2;
 class GpuGemmTune : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!ops::gpu::available()) GTEST_SKIP() << "no GPU";
+    if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   }
 };
 

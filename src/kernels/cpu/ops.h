@@ -119,4 +119,8 @@ void add_inplace(double* y, const double* x, int64_t n);
 void scale_inplace(float* y, float s, int64_t n);
 void scale_inplace(double* y, double s, int64_t n);
 
+// ---- Optimizer helpers. Sum of squares of x[n] in fp64 over fixed chunks added in order: the
+// same bits whatever the thread count (the gradient norm).
+double sum_squares(const float* x, int64_t n);
+
 }  // namespace mt::cpu
