@@ -151,14 +151,16 @@ void bench_gemm() {
     const int it = g_quick ? 5 : (s.N > 100000 ? 10 : 20);
     const auto fwd = time_tuned(
         gemm, "gemm_fwd_bf16", shape, flop, it,
-        [&](int) { linear_forward(gemm, x, w, static_cast<const bf16*>(nullptr), y, s.M, s.N, s.K, nullptr); },
+        [&](int) {
+          linear_forward(gemm, x.get(), w, static_cast<const bf16*>(nullptr), y.get(), s.M, s.N, s.K, nullptr);
+        },
         &tune_ms);
     const auto dgrad = time_tuned(
         gemm, "gemm_dgrad_bf16", shape, flop, it,
-        [&](int) { linear_backward(gemm, dy, x, w, dx, nullptr, nullptr, s.M, s.N, s.K, nullptr); }, &tune_ms);
+        [&](int) { linear_backward(gemm, dy.get(), x, w, dx, nullptr, nullptr, s.M, s.N, s.K, nullptr); }, &tune_ms);
     const auto wgrad = time_tuned(
         gemm, "gemm_wgrad_bf16_f32acc", shape, flop, it,
-        [&](int) { linear_backward(gemm, dy, x, w, nullptr, dw, nullptr, s.M, s.N, s.K, nullptr); }, &tune_ms);
+        [&](int) { linear_backward(gemm, dy.get(), x, w, nullptr, dw, nullptr, s.M, s.N, s.K, nullptr); }, &tune_ms);
     step_flop += s.per_microbatch * 3 * flop;
     step_off += s.per_microbatch * (fwd.first + dgrad.first + wgrad.first);
     step_on += s.per_microbatch * (fwd.second + dgrad.second + wgrad.second);
@@ -170,7 +172,7 @@ void bench_gemm() {
 }
 
 void bench_attention(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t D) {
-  AttnParams p{B, H, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
+  mt::ops::AttentionShape p{B, H, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
   p.causal = true;
   const size_t nq = B * H * S * D, nk = B * Hkv * S * D;
   auto q = random_buffer<bf16>(nq, 11, -2, 2), k = random_buffer<bf16>(nk, 12, -2, 2), v = random_buffer<bf16>(nk, 13);
@@ -188,8 +190,8 @@ void bench_attention(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t D) {
   // Our flash kernels (--attention-backend flash), then cuDNN's fused attention (fused) where
   // this build and the loaded cuDNN can run the shape.
   set_attention_backend(AttentionBackend::Flash);
-  const double f = time_ms([&](int) { attention_forward(p, q, k, v, out, lse, nullptr); }, it);
-  const double b = time_ms([&](int) { attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr); }, it);
+  const double f = time_ms([&](int) { attention_forward(p, q.get(), k, v, out, lse, nullptr); }, it);
+  const double b = time_ms([&](int) { attention_backward(p, q.get(), k, v, out, lse, dout, dq, dk, dv, nullptr); }, it);
   set_attention_backend(AttentionBackend::Auto);
   report("attn_fwd", shape, f, fwd_flop / f * 1e-9, "TFLOP/s");
   report("attn_bwd", shape, b, bwd_flop / b * 1e-9, "TFLOP/s");
@@ -204,16 +206,16 @@ void bench_attention(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t D) {
       std::printf("cudnn attention unavailable for %s: %s\n", shape, e.c_str());
       return;
     }
-  const double cf = time_ms([&](int) { cudnn_attention_forward(p, q, k, v, out, lse, nullptr); }, it);
+  const double cf = time_ms([&](int) { cudnn_attention_forward(p, q.get(), k, v, out, lse, nullptr); }, it);
   const double cb =
-      time_ms([&](int) { cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr); }, it);
+      time_ms([&](int) { cudnn_attention_backward(p, q.get(), k, v, out, lse, dout, dq, dk, dv, nullptr); }, it);
   report("attn_fwd_cudnn", shape, cf, fwd_flop / cf * 1e-9, "TFLOP/s");
   report("attn_bwd_cudnn", shape, cb, bwd_flop / cb * 1e-9, "TFLOP/s");
   report("attn_fwd_bwd_cudnn", shape, cf + cb, (fwd_flop + bwd_flop) / (cf + cb) * 1e-9, "TFLOP/s");
   // cuDNN's dQ-atomics backward (--nondeterministic-attention; not run-to-run deterministic).
   if (cudnn_attention_prepare(p, true, false).empty()) {
     const double cn = time_ms(
-        [&](int) { cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr, false); }, it);
+        [&](int) { cudnn_attention_backward(p, q.get(), k, v, out, lse, dout, dq, dk, dv, nullptr, false); }, it);
     report("attn_bwd_cudnn_nondet", shape, cn, bwd_flop / cn * 1e-9, "TFLOP/s");
   }
 }
@@ -235,23 +237,25 @@ void bench_memory_bound() {
     dw.fill_bytes(0);
     const double bytes = rows * dim * 2.0;
     const std::string shape = std::to_string(rows) + "x" + std::to_string(dim) + " bf16";
-    double ms =
-        time_ms([&](int i) { rmsnorm_forward(x[i % kSets], w, y[i % kSets], rstd, rows, dim, 1e-5f, nullptr); }, it);
+    double ms = time_ms(
+        [&](int i) { rmsnorm_forward(x[i % kSets].get(), w, y[i % kSets], rstd, rows, dim, 1e-5f, nullptr); }, it);
     report("rmsnorm_fwd", shape, ms, 2 * bytes / ms * 1e-6, "GB/s");
     ms = time_ms(
-        [&](int i) { rmsnorm_backward(dy[i % kSets], x[i % kSets], w, rstd, dx[i % kSets], dw, rows, dim, nullptr); },
+        [&](int i) {
+          rmsnorm_backward(dy[i % kSets].get(), x[i % kSets], w, rstd, dx[i % kSets], dw, rows, dim, nullptr);
+        },
         it);
     report("rmsnorm_bwd", shape, ms, 3 * bytes / ms * 1e-6, "GB/s");
     ms = time_ms(  // with the residual gradient added in the same pass (dx_add = the next set's x)
         [&](int i) {
-          rmsnorm_backward(dy[i % kSets], x[i % kSets], w, rstd, dx[i % kSets], dw, rows, dim, nullptr,
+          rmsnorm_backward(dy[i % kSets].get(), x[i % kSets], w, rstd, dx[i % kSets], dw, rows, dim, nullptr,
                            x[(i + 1) % kSets]);
         },
         it);
     report("rmsnorm_bwd_add", shape, ms, 4 * bytes / ms * 1e-6, "GB/s");
     ms = time_ms(
         [&](int i) {
-          add_rmsnorm_forward(x[i % kSets], dy[i % kSets], dx[i % kSets], w, y[i % kSets], rstd, rows, dim, 1e-5f,
+          add_rmsnorm_forward(x[i % kSets].get(), dy[i % kSets], dx[i % kSets], w, y[i % kSets], rstd, rows, dim, 1e-5f,
                               nullptr);
         },
         it);
@@ -261,11 +265,15 @@ void bench_memory_bound() {
     DeviceBuffer<float> mean(rows), db(dim);
     db.fill_bytes(0);
     ms = time_ms(
-        [&](int i) { layernorm_forward(x[i % kSets], w, b, y[i % kSets], mean, rstd, rows, dim, 1e-5f, nullptr); }, it);
+        [&](int i) {
+          layernorm_forward(x[i % kSets].get(), w, b, y[i % kSets], mean, rstd, rows, dim, 1e-5f, nullptr);
+        },
+        it);
     report("layernorm_fwd", shape, ms, 2 * bytes / ms * 1e-6, "GB/s");
     ms = time_ms(
         [&](int i) {
-          layernorm_backward(dy[i % kSets], x[i % kSets], w, mean, rstd, dx[i % kSets], dw, db, rows, dim, nullptr);
+          layernorm_backward(dy[i % kSets].get(), x[i % kSets], w, mean, rstd, dx[i % kSets], dw, db, rows, dim,
+                             nullptr);
         },
         it);
     report("layernorm_bwd", shape, ms, 3 * bytes / ms * 1e-6, "GB/s");
@@ -275,9 +283,9 @@ void bench_memory_bound() {
     auto x = random_buffer<bf16>(rows * 2 * F, 50), dy = random_buffer<bf16>(rows * F, 51);
     DeviceBuffer<bf16> y(rows * F), dx(rows * 2 * F);
     const std::string shape = std::to_string(rows) + "x2x" + std::to_string(F) + " bf16";
-    double ms = time_ms([&](int) { swiglu_forward(x, y, rows, F, nullptr); }, it);
+    double ms = time_ms([&](int) { swiglu_forward(x.get(), y, rows, F, nullptr); }, it);
     report("swiglu_fwd", shape, ms, rows * F * 2.0 * 3 / ms * 1e-6, "GB/s");
-    ms = time_ms([&](int) { swiglu_backward(dy, x, dx, rows, F, nullptr); }, it);
+    ms = time_ms([&](int) { swiglu_backward(dy.get(), x, dx, rows, F, nullptr); }, it);
     report("swiglu_bwd", shape, ms, rows * F * 2.0 * 5 / ms * 1e-6, "GB/s");
   }
   {
@@ -293,25 +301,25 @@ void bench_memory_bound() {
     const double bytes = N * V * 2.0;
     const std::string shape = std::to_string(N) + "x" + std::to_string(V) + " bf16";
     const int cit = g_quick ? 3 : 10;
-    double ms = time_ms([&](int) { cross_entropy_forward(logits, tg, loss, lse, N, V, V, nullptr); }, cit);
+    double ms = time_ms([&](int) { cross_entropy_forward(logits.get(), tg, loss, lse, N, V, V, nullptr); }, cit);
     report("cross_entropy_fwd", shape, ms, bytes / ms * 1e-6, "GB/s");
-    ms = time_ms([&](int) { cross_entropy_backward(logits, tg, lse, dl, dlog, N, V, V, nullptr); }, cit);
+    ms = time_ms([&](int) { cross_entropy_backward(logits.get(), tg, lse, dl, dlog, N, V, V, nullptr); }, cit);
     report("cross_entropy_bwd", shape, ms, 2 * bytes / ms * 1e-6, "GB/s");
     // What a training step runs: forward then backward (3 passes over the logits), against the
     // fused kernel (read once, gradient written once; the cluster size it picks, then forced).
     ms = time_ms(
         [&](int) {
-          cross_entropy_forward(logits, tg, loss, lse, N, V, V, nullptr);
-          cross_entropy_backward(logits, tg, lse, dl, dlog, N, V, V, nullptr);
+          cross_entropy_forward(logits.get(), tg, loss, lse, N, V, V, nullptr);
+          cross_entropy_backward(logits.get(), tg, lse, dl, dlog, N, V, V, nullptr);
         },
         cit);
     report("cross_entropy_fwd+bwd", shape, ms, 3 * bytes / ms * 1e-6, "GB/s");
-    const int picked = cross_entropy_fused(logits, tg, dl, loss, lse, dlog, N, V, V, nullptr);
-    ms = time_ms([&](int) { cross_entropy_fused(logits, tg, dl, loss, lse, dlog, N, V, V, nullptr); }, cit);
+    const int picked = cross_entropy_fused(logits.get(), tg, dl, loss, lse, dlog, N, V, V, nullptr);
+    ms = time_ms([&](int) { cross_entropy_fused(logits.get(), tg, dl, loss, lse, dlog, N, V, V, nullptr); }, cit);
     report("cross_entropy_fused", shape + " cluster " + std::to_string(picked), ms, 2 * bytes / ms * 1e-6, "GB/s");
     for (int c : {2, 4, 8}) {
       if (c == picked) continue;
-      ms = time_ms([&](int) { cross_entropy_fused(logits, tg, dl, loss, lse, dlog, N, V, V, nullptr, c); }, cit);
+      ms = time_ms([&](int) { cross_entropy_fused(logits.get(), tg, dl, loss, lse, dlog, N, V, V, nullptr, c); }, cit);
       report("cross_entropy_fused", shape + " cluster " + std::to_string(c), ms, 2 * bytes / ms * 1e-6, "GB/s");
     }
   }

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/attention_rows.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
 
 namespace mt::model {
@@ -123,9 +123,9 @@ Tensor head_norm_backward(const Norm& n, const Tensor& dy, Norm::Saved& s, PassC
 }
 
 // The attention core's parameters for this rank's heads, with the dropout this pass drew.
-cpu::AttnParams core_params(const AttentionShard& shard, int64_t D, int64_t S, int64_t B,
+ops::AttentionShape core_params(const AttentionShard& shard, int64_t D, int64_t S, int64_t B,
                             const SelfAttention::Saved& s) {
-  cpu::AttnParams p{B, shard.local_heads, shard.local_query_groups, S, D, 1.0f / std::sqrt(static_cast<float>(D))};
+  ops::AttentionShape p{B, shard.local_heads, shard.local_query_groups, S, D, 1.0f / std::sqrt(static_cast<float>(D))};
   p.dropout_p = s.dropout_p;
   p.seed = s.seed;
   p.offset = s.offset;
@@ -134,7 +134,7 @@ cpu::AttnParams core_params(const AttentionShard& shard, int64_t D, int64_t S, i
 
 // The core's forward: out (in linear_proj's row layout) and lse from q, k, v; in backward
 // again under selective recomputation, with the same inputs and dropout mask.
-void core_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+void core_forward(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                   Tensor& lse, PassContext& ctx) {
   ScopedOpTimer t(ctx.times, &OpTimes::attention);
   ops::attention_forward_rows(p, q, k, v, out, lse);
@@ -231,7 +231,7 @@ Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, P
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
-  const cpu::AttnParams p = core_params(shard, cfg.kv_channels, S, B, s);
+  const ops::AttentionShape p = core_params(shard, cfg.kv_channels, S, B, s);
   if (!s.out.defined()) core_forward(p, s.q, s.k, s.v, s.out, s.lse, ctx);  // selective recomputation
   Tensor dctx = proj.backward(dy, s.out, ctx);  // both in the row layout, as the core reads them
   Tensor dq, dk, dv;

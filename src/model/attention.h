@@ -50,7 +50,7 @@ struct SelfAttention {
   bool recompute_core = false;
   struct Saved {
     // q, k, v: [B, heads, S, head_dim]. out: the core's output in row layout [S*B, heads*head_dim]
-    // (linear_proj's input too, kernels/attention_rows.h).
+    // (linear_proj's input too, ops::attention_forward_rows).
     Tensor x, q, k, v, out, lse;
     Norm::Saved qn, kn;
     float dropout_p = 0.f;  // attention dropout this pass used (0: eval or off)

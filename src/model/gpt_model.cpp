@@ -1,14 +1,12 @@
 #include "model/gpt_model.h"
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "model/vocab_parallel.h"
-#ifdef MT_HAVE_CUDA
-#include "kernels/cuda/loss_head.h"
-#endif
 
 namespace mt::model {
 
@@ -172,33 +170,24 @@ LossSums GPTModel::head_forward(const Tensor& x, Saved& s, PassContext& ctx) {
   if (tp_.on()) {
     vocab_parallel_cross_entropy_forward(s.logits, s.labels, tp_, losses, s.lse);
   } else if (device_ != Device::CPU && ctx.loss_grad_scale) {
-#ifdef MT_HAVE_CUDA
     // Training with the backward's scale known: the loss and dlogits = mask * scale * (softmax -
     // onehot) in one pass over the logits, written over them (the backward reads only dlogits).
     s.mask = upload(s.mask_sb);
     s.grad_scale = *ctx.loss_grad_scale;
-    s.logits = ops::cross_entropy_fused(s.logits, s.labels, ops::gpu::scaled_mask(s.mask, s.grad_scale), losses, s.lse);
+    s.logits = ops::cross_entropy_fused(s.logits, s.labels, ops::scaled_mask(s.mask, s.grad_scale), losses, s.lse);
     s.logits_are_grad = true;
-#endif
   } else {
     ops::cross_entropy_forward(s.logits, s.labels, losses, s.lse);
   }
+  // The token count comes from the host mask. The loss sum goes into this micro-batch's result on
+  // the CPU; on the GPU it stays in the device accumulator until collect_device_loss(), so
+  // nothing here waits for the device.
+  if (!s.mask.defined()) s.mask = upload(s.mask_sb);
   LossSums r;
-  if (device_ != Device::CPU) {
-    // The loss sum stays on the device until collect_device_loss(); the token count comes from
-    // the host mask. Nothing here waits for the device.
-#ifdef MT_HAVE_CUDA
-    if (!s.mask.defined()) s.mask = upload(s.mask_sb);
-    ops::gpu::accumulate_masked_loss(losses, s.mask, loss_acc_);
-#endif
-    for (int64_t i = 0; i < n; ++i) r.tokens += s.mask_sb[static_cast<size_t>(i)];
-    return r;
-  }
-  const float* l = losses.data<float>();
-  for (int64_t i = 0; i < n; ++i) {  // fixed order: deterministic
-    r.loss_sum += static_cast<double>(l[i]) * s.mask_sb[static_cast<size_t>(i)];
-    r.tokens += s.mask_sb[static_cast<size_t>(i)];
-  }
+  for (int64_t i = 0; i < n; ++i) r.tokens += s.mask_sb[static_cast<size_t>(i)];
+  Tensor acc = device_ == Device::CPU ? Tensor::zeros({1}, DType::I64) : loss_acc_;
+  ops::accumulate_masked_loss(losses, s.mask, acc);
+  if (device_ == Device::CPU) std::memcpy(&r.loss_sum, acc.raw(), sizeof r.loss_sum);
   return r;
 }
 
@@ -217,7 +206,6 @@ Tensor GPTModel::backward_chunk(int c, Saved& s, const Tensor& dy, float loss_gr
 }
 
 Tensor GPTModel::head_backward(Saved& s, float loss_grad_scale, PassContext& ctx) {
-  const int64_t n = s.B * s.S;
   Tensor dlogits;
   {
     ScopedOpTimer t(ctx.times, &OpTimes::loss);
@@ -227,16 +215,7 @@ Tensor GPTModel::head_backward(Saved& s, float loss_grad_scale, PassContext& ctx
                loss_grad_scale, s.grad_scale);
       dlogits = s.logits;
     } else {
-      Tensor dloss;
-      if (device_ != Device::CPU) {
-#ifdef MT_HAVE_CUDA
-        dloss = ops::gpu::scaled_mask(s.mask, loss_grad_scale);  // from the mask uploaded in forward
-#endif
-      } else {
-        std::vector<float> d(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) d[static_cast<size_t>(i)] = s.mask_sb[static_cast<size_t>(i)] * loss_grad_scale;
-        dloss = Tensor::from_vector(d, {n});
-      }
+      const Tensor dloss = ops::scaled_mask(s.mask, loss_grad_scale);  // from the mask uploaded in forward
       dlogits = tp_.on() ? vocab_parallel_cross_entropy_backward(s.logits, s.labels, s.lse, dloss, tp_)
                          : ops::cross_entropy_backward(s.logits, s.labels, s.lse, dloss);
     }
@@ -316,12 +295,7 @@ template <typename T>
 Tensor GPTModel::upload(const std::vector<T>& v) const {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, int32_t>, "uploads are f32 or i32");
   const int64_t n = static_cast<int64_t>(v.size());
-  if (device_ == Device::CPU) return Tensor::from_vector(v, {n});
-#ifdef MT_HAVE_CUDA
-  return ops::gpu::upload_async(v.data(), {n}, std::is_same_v<T, float> ? DType::F32 : DType::I32);
-#else
-  return Tensor::from_vector(v, {n}).to_device(device_);
-#endif
+  return ops::upload(v.data(), {n}, std::is_same_v<T, float> ? DType::F32 : DType::I32, device_);
 }
 
 Linear GPTModel::output_linear() const {

@@ -65,7 +65,7 @@ class GPTModel {
     std::vector<TransformerLayer::Saved> layers;
     Norm::Saved final_norm;
     Tensor ids, labels;  // I32 [S*B] on the model's device
-    Tensor mask;         // F32 [S*B] loss mask, GPU only (the CPU path reads mask_sb)
+    Tensor mask;         // F32 [S*B] loss mask on the model's device (the token count reads mask_sb)
     Tensor final_x, logits, lse;
     // The head's forward formed the logits' gradient for loss_grad_scale `grad_scale` (fused
     // cross-entropy, PassContext::loss_grad_scale): `logits` holds that gradient.

@@ -5,9 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
-#ifdef MT_HAVE_CUDA
-#include "kernels/cuda/op_timer.h"
-#endif
+#include "kernels/device.h"
 
 namespace mt::model {
 namespace {
@@ -27,14 +25,6 @@ int category_of(double OpTimes::*f) {
 
 }  // namespace
 
-#ifdef MT_HAVE_CUDA
-struct OpTimes::DeviceSpans {
-  ops::gpu::EventTimeline timeline{kCategories};
-};
-#else
-struct OpTimes::DeviceSpans {};
-#endif
-
 OpTimes::OpTimes() = default;
 OpTimes::~OpTimes() = default;
 
@@ -46,21 +36,15 @@ void OpTimes::set_device(Device d) {
     dev_.reset();
     return;
   }
-#ifdef MT_HAVE_CUDA
-  dev_ = std::make_unique<DeviceSpans>();
-#else
-  fail("GPU op timing needs a build with the CUDA backend");
-#endif
+  dev_ = std::make_unique<ops::EventTimeline>(kCategories);  // fails in a build without CUDA
 }
 
 void OpTimes::mark() noexcept {
   const int top = open_.empty() ? -1 : open_.back();
-#ifdef MT_HAVE_CUDA
   if (dev_) {
-    dev_->timeline.mark(top);
+    dev_->mark(top);
     return;
   }
-#endif
   const auto now = std::chrono::steady_clock::now();
   if (top >= 0) this->*kFields[top] += std::chrono::duration<double>(now - last_).count();
   last_ = now;
@@ -79,13 +63,11 @@ void OpTimes::end() noexcept {
 }
 
 void OpTimes::resolve() {
-#ifdef MT_HAVE_CUDA
   if (dev_) {
     double s[kCategories] = {};
-    dev_->timeline.resolve(s);
+    dev_->resolve(s);
     for (int i = 0; i < kCategories; ++i) this->*kFields[i] += s[i];
   }
-#endif
 }
 
 void OpTimes::reset() {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "kernels/device.h"
 
 namespace mt::model {
 
@@ -33,7 +34,7 @@ struct OpTimes {
   OpTimes& operator=(const OpTimes&) = delete;
 
   // Which clock the scopes read: CPU (host steady clock, the default) or CUDA (events on the
-  // compute stream; needs a CUDA build with ops::gpu::init() done). Not while a scope is open.
+  // compute stream; needs a CUDA build and a live ops::GpuContext). Not while a scope is open.
   void set_device(Device d);
   bool on_device() const { return dev_ != nullptr; }
 
@@ -48,11 +49,10 @@ struct OpTimes {
   double sum() const;
 
  private:
-  struct DeviceSpans;  // the CUDA event timeline (op_times.cpp)
   void mark() noexcept;
   std::vector<int8_t> open_;  // categories of the open scopes, innermost last
   std::chrono::steady_clock::time_point last_{};
-  std::unique_ptr<DeviceSpans> dev_;
+  std::unique_ptr<ops::EventTimeline> dev_;  // the GPU clock, when set
 };
 
 // One line: each category's share of `total_seconds` (the time of the steps the totals cover)

@@ -5,9 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
-#ifdef MT_HAVE_CUDA
-#include "kernels/cuda/dispatch.h"
-#endif
+#include "kernels/ops.h"
 
 namespace mt::parallel {
 
@@ -217,7 +215,6 @@ void DataParallel::before_use(const model::Param& p) {
 
 double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& owned, int tp_rank,
                         comm::Communicator& mp, comm::Communicator* dp_if_sharded) {
-  const float* g = ps.grad_buffer().data<float>();
   std::vector<std::pair<int64_t, int64_t>> counted;  // flat ranges, in buffer order per parameter
   for (const auto& p : ps.params()) {
     if (!p.tp.sharded() && tp_rank != 0) continue;  // a TP-replicated parameter counts once
@@ -227,21 +224,7 @@ double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64
       if (a < b) counted.emplace_back(a, b);
     }
   }
-  double sq = 0;
-  if (ps.grad_buffer().device() == Device::CPU) {
-    for (auto [a, b] : counted) sq += optim::grad_norm_squared(g + a, b - a);
-  } else {
-#ifdef MT_HAVE_CUDA
-    // One pass over the merged ranges (adjacent parameters form one run).
-    std::sort(counted.begin(), counted.end());
-    std::vector<std::pair<int64_t, int64_t>> runs;
-    for (auto r : counted) {
-      if (!runs.empty() && runs.back().second >= r.first) runs.back().second = std::max(runs.back().second, r.second);
-      else runs.push_back(r);
-    }
-    sq = ops::gpu::grad_norm_squared(g, runs);
-#endif
-  }
+  double sq = ops::grad_norm_squared(ps.grad_buffer(), counted);
   sq = mp.all_reduce_value(sq);
   if (dp_if_sharded) sq = dp_if_sharded->all_reduce_value(sq);
   return std::sqrt(sq);

@@ -21,7 +21,7 @@
 #include "training/memory_check.h"
 #include "training/trainer.h"
 #ifdef MT_HAVE_CUDA
-#include "kernels/cuda/dispatch.h"
+#include "kernels/device.h"
 #endif
 
 namespace mt {
@@ -58,7 +58,7 @@ namespace {
 // The GPU path trains in bf16 or fp16 (with loss scaling); fp32 on the GPU is refused by name.
 void resolve_device(Arguments& a) {
 #ifdef MT_HAVE_CUDA
-  const bool have_gpu = ops::gpu::available();
+  const bool have_gpu = ops::gpu_count() > 0;
 #else
   const bool have_gpu = false;
 #endif
@@ -79,21 +79,21 @@ void resolve_device(Arguments& a) {
 
 #ifdef MT_HAVE_CUDA
 // Several GPU ranks: each takes the GPU of its local rank (CUDA_VISIBLE_DEVICES applies) and
-// talks NCCL on device buffers.
-comm::DeviceComm pick_gpu(const comm::DistEnv& env) {
-  const int n = ops::gpu::device_count();
+// talks NCCL on device buffers. The run holds the context `gpu` until everything on it is gone.
+comm::DeviceComm pick_gpu(const comm::DistEnv& env, std::optional<ops::GpuContext>& gpu) {
+  const int n = ops::gpu_count();
   if (env.local_world_size > n)
     fail("--device cuda: {} ranks on this node but {} GPU(s) visible; start one rank per GPU (--nproc-per-node {}) "
          "or check CUDA_VISIBLE_DEVICES",
          env.local_world_size, n, n);
-  ops::gpu::init(env.local_rank);
-  return comm::DeviceComm{env.world_size > 1, ops::gpu::compute_stream(), env.local_rank};
+  gpu.emplace(env.local_rank);
+  return comm::DeviceComm{env.world_size > 1, gpu->compute_stream(), env.local_rank};
 }
 #endif
 
 std::string gpu_name() {
 #ifdef MT_HAVE_CUDA
-  return ops::gpu::device_name();
+  return ops::gpu_context().name();
 #else
   return "none";
 #endif
@@ -146,7 +146,8 @@ namespace {
 int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEnv& env, int threads) {
   comm::DeviceComm dev;
 #ifdef MT_HAVE_CUDA
-  if (a.device == "cuda") dev = pick_gpu(env);
+  std::optional<ops::GpuContext> gpu;  // outlives the world and the trainer below
+  if (a.device == "cuda") dev = pick_gpu(env, gpu);
 #endif
   comm::World world(env, std::chrono::minutes(a.distributed_timeout_minutes), dev);
   parallel::RankGrid grid(env.world_size, static_cast<int>(a.tensor_model_parallel_size),

@@ -12,8 +12,9 @@
 #include "core/log.h"
 #include "training/flops.h"
 #ifdef MT_HAVE_CUDA
-#include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/optimizer.h"
+#include "kernels/device.h"
 #endif
 
 namespace mt {
@@ -141,7 +142,7 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   if (args_.device == "cuda") {
     // Parameters, grads and AdamW state live on the device; the host keeps the loop.
     if (args_.optimizer.type != "adam") fail("--device cuda supports --optimizer adam only for now");
-    ops::gpu::init();  // a multi-GPU launch picked this rank's device before (pretrain)
+    ops::gpu_context();  // made where the run picked its device (pretrain): fails if it did not
     cuda::set_attention_backend(cuda::attention_backend_from_name(args_.attention_backend));
     cuda::set_attention_deterministic(!args_.nondeterministic_attention);
     model_->to_device(Device::CUDA);
@@ -530,8 +531,8 @@ int Trainer::run() {
   saver_->wait();  // exit only after an async save completed
 #ifdef MT_HAVE_CUDA
   if (!gpu_adam_.empty())
-    log_info("peak GPU memory: {:.2f} GiB ({})", static_cast<double>(ops::gpu::peak_memory_bytes()) / (1 << 30),
-             ops::gpu::device_name());
+    log_info("peak GPU memory: {:.2f} GiB ({})",
+             static_cast<double>(ops::gpu_context().peak_memory_bytes()) / (1 << 30), ops::gpu_context().name());
 #endif
   if (time_ops_) log_op_breakdown();
   return 0;

@@ -16,7 +16,7 @@
 #include "parallel/process_groups.h"
 #include "training/arguments.h"
 #ifdef MT_HAVE_CUDA
-#include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/optimizer.h"
 #endif
 
 namespace mt {

@@ -1,7 +1,6 @@
-// The attention core with its output in linear_proj's row layout (kernels/attention_rows.h) on
+// The attention core with its output in linear_proj's row layout (ops::attention_forward_rows) on
 // the CPU, where it is the composition attention + heads_to_rows (rows_to_heads + attention
 // backward): bit-identical to it, element (b,h,s,d) at ((s*B + b)*Hq + h)*D + d.
-#include "kernels/attention_rows.h"
 
 #include <cmath>
 
@@ -15,8 +14,8 @@ namespace {
 using test::bit_equal;
 using test::random_vec;
 
-cpu::AttnParams params(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D, bool causal, float drop) {
-  cpu::AttnParams p{B, Hq, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
+ops::AttentionShape params(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D, bool causal, float drop) {
+  ops::AttentionShape p{B, Hq, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
   p.causal = causal;
   p.dropout_p = drop;
   p.seed = 77;
@@ -28,7 +27,7 @@ Tensor random_tensor(const Shape& s, uint64_t seed) {
   return Tensor::from_vector(random_vec<float>(static_cast<size_t>(shape_numel(s)), seed, -2, 2), s);
 }
 
-void check_case(const cpu::AttnParams& p) {
+void check_case(const ops::AttentionShape& p) {
   const int64_t rows = p.S * p.B, cols = p.Hq * p.D;
   const Tensor q = random_tensor({p.B, p.Hq, p.S, p.D}, 1), k = random_tensor({p.B, p.Hkv, p.S, p.D}, 2),
                v = random_tensor({p.B, p.Hkv, p.S, p.D}, 3), dout_rows = random_tensor({rows, cols}, 4);
@@ -65,7 +64,7 @@ TEST(AttentionRows, CpuEqualsHeadsPlusCopyMhaNonCausal) { check_case(params(3, 4
 TEST(AttentionRows, CpuEqualsHeadsPlusCopyWithDropout) { check_case(params(2, 4, 2, 32, 8, true, 0.2f)); }
 
 TEST(AttentionRows, RejectsWrongRowShapes) {
-  const cpu::AttnParams p = params(1, 2, 1, 8, 4, true, 0.f);
+  const ops::AttentionShape p = params(1, 2, 1, 8, 4, true, 0.f);
   const Tensor q = random_tensor({1, 2, 8, 4}, 1), k = random_tensor({1, 1, 8, 4}, 2),
                v = random_tensor({1, 1, 8, 4}, 3);
   Tensor out_rows, lse, dq, dk, dv;

@@ -17,7 +17,7 @@ struct Naive {
 };
 
 // Full S x S scores per head, softmax, dropout from the documented Philox key, times V.
-Naive naive_attention(const AttnParams& p, const std::vector<double>& q, const std::vector<double>& k,
+Naive naive_attention(const ops::AttentionShape& p, const std::vector<double>& q, const std::vector<double>& k,
                       const std::vector<double>& v) {
   const int64_t S = p.S, D = p.D, group = p.Hq / p.Hkv;
   Naive r{std::vector<double>(q.size()), std::vector<double>(p.B * p.Hq * S)};
@@ -50,8 +50,9 @@ Naive naive_attention(const AttnParams& p, const std::vector<double>& q, const s
   return r;
 }
 
-AttnParams make_params(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D, bool causal, float drop = 0.f) {
-  AttnParams p{B, Hq, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
+ops::AttentionShape make_params(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D, bool causal,
+                                float drop = 0.f) {
+  ops::AttentionShape p{B, Hq, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
   p.causal = causal;
   p.dropout_p = drop;
   p.seed = 4242;
@@ -61,14 +62,14 @@ AttnParams make_params(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D,
 
 struct Inputs {
   std::vector<double> q, k, v, dout;
-  explicit Inputs(const AttnParams& p, uint64_t seed)
+  explicit Inputs(const ops::AttentionShape& p, uint64_t seed)
       : q(random_vec(p.B * p.Hq * p.S * p.D, seed, -2, 2)),
         k(random_vec(p.B * p.Hkv * p.S * p.D, seed + 1, -2, 2)),
         v(random_vec(p.B * p.Hkv * p.S * p.D, seed + 2)),
         dout(random_vec(p.B * p.Hq * p.S * p.D, seed + 3)) {}
 };
 
-void check_forward(const AttnParams& p) {
+void check_forward(const ops::AttentionShape& p) {
   SCOPED_TRACE(testing::Message() << "B=" << p.B << " Hq=" << p.Hq << " Hkv=" << p.Hkv << " S=" << p.S
                                   << " D=" << p.D << " causal=" << p.causal << " p=" << p.dropout_p);
   Inputs in(p, 11);
@@ -95,7 +96,7 @@ TEST(Attention, ForwardMatchesNaive) {
 }
 
 // Gradient of L = sum(out * dout) by finite differences, against attention_backward.
-void check_grad(const AttnParams& p, size_t samples = 0) {
+void check_grad(const ops::AttentionShape& p, size_t samples = 0) {
   SCOPED_TRACE(testing::Message() << "B=" << p.B << " Hq=" << p.Hq << " Hkv=" << p.Hkv << " S=" << p.S
                                   << " D=" << p.D << " causal=" << p.causal << " p=" << p.dropout_p);
   Inputs in(p, 5);
@@ -136,7 +137,7 @@ TEST(Attention, GradCheckSeveralTiles) {
 // also checks that both schedules produce identical bits.
 TEST(Attention, BitIdenticalAcrossThreadCounts) {
   for (float drop : {0.f, 0.1f}) {
-    const AttnParams p = make_params(2, 4, 1, 150, 16, true, drop);
+    const ops::AttentionShape p = make_params(2, 4, 1, 150, 16, true, drop);
     Inputs in(p, 9);
     auto qf = test::to_float(in.q), kf = test::to_float(in.k), vf = test::to_float(in.v),
          gf = test::to_float(in.dout);
@@ -159,7 +160,7 @@ TEST(Attention, BitIdenticalAcrossThreadCounts) {
 
 // The fp32 path is the same template: its gradients agree with fp64 to fp32 accuracy.
 TEST(Attention, FloatBackwardMatchesDouble) {
-  const AttnParams p = make_params(2, 4, 2, 150, 20, true, 0.1f);
+  const ops::AttentionShape p = make_params(2, 4, 2, 150, 20, true, 0.1f);
   Inputs in(p, 21);
   std::vector<double> out(in.q.size()), lse(p.B * p.Hq * p.S), dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
   attention_forward(p, in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data());

@@ -17,8 +17,8 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "support/gpu.h"
 #include "test_util.h"
 
 namespace mt::cuda {
@@ -30,12 +30,12 @@ using test::max_abs_diff;
 
 #define MT_REQUIRE_CUDNN()                                                                               \
   do {                                                                                                   \
-    if (!ops::gpu::available()) GTEST_SKIP() << "no GPU";                                                \
+    if (!test::have_gpu()) GTEST_SKIP() << "no GPU";                                                     \
     if (!cudnn_attention_compiled()) GTEST_SKIP() << "this build has no cuDNN (see CMake's cuDNN line)"; \
   } while (0)
 
-AttnParams params(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D, bool causal, float drop = 0.f) {
-  AttnParams p{B, Hq, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
+ops::AttentionShape params(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D, bool causal, float drop = 0.f) {
+  ops::AttentionShape p{B, Hq, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
   p.causal = causal;
   p.dropout_p = drop;
   p.seed = 0x1234567890abcdefull;
@@ -43,7 +43,7 @@ AttnParams params(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D, bool
   return p;
 }
 
-std::string str(const AttnParams& p) {
+std::string str(const ops::AttentionShape& p) {
   char b[160];
   std::snprintf(b, sizeof b, "B=%lld Hq=%lld Hkv=%lld S=%lld D=%lld causal=%d drop=%.2f", static_cast<long long>(p.B),
                 static_cast<long long>(p.Hq), static_cast<long long>(p.Hkv), static_cast<long long>(p.S),
@@ -54,7 +54,7 @@ std::string str(const AttnParams& p) {
 struct Inputs {
   std::vector<float> q, k, v, dout;
 };
-Inputs make_inputs(const AttnParams& p, uint64_t seed) {
+Inputs make_inputs(const ops::AttentionShape& p, uint64_t seed) {
   const size_t nq = p.B * p.Hq * p.S * p.D, nk = p.B * p.Hkv * p.S * p.D;
   Inputs in{random_vec<float>(nq, seed, -2, 2), random_vec<float>(nk, seed + 1, -2, 2),
             random_vec<float>(nk, seed + 2, -1, 1), random_vec<float>(nq, seed + 3, -1, 1)};
@@ -67,7 +67,7 @@ struct Result {
   std::vector<float> out, lse, dq, dk, dv;
 };
 
-Result cpu_reference(const AttnParams& p, const Inputs& in) {
+Result cpu_reference(const ops::AttentionShape& p, const Inputs& in) {
   Result r{std::vector<float>(in.q.size()), std::vector<float>(p.B * p.Hq * p.S), std::vector<float>(in.q.size()),
            std::vector<float>(in.k.size()), std::vector<float>(in.k.size())};
   cpu::attention_forward(p, in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data());
@@ -78,24 +78,24 @@ Result cpu_reference(const AttnParams& p, const Inputs& in) {
 
 enum class Path { Cudnn, Entry };  // cuDNN called directly, or the entry points under the current backend
 
-Result gpu_run(const AttnParams& p, const Inputs& in, Path path, bool deterministic = true) {
+Result gpu_run(const ops::AttentionShape& p, const Inputs& in, Path path, bool deterministic = true) {
   DeviceBuffer<bf16> q(in.q), k(in.k), v(in.v), dout(in.dout);
   DeviceBuffer<bf16> out(in.q.size()), dq(in.q.size()), dk(in.k.size()), dv(in.k.size());
   DeviceBuffer<float> lse(p.B * p.Hq * p.S);
   // Poison outputs: every element must be written.
   out.fill_bytes(0xff), dq.fill_bytes(0xff), dk.fill_bytes(0xff), dv.fill_bytes(0xff), lse.fill_bytes(0xff);
   if (path == Path::Cudnn) {
-    cudnn_attention_forward(p, q, k, v, out, lse, nullptr);
-    cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr, deterministic);
+    cudnn_attention_forward(p, q.get(), k, v, out, lse, nullptr);
+    cudnn_attention_backward(p, q.get(), k, v, out, lse, dout, dq, dk, dv, nullptr, deterministic);
   } else {
-    attention_forward(p, q, k, v, out, lse, nullptr);
-    attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, nullptr);
+    attention_forward(p, q.get(), k, v, out, lse, nullptr);
+    attention_backward(p, q.get(), k, v, out, lse, dout, dq, dk, dv, nullptr);
   }
   MT_CUDA_CHECK(cudaDeviceSynchronize());
   return {out.download(), lse.download(), dq.download(), dk.download(), dv.download()};
 }
 
-Result flash_run(const AttnParams& p, const Inputs& in) {
+Result flash_run(const ops::AttentionShape& p, const Inputs& in) {
   const AttentionBackend prev = attention_backend();
   set_attention_backend(AttentionBackend::Flash);
   Result r = gpu_run(p, in, Path::Entry);
@@ -103,7 +103,7 @@ Result flash_run(const AttnParams& p, const Inputs& in) {
   return r;
 }
 
-void expect_close(const char* what, const AttnParams& p, const Result& got, const Result& want, double tol,
+void expect_close(const char* what, const ops::AttentionShape& p, const Result& got, const Result& want, double tol,
                   double lse_tol) {
   const double eo = rel_l2(got.out, want.out), eq = rel_l2(got.dq, want.dq), ek = rel_l2(got.dk, want.dk),
                ev = rel_l2(got.dv, want.dv), el = max_abs_diff(got.lse, want.lse);
@@ -116,7 +116,7 @@ void expect_close(const char* what, const AttnParams& p, const Result& got, cons
 }
 
 // Builds both graphs; on failure reports cuDNN's reason and returns false.
-bool prepared(const AttnParams& p, bool deterministic = true) {
+bool prepared(const ops::AttentionShape& p, bool deterministic = true) {
   std::string why;
   if (!cudnn_attention_supported(p, &why)) {
     ADD_FAILURE() << "cudnn_attention_supported(" << str(p) << ") is false: " << why;
@@ -137,7 +137,7 @@ TEST_F(GpuCudnnAttention, Available) {
   MT_REQUIRE_CUDNN();
   std::printf("cuDNN runtime version %ld\n", cudnn_runtime_version());
   std::string why;
-  const AttnParams p = params(1, 8, 2, 256, 64, true);
+  const ops::AttentionShape p = params(1, 8, 2, 256, 64, true);
   EXPECT_TRUE(cudnn_attention_supported(p, &why)) << why;
   EXPECT_FALSE(cudnn_attention_supported(params(1, 8, 2, 256, 64, true, 0.1f), &why));
   EXPECT_NE(why.find("dropout"), std::string::npos) << why;
@@ -146,13 +146,13 @@ TEST_F(GpuCudnnAttention, Available) {
 
 TEST_F(GpuCudnnAttention, MatchesCpuAndFlash) {
   MT_REQUIRE_CUDNN();
-  const AttnParams cases[] = {
+  const ops::AttentionShape cases[] = {
       params(2, 8, 2, 128, 64, true),   params(1, 8, 2, 256, 128, true),  params(2, 4, 4, 256, 64, true),
       params(1, 4, 4, 128, 128, false), params(2, 8, 2, 256, 64, false),  params(1, 4, 1, 512, 64, true),
       params(1, 8, 2, 100, 64, true),   params(1, 4, 4, 100, 128, false), params(1, 8, 2, 192, 64, true),
   };
   uint64_t seed = 300;
-  for (const AttnParams& p : cases) {
+  for (const ops::AttentionShape& p : cases) {
     std::string why;
     if (!cudnn_attention_supported(p, &why)) {
       // The only restriction we accept for these shapes: old cuDNN and S % 128 != 0.
@@ -174,7 +174,7 @@ TEST_F(GpuCudnnAttention, MatchesCpuAndFlash) {
 
 TEST_F(GpuCudnnAttention, BackwardDeterministic) {
   MT_REQUIRE_CUDNN();
-  for (const AttnParams& p : {params(2, 8, 2, 512, 64, true), params(1, 4, 4, 256, 128, false)}) {
+  for (const ops::AttentionShape& p : {params(2, 8, 2, 512, 64, true), params(1, 4, 4, 256, 128, false)}) {
     if (!prepared(p)) continue;
     const Inputs in = make_inputs(p, 99);
     const Result a = gpu_run(p, in, Path::Cudnn), b = gpu_run(p, in, Path::Cudnn);
@@ -189,7 +189,7 @@ TEST_F(GpuCudnnAttention, BackwardDeterministic) {
 // The faster dQ-atomics backward (--nondeterministic-attention): only checked for accuracy.
 TEST_F(GpuCudnnAttention, NondeterministicBackwardMatchesCpu) {
   MT_REQUIRE_CUDNN();
-  const AttnParams p = params(2, 8, 2, 256, 64, true);
+  const ops::AttentionShape p = params(2, 8, 2, 256, 64, true);
   if (!prepared(p, false)) return;
   const Inputs in = make_inputs(p, 7);
   expect_close("cudnn-nondet-vs-cpu", p, gpu_run(p, in, Path::Cudnn, false), cpu_reference(p, in), 2e-2, 2e-2);
@@ -197,7 +197,7 @@ TEST_F(GpuCudnnAttention, NondeterministicBackwardMatchesCpu) {
 
 TEST_F(GpuCudnnAttention, BackendSelection) {
   MT_REQUIRE_CUDNN();
-  const AttnParams p = params(1, 8, 2, 256, 64, true);
+  const ops::AttentionShape p = params(1, 8, 2, 256, 64, true);
   if (!prepared(p)) return;
   const Inputs in = make_inputs(p, 21);
   const Result direct = gpu_run(p, in, Path::Cudnn), flash = flash_run(p, in);
@@ -215,8 +215,8 @@ TEST_F(GpuCudnnAttention, BackendSelection) {
 }
 
 TEST_F(GpuCudnnAttention, AutoFallsBackForDropout) {
-  if (!ops::gpu::available()) GTEST_SKIP() << "no GPU";
-  const AttnParams p = params(1, 4, 2, 256, 64, true, 0.1f);
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  const ops::AttentionShape p = params(1, 4, 2, 256, 64, true, 0.1f);
   const Inputs in = make_inputs(p, 5);
   const Result flash = flash_run(p, in);
   set_attention_backend(AttentionBackend::Auto);

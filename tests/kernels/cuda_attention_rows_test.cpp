@@ -1,4 +1,4 @@
-// The attention core with O and dO in linear_proj's row layout (kernels/attention_rows.h) on the
+// The attention core with O and dO in linear_proj's row layout (ops::attention_forward_rows) on the
 // GPU: through cuDNN with row strides (no copy) it must give what the heads layout + copies
 // gives: forward O and lse bit-identical, the deterministic backward bit-identical run to run
 // and equal to (or, should cuDNN pick another engine for the strides, within a tight tolerance
@@ -19,12 +19,10 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "kernels/attention_rows.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention_cudnn.h"
-#include "kernels/cuda/attention_rows.h"
-#include "kernels/cuda/dispatch.h"
 #include "kernels/ops.h"
+#include "support/gpu.h"
 #include "test_util.h"
 
 namespace mt::ops {
@@ -36,8 +34,8 @@ using test::bit_equal;
 using test::random_vec;
 using test::rel_l2;
 
-cpu::AttnParams params(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D, bool causal, float drop = 0.f) {
-  cpu::AttnParams p{B, Hq, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
+ops::AttentionShape params(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D, bool causal, float drop = 0.f) {
+  ops::AttentionShape p{B, Hq, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
   p.causal = causal;
   p.dropout_p = drop;
   p.seed = 0x5eed;
@@ -45,7 +43,7 @@ cpu::AttnParams params(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D,
   return p;
 }
 
-std::string str(const cpu::AttnParams& p) {
+std::string str(const ops::AttentionShape& p) {
   char b[160];
   std::snprintf(b, sizeof b, "B=%lld Hq=%lld Hkv=%lld S=%lld D=%lld causal=%d drop=%.2f", static_cast<long long>(p.B),
                 static_cast<long long>(p.Hq), static_cast<long long>(p.Hkv), static_cast<long long>(p.S),
@@ -66,7 +64,7 @@ Input input(const Shape& s, uint64_t seed, DType dt, double lo = -2, double hi =
 std::vector<float> host(const Tensor& t) { return t.to_device(Device::CPU).to(DType::F32).to_vector(); }
 
 // Rows [S*B, H*D] -> heads [B, H, S, D] on the host: the layout the CPU reference uses.
-std::vector<float> rows_to_heads_host(const std::vector<float>& r, const cpu::AttnParams& p) {
+std::vector<float> rows_to_heads_host(const std::vector<float>& r, const ops::AttentionShape& p) {
   std::vector<float> h(r.size());
   for (int64_t s = 0; s < p.S; ++s)
     for (int64_t b = 0; b < p.B; ++b)
@@ -79,14 +77,14 @@ std::vector<float> rows_to_heads_host(const std::vector<float>& r, const cpu::At
 // Fills and frees a block of the pool, so that unwritten outputs allocated next read as NaN.
 void poison_pool(int64_t bytes) {
   Tensor t = Tensor::empty({bytes / 4}, DType::I32, Device::CUDA);
-  MT_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0xff, t.nbytes(), static_cast<cudaStream_t>(gpu::compute_stream())));
+  MT_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0xff, t.nbytes(), static_cast<cudaStream_t>(test::gpu().compute_stream())));
 }
 
 struct Case {
-  cpu::AttnParams p;
+  ops::AttentionShape p;
   Input q, k, v, dout_rows;
 };
-Case make_case(const cpu::AttnParams& p, uint64_t seed, DType dt = DType::BF16) {
+Case make_case(const ops::AttentionShape& p, uint64_t seed, DType dt = DType::BF16) {
   return {p, input({p.B, p.Hq, p.S, p.D}, seed, dt), input({p.B, p.Hkv, p.S, p.D}, seed + 1, dt),
           input({p.B, p.Hkv, p.S, p.D}, seed + 2, dt, -1, 1), input({p.S * p.B, p.Hq * p.D}, seed + 3, dt, -1, 1)};
 }
@@ -97,14 +95,14 @@ struct Result {
 
 // Through the rows entry points; `direct` (optional) says whether both ran without a copy.
 Result run_rows(const Case& c, bool* direct = nullptr) {
-  const cpu::AttnParams& p = c.p;
+  const ops::AttentionShape& p = c.p;
   Tensor out_rows, lse, dq, dk, dv;
   poison_pool(p.B * p.Hq * p.S * p.D * 8);  // room for the outputs and the workspaces
   if (direct) {
-    *direct = gpu::attention_forward_rows_direct(p, c.q.dev, c.k.dev, c.v.dev, out_rows, lse);
+    *direct = attention_forward_rows_direct(p, c.q.dev, c.k.dev, c.v.dev, out_rows, lse);
     if (!*direct) attention_forward_rows(p, c.q.dev, c.k.dev, c.v.dev, out_rows, lse);
     const bool bwd =
-        gpu::attention_backward_rows_direct(p, c.q.dev, c.k.dev, c.v.dev, out_rows, lse, c.dout_rows.dev, dq, dk, dv);
+        attention_backward_rows_direct(p, c.q.dev, c.k.dev, c.v.dev, out_rows, lse, c.dout_rows.dev, dq, dk, dv);
     if (!bwd) attention_backward_rows(p, c.q.dev, c.k.dev, c.v.dev, out_rows, lse, c.dout_rows.dev, dq, dk, dv);
     *direct = *direct && bwd;
   } else {
@@ -117,7 +115,7 @@ Result run_rows(const Case& c, bool* direct = nullptr) {
 
 // The heads layout and the copies, as SelfAttention ran it before the rows entry points.
 Result run_heads_plus_copies(const Case& c) {
-  const cpu::AttnParams& p = c.p;
+  const ops::AttentionShape& p = c.p;
   Tensor out, lse, dq, dk, dv;
   attention_forward(p, c.q.dev, c.k.dev, c.v.dev, out, lse);
   const Tensor out_rows = heads_to_rows(out, p.S, p.B, p.Hq, p.D);
@@ -126,7 +124,7 @@ Result run_heads_plus_copies(const Case& c) {
   return {host(out_rows), host(lse), host(dq), host(dk), host(dv)};
 }
 
-void expect_bit_equal(const char* what, const cpu::AttnParams& p, const Result& got, const Result& want) {
+void expect_bit_equal(const char* what, const ops::AttentionShape& p, const Result& got, const Result& want) {
   EXPECT_TRUE(bit_equal(got.out_rows, want.out_rows)) << what << " out, " << str(p);
   EXPECT_TRUE(bit_equal(got.lse, want.lse)) << what << " lse, " << str(p);
   EXPECT_TRUE(bit_equal(got.dq, want.dq)) << what << " dq, " << str(p);
@@ -136,7 +134,7 @@ void expect_bit_equal(const char* what, const cpu::AttnParams& p, const Result& 
 
 // The CPU reference (fp32 on the rounded inputs), with cuda_attention_cudnn_test.cpp's tolerances.
 void expect_matches_cpu(const Case& c, const Result& got) {
-  const cpu::AttnParams& p = c.p;
+  const ops::AttentionShape& p = c.p;
   const size_t nq = c.q.host.size(), nk = c.k.host.size();
   const std::vector<float> dout = rows_to_heads_host(c.dout_rows.host, p);
   std::vector<float> out(nq), lse(static_cast<size_t>(p.B * p.Hq * p.S)), dq(nq), dk(nk), dv(nk);
@@ -150,7 +148,7 @@ void expect_matches_cpu(const Case& c, const Result& got) {
 }
 
 // cuDNN present and both rows graphs built (else a failure carrying cuDNN's reason).
-bool cudnn_rows_ready(const cpu::AttnParams& p, bool deterministic = true) {
+bool cudnn_rows_ready(const ops::AttentionShape& p, bool deterministic = true) {
   std::string why;
   if (!cuda::cudnn_attention_supported(p, &why)) {
     ADD_FAILURE() << "cuDNN cannot run " << str(p) << ": " << why;
@@ -166,8 +164,8 @@ bool cudnn_rows_ready(const cpu::AttnParams& p, bool deterministic = true) {
 class GpuAttentionRows : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!gpu::available()) GTEST_SKIP() << "no GPU";
-    gpu::init();
+    if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+    test::gpu();
   }
   void TearDown() override {
     cuda::set_attention_backend(AttentionBackend::Auto);
@@ -176,7 +174,7 @@ class GpuAttentionRows : public ::testing::Test {
   static bool have_cudnn() { return cuda::cudnn_attention_compiled(); }
 };
 
-const cpu::AttnParams kShapes[] = {
+const ops::AttentionShape kShapes[] = {
     params(2, 8, 2, 256, 64, true),    // GQA, llama's head dim
     params(2, 4, 4, 256, 64, true),    // MHA
     params(1, 4, 4, 256, 128, false),  // MHA, D 128, no mask
@@ -185,7 +183,7 @@ const cpu::AttnParams kShapes[] = {
 TEST_F(GpuAttentionRows, CudnnRowsEqualHeadsPlusCopies) {
   if (!have_cudnn()) GTEST_SKIP() << "this build has no cuDNN";
   uint64_t seed = 100;
-  for (const cpu::AttnParams& p : kShapes) {
+  for (const ops::AttentionShape& p : kShapes) {
     if (!cudnn_rows_ready(p)) continue;
     const Case c = make_case(p, seed += 10);
     bool direct = false;
@@ -207,7 +205,7 @@ TEST_F(GpuAttentionRows, CudnnRowsEqualHeadsPlusCopies) {
 
 TEST_F(GpuAttentionRows, CudnnRowsBackwardDeterministic) {
   if (!have_cudnn()) GTEST_SKIP() << "this build has no cuDNN";
-  for (const cpu::AttnParams& p : kShapes) {
+  for (const ops::AttentionShape& p : kShapes) {
     if (!cudnn_rows_ready(p)) continue;
     const Case c = make_case(p, 7);
     expect_bit_equal("rows run twice", p, run_rows(c), run_rows(c));
@@ -218,7 +216,7 @@ TEST_F(GpuAttentionRows, CudnnRowsBackwardDeterministic) {
 // (--nondeterministic-attention, its own graph and plan) is checked for accuracy only.
 TEST_F(GpuAttentionRows, FusedAndNondeterministic) {
   if (!have_cudnn()) GTEST_SKIP() << "this build has no cuDNN";
-  const cpu::AttnParams p = kShapes[0];
+  const ops::AttentionShape p = kShapes[0];
   if (!cudnn_rows_ready(p) || !cudnn_rows_ready(p, false)) return;
   const Case c = make_case(p, 11);
   const Result automatic = run_rows(c);
@@ -239,7 +237,7 @@ TEST_F(GpuAttentionRows, FallbacksAreTheComposition) {
   struct Fallback {
     const char* what;
     AttentionBackend backend;
-    cpu::AttnParams p;
+    ops::AttentionShape p;
     DType dt;
   };
   const Fallback cases[] = {

@@ -16,9 +16,9 @@
 #include "core/tensor.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
+#include "support/gpu.h"
 #include "test_util.h"
 
 namespace mt::cuda {
@@ -248,8 +248,8 @@ TEST(GpuCrossEntropyFused, BitIdenticalRunToRun) {
 // ops::cross_entropy_fused on CUDA tensors: the gradient comes back in the logits' storage, and
 // matches the separate forward and backward ops (and the CPU op, which composes them).
 TEST(GpuCrossEntropyFused, TensorOpMatchesSeparateOps) {
-  if (!ops::gpu::available()) GTEST_SKIP() << "no GPU";
-  ops::gpu::init();
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  test::gpu();
   const int64_t N = 12, V = 128256;
   const Problem p = make_problem<bf16>(N, V, V, 3);
   auto up = [](const std::vector<float>& v, const Shape& s) {

@@ -16,9 +16,11 @@
 #include "core/tensor.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/layout.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/optimizer.h"
+#include "kernels/ops.h"
+#include "support/gpu.h"
 #include "test_util.h"
 
 namespace mt::cuda {
@@ -67,7 +69,7 @@ class Half {
 class GpuFp16 : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!ops::gpu::available()) GTEST_SKIP() << "no GPU";
+    if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   }
 };
 
@@ -367,7 +369,7 @@ TEST_F(GpuFp16, UnscaleAndCheckFindsInfAndNan) {
   EXPECT_EQ(run(0, 100, 3e38f, 1024.f), 1);       // overflow by unscaling (a loss scale below 1)
   EXPECT_EQ(run(-1, 0, 0.f, 1.f), 0);
   // Through the Tensor-level entry the trainer calls (ranges of one flat buffer, one host read).
-  mt::ops::gpu::init();
+  test::gpu();
   std::vector<float> flat = random_vec<float>(90000, 3);
   DeviceBuffer<float> gflat(flat);
   EXPECT_FALSE(mt::ops::gpu::unscale_and_check(gflat.get(), {{0, 40000}, {40000, 90000}}, inv));
@@ -380,9 +382,9 @@ TEST_F(GpuFp16, UnscaleAndCheckFindsInfAndNan) {
 // ---- attention through the Tensor-level wrapper: fp16 tensors run the generic fp32 kernels on
 // widened copies, with fp16 results.
 TEST_F(GpuFp16, AttentionWrapperMatchesCpu) {
-  mt::ops::gpu::init();
+  test::gpu();
   for (const bool causal : {true, false}) {
-    AttnParams p{2, 4, 2, 40, 64, 1.f / 8.f};
+    ops::AttentionShape p{2, 4, 2, 40, 64, 1.f / 8.f};
     p.causal = causal;
     const int64_t nq = p.B * p.Hq * p.S * p.D, nk = p.B * p.Hkv * p.S * p.D;
     const auto q = rounded(random_vec<float>(nq, 1, -2, 2)), k = rounded(random_vec<float>(nk, 2, -2, 2));
@@ -398,9 +400,9 @@ TEST_F(GpuFp16, AttentionWrapperMatchesCpu) {
     const Tensor tq = up(q, {p.B, p.Hq, p.S, p.D}), tk = up(k, {p.B, p.Hkv, p.S, p.D}),
                  tv = up(v, {p.B, p.Hkv, p.S, p.D}), tdo = up(dout, {p.B, p.Hq, p.S, p.D});
     Tensor tout, tlse, tdq, tdk, tdv;
-    mt::ops::gpu::attention_forward(p, tq, tk, tv, tout, tlse);
+    mt::ops::attention_forward(p, tq, tk, tv, tout, tlse);
     ASSERT_EQ(tout.dtype(), DType::F16);
-    mt::ops::gpu::attention_backward(p, tq, tk, tv, tout, tlse, tdo, tdq, tdk, tdv);
+    mt::ops::attention_backward(p, tq, tk, tv, tout, tlse, tdo, tdq, tdk, tdv);
     ASSERT_EQ(tdq.dtype(), DType::F16);
     ASSERT_EQ(tdk.dtype(), DType::F16);
     const double eo = rel_l2(down(tout), out), el = rel_l2(down(tlse), lse), eq = rel_l2(down(tdq), dq),

@@ -36,9 +36,9 @@ TEST(GpuGemm, Bf16MatchesCpu) {
 
     DeviceBuffer<bf16> gx(x), gw(w), gb(b), gdy(dy), gy(M * N), gdx(M * K);
     DeviceBuffer<float> gdw(dw0), gdb(db0), gy32(M * N), gb32(b);
-    linear_forward(gemm, gx, gw, gb, gy, M, N, K, nullptr);
+    linear_forward(gemm, gx.get(), gw, gb, gy.get(), M, N, K, nullptr);
     linear_forward(gemm, gx.get(), gw.get(), gb32.get(), gy32.get(), M, N, K, nullptr);
-    linear_backward(gemm, gdy, gx, gw, gdx, gdw, gdb, M, N, K, nullptr);
+    linear_backward(gemm, gdy.get(), gx, gw, gdx, gdw, gdb, M, N, K, nullptr);
     const double ey = rel_l2(gy.download(), y), ey32 = rel_l2(gy32.download(), y), edx = rel_l2(gdx.download(), dx);
     const double edw = rel_l2(gdw.download(), dw), edb = rel_l2(gdb.download(), db);
     std::printf("bf16 gemm %lldx%lldx%lld: y %.2e y32 %.2e dx %.2e dw %.2e db %.2e\n", static_cast<long long>(M),
@@ -78,8 +78,8 @@ TEST(GpuGemm, Deterministic) {
   for (int r = 0; r < 2; ++r) {
     DeviceBuffer<bf16> gx(x), gw(w), gdy(dy), gy(M * N), gdx(M * K);
     DeviceBuffer<float> gdw(std::vector<float>(N * K, 0.f)), gdb(std::vector<float>(N, 0.f));
-    linear_forward(gemm, gx, gw, static_cast<const bf16*>(nullptr), gy, M, N, K, nullptr);
-    linear_backward(gemm, gdy, gx, gw, gdx, gdw, gdb, M, N, K, nullptr);
+    linear_forward(gemm, gx.get(), gw, static_cast<const bf16*>(nullptr), gy.get(), M, N, K, nullptr);
+    linear_backward(gemm, gdy.get(), gx, gw, gdx, gdw, gdb, M, N, K, nullptr);
     auto all = gy.bytes();
     for (const auto& part : {gdx.bytes(), gdw.bytes(), gdb.bytes()}) all.insert(all.end(), part.begin(), part.end());
     runs.push_back(std::move(all));

@@ -11,8 +11,8 @@
 #include "core/dtype.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "support/gpu.h"
 #include "test_util.h"
 
 namespace mt::cuda {
@@ -25,7 +25,7 @@ using test::rel_l2;
 class GpuGemmTune : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!ops::gpu::available()) GTEST_SKIP() << "no GPU";
+    if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   }
 };
 
@@ -57,14 +57,14 @@ Outputs run_bf16(Gemm& gemm, const Shape3& s, const Inputs& in) {
   const int64_t M = s.M, N = s.N, K = s.K;
   DeviceBuffer<bf16> gx(in.x), gw(in.w), gb(in.b), gdy(in.dy), gy(M * N), gdx(M * K);
   DeviceBuffer<float> gb32(in.b), gy32(M * N), gdw(in.dw0), gdb(in.db0);
-  linear_forward(gemm, gx, gw, gb, gy, M, N, K, nullptr);
+  linear_forward(gemm, gx.get(), gw, gb, gy.get(), M, N, K, nullptr);
   linear_forward(gemm, gx.get(), gw.get(), gb32.get(), gy32.get(), M, N, K, nullptr);
-  linear_backward(gemm, gdy, gx, gw, gdx, gdw, gdb, M, N, K, nullptr);
+  linear_backward(gemm, gdy.get(), gx, gw, gdx, gdw, gdb, M, N, K, nullptr);
   Outputs o;
   o.y = gy.bytes(), o.y32 = gy32.bytes(), o.dx = gdx.bytes(), o.dw1 = gdw.bytes(), o.db = gdb.bytes();
   o.fy = gy.download(), o.fy32 = gy32.download(), o.fdx = gdx.download(), o.fdw1 = gdw.download();
   o.fdb = gdb.download();
-  linear_backward(gemm, gdy, gx, gw, nullptr, gdw, nullptr, M, N, K, nullptr);
+  linear_backward(gemm, gdy.get(), gx, gw, nullptr, gdw, nullptr, M, N, K, nullptr);
   o.dw2 = gdw.bytes();
   return o;
 }
@@ -151,17 +151,17 @@ TEST_F(GpuGemmTune, PutsOffTuningOnZeroInputs) {
   {
     Gemm gemm;
     gemm.set_tuning(true);
-    linear_forward(gemm, gx, gzero, nob, gy, M, N, K, nullptr);
+    linear_forward(gemm, gx.get(), gzero, nob, gy.get(), M, N, K, nullptr);
     EXPECT_EQ(gemm.tuned_shapes(), 0);
     for (float v : gy.download()) ASSERT_EQ(v, 0.f);
-    linear_forward(gemm, gx, gw, nob, gy, M, N, K, nullptr);  // same shape and alignment: same plan
+    linear_forward(gemm, gx.get(), gw, nob, gy.get(), M, N, K, nullptr);  // same shape and alignment: same plan
     EXPECT_EQ(gemm.tuned_shapes(), 1);
   }
   {
     Gemm gemm;
     gemm.set_tuning(true);
-    for (int i = 0; i < 3; ++i) linear_forward(gemm, gx, gzero, nob, gy, M, N, K, nullptr);
-    linear_forward(gemm, gx, gw, nob, gy, M, N, K, nullptr);
+    for (int i = 0; i < 3; ++i) linear_forward(gemm, gx.get(), gzero, nob, gy.get(), M, N, K, nullptr);
+    linear_forward(gemm, gx.get(), gw, nob, gy.get(), M, N, K, nullptr);
     EXPECT_EQ(gemm.tuned_shapes(), 0);
   }
 }
@@ -199,7 +199,7 @@ TEST_F(GpuGemmTune, ColumnSumMatchesHost) {
     }
     DeviceBuffer<bf16> gdyh(dyh);
     DeviceBuffer<float> gdb(db0);
-    linear_backward(gemm, gdyh, nullptr, nullptr, nullptr, nullptr, gdb.get(), M, N, s.K, nullptr);
+    linear_backward(gemm, gdyh.get(), nullptr, nullptr, nullptr, nullptr, gdb.get(), M, N, s.K, nullptr);
     EXPECT_LT(rel_l2(gdb.download(), want), 1e-5) << "bf16 " << M << "x" << N;
   }
 }

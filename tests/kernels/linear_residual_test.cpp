@@ -13,8 +13,8 @@
 #include "test_util.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "support/gpu.h"
 #endif
 
 namespace mt {
@@ -72,7 +72,7 @@ using cuda::Gemm;
 class GpuLinearResidual : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!ops::gpu::available()) GTEST_SKIP() << "no GPU";
+    if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   }
 };
 
@@ -101,7 +101,7 @@ struct Bf16Run {
 };
 Bf16Run run_bf16(Gemm& g, const Shape3& s, const Inputs& in, bool bias) {
   DeviceBuffer<bf16> gx(in.x), gw(in.w), gb(in.b), gr(in.r), gy(s.M * s.N);
-  cuda::linear_forward_residual(g, gx, gw, bias ? gb.get() : nullptr, gr, gy, s.M, s.N, s.K, nullptr);
+  cuda::linear_forward_residual(g, gx.get(), gw, bias ? gb.get() : nullptr, gr, gy.get(), s.M, s.N, s.K, nullptr);
   return {gy.bytes(), gr.bytes(), gy.download()};
 }
 
@@ -189,7 +189,7 @@ TEST_F(GpuLinearResidual, InPlaceAccumulatesOnce) {
 // The Tensor-level op on bf16 CUDA tensors against the CPU op on the same values; the same bits
 // run to run.
 TEST_F(GpuLinearResidual, TensorOpMatchesCpu) {
-  ops::gpu::init();
+  test::gpu();
   const Shape3 s{512, 1024, 768};
   const Inputs in(s, 700);
   const Tensor x = Tensor::from_vector(in.x, {s.M, s.K}), w = Tensor::from_vector(in.w, {s.N, s.K});

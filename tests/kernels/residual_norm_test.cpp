@@ -8,7 +8,7 @@
 #include "kernels/ops.h"
 #include "test_util.h"
 #ifdef MT_HAVE_CUDA
-#include "kernels/cuda/dispatch.h"
+#include "support/gpu.h"
 #endif
 
 namespace mt::ops {
@@ -75,8 +75,8 @@ TEST(ResidualNorm, FusedEqualsAddThenNormOnTheCpu) {
 
 #ifdef MT_HAVE_CUDA
 TEST(GpuResidualNorm, FusedMatchesTheCpuComposition) {
-  if (!gpu::available()) GTEST_SKIP() << "no GPU";
-  gpu::init();
+  if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
+  test::gpu();
   // 1000 rows: many dw partial chunks (the fixed-order second stage over 16 chunk groups).
   for (bool ln : {false, true}) {
     const Inputs in = make_inputs(1000, 2048);

@@ -17,18 +17,18 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/vocab_parallel.h"
 #include "model/gpt_model.h"
 #include "model/recording_comm.h"
 #include "model/vocab_parallel.h"
+#include "support/gpu.h"
 
 namespace mt::model {
 namespace {
 
 bool gpu_ready() {
-  if (!ops::gpu::available()) return false;
-  ops::gpu::init();
+  if (!test::have_gpu()) return false;
+  test::gpu();
   return true;
 }
 #define MT_REQUIRE_GPU() \
@@ -137,7 +137,7 @@ TEST(GpuVocabParallel, CrossEntropyOfTwoRanksMatchesCpuFullVocab) {
   // Backward per rank over its own columns: bf16 output, so bf16 tolerance.
   Tensor gdl = gpu_f32(dloss, {n});
   for (int64_t r = 0; r < kTP; ++r) {
-    Tensor d = ops::gpu::vocab_ce_backward(part[r], lab, lse, gdl, r * kVl);
+    Tensor d = ops::vocab_cross_entropy_backward(part[r], lab, lse, gdl, r * kVl);
     EXPECT_EQ(d.dtype(), DType::BF16);
     expect_close(host(d), columns(dlogits_ref, n, kV, r * kVl, kVl), 1e-6, 1e-2, "dlogits");
   }
@@ -182,7 +182,7 @@ void check_embedding(int64_t h) {
     const auto rows = [&](const std::vector<float>& m) {
       return std::vector<float>(m.begin() + r * kVl * h, m.begin() + (r + 1) * kVl * h);
     };
-    const auto out = host(ops::gpu::vocab_embedding_forward(gids, gpu_bf16(rows(table), {kVl, h}), r * kVl));
+    const auto out = host(ops::vocab_embedding_forward(gids, gpu_bf16(rows(table), {kVl, h}), r * kVl));
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < h; ++c) {
         const float v = out[i * h + c];
@@ -195,7 +195,7 @@ void check_embedding(int64_t h) {
     std::vector<uint8_t> first;
     for (int rep = 0; rep < 2; ++rep) {
       Tensor g = gpu_f32(rows(grad0), {kVl, h});
-      ops::gpu::vocab_embedding_backward(gids, gpu_bf16(dout, {n, h}), g, r * kVl);
+      ops::vocab_embedding_backward(gids, gpu_bf16(dout, {n, h}), g, r * kVl);
       Tensor gh = g.to_device(Device::CPU);
       std::vector<uint8_t> bytes(gh.nbytes());
       std::memcpy(bytes.data(), gh.raw(), bytes.size());

@@ -10,9 +10,8 @@
 #include "core/error.h"
 #include "model/gpt_model.h"
 #ifdef MT_HAVE_CUDA
-#include "kernels/cuda/dispatch.h"
-#include "kernels/cuda/op_timer.h"
 #include "kernels/ops.h"
+#include "support/gpu.h"
 #endif
 
 namespace mt::model {
@@ -138,8 +137,8 @@ TEST(OpTimesGpu, EventSpansTimeGpuOpsWithoutWaiting) {
 #ifndef MT_HAVE_CUDA
   GTEST_SKIP() << "built without the CUDA backend";
 #else
-  if (!ops::gpu::available()) GTEST_SKIP() << "no CUDA device visible";
-  ops::gpu::init();
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
   const int64_t n = 8192;  // one GEMM is 1.1 TFLOP: milliseconds even on an H200
   const Tensor x = Tensor::zeros({n, n}, DType::BF16, Device::CUDA);
   const Tensor w = Tensor::zeros({n, n}, DType::BF16, Device::CUDA);
@@ -153,7 +152,7 @@ TEST(OpTimesGpu, EventSpansTimeGpuOpsWithoutWaiting) {
   // cuBLASLt's algorithm choice and the memory pool's growth happen before the timed part.
   gemm();
   norm();
-  ops::gpu::synchronize();
+  test::gpu().synchronize();
 
   OpTimes t;
   t.set_device(Device::CUDA);
@@ -169,7 +168,7 @@ TEST(OpTimesGpu, EventSpansTimeGpuOpsWithoutWaiting) {
     norm();
   }
   // No scope waited for the GPU: the GEMMs are still queued and no time is known yet.
-  EXPECT_FALSE(ops::gpu::compute_stream_idle());
+  EXPECT_FALSE(test::gpu().idle());
   EXPECT_EQ(t.gemm, 0.0);
   EXPECT_EQ(t.norm, 0.0);
   t.resolve();
@@ -200,8 +199,8 @@ TEST(OpTimesGpu, ModelPassOnTheGpu) {
 #ifndef MT_HAVE_CUDA
   GTEST_SKIP() << "built without the CUDA backend";
 #else
-  if (!ops::gpu::available()) GTEST_SKIP() << "no CUDA device visible";
-  ops::gpu::init();
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
   TransformerConfig c;
   c.num_layers = 2;
   c.hidden_size = 128;

@@ -11,7 +11,7 @@
 #include "optim/optimizer.h"
 #include "support/tiny_models.h"
 #ifdef MT_HAVE_CUDA
-#include "kernels/cuda/dispatch.h"
+#include "support/gpu.h"
 #endif
 
 namespace mt::model {
@@ -209,8 +209,8 @@ TEST(RecomputeGpu, BitIdenticalOnTheGpu) {
 #ifndef MT_HAVE_CUDA
   GTEST_SKIP() << "built without the CUDA backend";
 #else
-  if (!ops::gpu::available()) GTEST_SKIP() << "no CUDA device visible";
-  ops::gpu::init();
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
   auto grads = [](TransformerConfig c) {
     c.hidden_size = 128;
     c.num_attention_heads = 2;  // head dim 64

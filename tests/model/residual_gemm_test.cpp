@@ -13,7 +13,7 @@
 #include "model/gpt_model.h"
 #include "support/tiny_models.h"
 #ifdef MT_HAVE_CUDA
-#include "kernels/cuda/dispatch.h"
+#include "support/gpu.h"
 #endif
 
 namespace mt::model {
@@ -81,8 +81,8 @@ TEST(ResidualGemmGpu, RecomputeBitIdenticalOnTheGpu) {
 #ifndef MT_HAVE_CUDA
   GTEST_SKIP() << "built without the CUDA backend";
 #else
-  if (!ops::gpu::available()) GTEST_SKIP() << "no CUDA device visible";
-  ops::gpu::init();
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
   TransformerConfig c = test::tiny_llama_config(4);
   c.hidden_size = 128;
   c.num_attention_heads = 2;  // head dim 64

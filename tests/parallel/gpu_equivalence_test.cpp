@@ -10,11 +10,12 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "comm/multiprocess.h"
 #ifdef MT_HAVE_CUDA
-#include "kernels/cuda/dispatch.h"
+#include "support/gpu.h"
 #endif
 #include "parallel/layout_support.h"
 #include "parallel/process_groups.h"
@@ -97,8 +98,9 @@ testing::RankOptions gpu_ranks() {
   o.comm_timeout = std::chrono::milliseconds(120000);
 #ifdef MT_HAVE_CUDA
   o.device = [](int rank) {
-    ops::gpu::init(rank);
-    return comm::DeviceComm{true, ops::gpu::compute_stream(), rank};
+    static std::optional<ops::GpuContext> gpu;  // this rank's process holds it until it exits
+    gpu.emplace(rank);
+    return comm::DeviceComm{true, gpu->compute_stream(), rank};
   };
 #endif
   return o;

@@ -13,7 +13,7 @@
 #include "support/tiny_training.h"
 #include "training/trainer.h"
 #ifdef MT_HAVE_CUDA
-#include "kernels/cuda/dispatch.h"
+#include "support/gpu.h"
 #endif
 
 namespace mt {
@@ -22,8 +22,10 @@ namespace {
 using test::PatternSource;
 
 #ifdef MT_HAVE_CUDA
-#define MT_REQUIRE_GPU() \
-  if (!ops::gpu::available()) GTEST_SKIP() << "no CUDA device visible"
+// The test process's GPU context stands in for the one pretrain makes for a run.
+#define MT_REQUIRE_GPU()                                           \
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible"; \
+  test::gpu()
 #else
 #define MT_REQUIRE_GPU() GTEST_SKIP() << "built without the CUDA backend"
 #endif

@@ -42,9 +42,9 @@ constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // Below this many score multiply-adds a call runs on one thread: waking a team costs more than
 // the work (and finite-difference tests make thousands of such calls).
-bool worth_threads(const AttnParams& p) { return p.B * p.Hq * p.S * p.S * p.D >= (int64_t{1} << 18); }
+bool worth_threads(const ops::AttentionShape& p) { return p.B * p.Hq * p.S * p.S * p.D >= (int64_t{1} << 18); }
 
-void check_params(const AttnParams& p) {
+void check_params(const ops::AttentionShape& p) {
   MT_CHECK(p.B >= 0 && p.S >= 0 && p.D > 0 && p.Hkv > 0 && p.Hq % p.Hkv == 0,
            "bad attention shape B={} Hq={} Hkv={} S={} D={}", p.B, p.Hq, p.Hkv, p.S, p.D);
 }
@@ -165,7 +165,7 @@ void tile_acc_cols(const T* w, const T* m, T* out, int64_t nq, int64_t nk, int64
 
 // Fills z[i * kBk + j] with the dropout factor (0 or 1/(1-p)) of every visible entry.
 template <typename T>
-void dropout_factors(const AttnParams& p, int64_t bh, const TileGeom& g, float* u, T* z) {
+void dropout_factors(const ops::AttentionShape& p, int64_t bh, const TileGeom& g, float* u, T* z) {
   const T keep_scale = T(1) / (T(1) - static_cast<T>(p.dropout_p));
   for (int64_t i = 0; i < g.nq; ++i) {
     const int64_t n = g.visible(i, p.causal);
@@ -185,7 +185,7 @@ struct FwdScratch {
 };
 
 template <typename T>
-void attention_forward_impl(const AttnParams& p, const T* q, const T* k, const T* v, T* out, T* lse) {
+void attention_forward_impl(const ops::AttentionShape& p, const T* q, const T* k, const T* v, T* out, T* lse) {
   check_params(p);
   const int64_t S = p.S, D = p.D, group = p.Hq / p.Hkv;
   const int64_t nqt = (S + kBq - 1) / kBq;
@@ -283,7 +283,7 @@ struct BwdScratch {
 // makes softmax backward a single pass: dS = P * (dP - D_i), since sum_j P_ij dP_ij = dO_i . O_i
 // (also with dropout, where O already carries the dropped, rescaled probabilities).
 template <typename T>
-void load_query_tile(const AttnParams& p, int64_t bh, int64_t i0, int64_t nq, const T* q, const T* out,
+void load_query_tile(const ops::AttentionShape& p, int64_t bh, int64_t i0, int64_t nq, const T* q, const T* out,
                      const T* lse, const T* dout, BwdScratch<T>& w) {
   const int64_t S = p.S, D = p.D;
   const T scale = static_cast<T>(p.scale);
@@ -305,8 +305,8 @@ void load_query_tile(const AttnParams& p, int64_t bh, int64_t i0, int64_t nq, co
 // and/or dk, dv ([kBk, D] scratch rows of this key tile). dk uses the scaled q, which carries
 // the softmax scale; dq is scaled once at the end by the caller.
 template <typename T>
-void tile_backward(const AttnParams& p, int64_t bh, const TileGeom& g, const T* kh, const T* vh, BwdScratch<T>& w,
-                   bool want_dq, T* dk, T* dv) {
+void tile_backward(const ops::AttentionShape& p, int64_t bh, const TileGeom& g, const T* kh, const T* vh,
+                   BwdScratch<T>& w, bool want_dq, T* dk, T* dv) {
   const int64_t D = p.D;
   const bool dropout = p.dropout_p > 0.f;
   load_transposed(kh + g.j0 * D, w.kt.data(), g.nk, D);
@@ -342,15 +342,15 @@ void tile_backward(const AttnParams& p, int64_t bh, const TileGeom& g, const T* 
 }
 
 template <typename T>
-void store_dq(const AttnParams& p, int64_t bh, int64_t i0, int64_t nq, const BwdScratch<T>& w, T* dq) {
+void store_dq(const ops::AttentionShape& p, int64_t bh, int64_t i0, int64_t nq, const BwdScratch<T>& w, T* dq) {
   const T scale = static_cast<T>(p.scale);
   T* dst = dq + (bh * p.S + i0) * p.D;
   for (int64_t x = 0; x < nq * p.D; ++x) dst[x] = w.dq[x] * scale;
 }
 
 template <typename T>
-void attention_backward_impl(const AttnParams& p, const T* q, const T* k, const T* v, const T* out, const T* lse,
-                             const T* dout, T* dq, T* dk, T* dv) {
+void attention_backward_impl(const ops::AttentionShape& p, const T* q, const T* k, const T* v, const T* out,
+                             const T* lse, const T* dout, T* dq, T* dk, T* dv) {
   check_params(p);
   const int64_t S = p.S, D = p.D, group = p.Hq / p.Hkv;
   const int64_t nt = (S + kBq - 1) / kBq;
@@ -438,19 +438,20 @@ void attention_backward_impl(const AttnParams& p, const T* q, const T* k, const 
 
 }  // namespace
 
-void attention_forward(const AttnParams& p, const float* q, const float* k, const float* v, float* out, float* lse) {
+void attention_forward(const ops::AttentionShape& p, const float* q, const float* k, const float* v, float* out,
+                       float* lse) {
   attention_forward_impl(p, q, k, v, out, lse);
 }
-void attention_forward(const AttnParams& p, const double* q, const double* k, const double* v, double* out,
+void attention_forward(const ops::AttentionShape& p, const double* q, const double* k, const double* v, double* out,
                        double* lse) {
   attention_forward_impl(p, q, k, v, out, lse);
 }
-void attention_backward(const AttnParams& p, const float* q, const float* k, const float* v, const float* out,
+void attention_backward(const ops::AttentionShape& p, const float* q, const float* k, const float* v, const float* out,
                         const float* lse, const float* dout, float* dq, float* dk, float* dv) {
   attention_backward_impl(p, q, k, v, out, lse, dout, dq, dk, dv);
 }
-void attention_backward(const AttnParams& p, const double* q, const double* k, const double* v, const double* out,
-                        const double* lse, const double* dout, double* dq, double* dk, double* dv) {
+void attention_backward(const ops::AttentionShape& p, const double* q, const double* k, const double* v,
+                        const double* out, const double* lse, const double* dout, double* dq, double* dk, double* dv) {
   attention_backward_impl(p, q, k, v, out, lse, dout, dq, dk, dv);
 }
 

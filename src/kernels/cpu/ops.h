@@ -14,6 +14,8 @@
 //    and scales kept elements by 1/(1-p); p >= 1 drops everything.
 #include <cstdint>
 
+#include "kernels/attention_shape.h"
+
 namespace mt::cpu {
 
 // ---- GEMM (OpenBLAS sgemm/dgemm). y[M,N] = x[M,K] @ w[N,K]^T (+ b[N]).
@@ -69,24 +71,16 @@ void rope_backward(double* dx, const double* cos, const double* sin, int64_t B, 
 
 // ---- Causal self-attention with GQA (Hq = Hkv * group), tiled with an online softmax:
 // no S x S matrix is kept; lse[B, Hq, S] (log-sum-exp of scaled scores) is saved for backward.
-// q: [B, Hq, S, D], k/v: [B, Hkv, S, D], out: [B, Hq, S, D]. Query head h reads kv head h / (Hq/Hkv).
-// Attention dropout (p > 0) is applied to the normalised probabilities with Philox keyed by
-// (seed, offset, (b*Hq+h)*S*S + i*S + j), regenerated identically in backward.
-struct AttnParams {
-  int64_t B, Hq, Hkv, S, D;
-  float scale;  // usually 1/sqrt(D)
-  bool causal = true;
-  float dropout_p = 0.f;
-  uint64_t seed = 0, offset = 0;
-};
-void attention_forward(const AttnParams& p, const float* q, const float* k, const float* v, float* out, float* lse);
-void attention_forward(const AttnParams& p, const double* q, const double* k, const double* v, double* out,
+// q, k, v, out as ops::AttentionShape describes (out like q); dropout as there.
+void attention_forward(const ops::AttentionShape& p, const float* q, const float* k, const float* v, float* out,
+                       float* lse);
+void attention_forward(const ops::AttentionShape& p, const double* q, const double* k, const double* v, double* out,
                        double* lse);
 // Writes dq, dk, dv (not accumulated).
-void attention_backward(const AttnParams& p, const float* q, const float* k, const float* v, const float* out,
+void attention_backward(const ops::AttentionShape& p, const float* q, const float* k, const float* v, const float* out,
                         const float* lse, const float* dout, float* dq, float* dk, float* dv);
-void attention_backward(const AttnParams& p, const double* q, const double* k, const double* v, const double* out,
-                        const double* lse, const double* dout, double* dq, double* dk, double* dv);
+void attention_backward(const ops::AttentionShape& p, const double* q, const double* k, const double* v,
+                        const double* out, const double* lse, const double* dout, double* dq, double* dk, double* dv);
 
 // ---- SwiGLU on Megatron's fc1 output: x[rows, 2F] = [gate | up]; y[rows, F] = silu(gate) * up.
 void swiglu_forward(const float* x, float* y, int64_t rows, int64_t F);
@@ -124,5 +118,9 @@ void add_inplace(float* y, const float* x, int64_t n);  // y += x
 void add_inplace(double* y, const double* x, int64_t n);
 void scale_inplace(float* y, float s, int64_t n);
 void scale_inplace(double* y, double s, int64_t n);
+
+// ---- Optimizer helpers. Sum of squares of x[n] in fp64 over fixed chunks added in order: the
+// same bits whatever the thread count (the gradient norm).
+double sum_squares(const float* x, int64_t n);
 
 }  // namespace mt::cpu

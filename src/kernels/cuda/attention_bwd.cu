@@ -10,6 +10,7 @@
 // dQ reduction buffer. Causal: tiles above the diagonal are skipped per CTA and per warp, and
 // the longest blocks are launched first. delta = rowsum(dO * O) comes from a small kernel first.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_cudnn.h"
@@ -321,30 +322,39 @@ void launch_backward(const TcArgs& a, int64_t B, cudaStream_t s) {
 
 }  // namespace
 
-void attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
-                        const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s) {
-  check_params(p);
-  if (p.B * p.Hq * p.S == 0) return;
-  const void* ptrs[] = {q, k, v, out, lse, dout, dq, dk, dv};
-  if (attention_use_cudnn(p, true, ptrs, 9)) {  // --attention-backend (attention_cudnn.h)
-    cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, s, attention_deterministic());
-    return;
-  }
-  if (!attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(dout) ||
-      !aligned16(dq)) {
+// fp32 storage runs the generic kernels; bf16 cuDNN or the tensor-core kernels where they serve.
+template <typename T>
+void attention_backward(const ops::AttentionShape& p, const T* q, const nd<T>* k, const nd<T>* v, const nd<T>* out,
+                        const float* lse, const nd<T>* dout, nd<T>* dq, nd<T>* dk, nd<T>* dv, cudaStream_t s) {
+  if constexpr (!std::is_same_v<T, bf16>) {
     attention_backward_generic(p, q, k, v, out, lse, dout, dq, dk, dv, s);
-    return;
+  } else {
+    check_params(p);
+    if (p.B * p.Hq * p.S == 0) return;
+    const void* ptrs[] = {q, k, v, out, lse, dout, dq, dk, dv};
+    if (attention_use_cudnn(p, true, ptrs, 9)) {  // --attention-backend (attention_cudnn.h)
+      cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, s, attention_deterministic());
+      return;
+    }
+    if (!attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(dout) ||
+        !aligned16(dq)) {
+      attention_backward_generic(p, q, k, v, out, lse, dout, dq, dk, dv, s);
+      return;
+    }
+    Scratch delta(static_cast<size_t>(p.B * p.Hq * p.S) * sizeof(float), s);
+    attention_delta(out, dout, delta.as<float>(), p.B * p.Hq * p.S, p.D, s);
+    TcArgs a = make_args(p);
+    a.q = q, a.k = k, a.v = v, a.out = out, a.dout = dout, a.lse = lse, a.delta = delta.as<float>();
+    a.dq = dq, a.dk = dk, a.dv = dv;
+    const bool drop = p.dropout_p > 0.f;
+    if (p.D == 64)
+      drop ? launch_backward<64, true>(a, p.B, s) : launch_backward<64, false>(a, p.B, s);
+    else
+      drop ? launch_backward<128, true>(a, p.B, s) : launch_backward<128, false>(a, p.B, s);
   }
-  Scratch delta(static_cast<size_t>(p.B * p.Hq * p.S) * sizeof(float), s);
-  attention_delta(out, dout, delta.as<float>(), p.B * p.Hq * p.S, p.D, s);
-  TcArgs a = make_args(p);
-  a.q = q, a.k = k, a.v = v, a.out = out, a.dout = dout, a.lse = lse, a.delta = delta.as<float>();
-  a.dq = dq, a.dk = dk, a.dv = dv;
-  const bool drop = p.dropout_p > 0.f;
-  if (p.D == 64)
-    drop ? launch_backward<64, true>(a, p.B, s) : launch_backward<64, false>(a, p.B, s);
-  else
-    drop ? launch_backward<128, true>(a, p.B, s) : launch_backward<128, false>(a, p.B, s);
 }
+
+MT_INSTANTIATE(attention_backward, bf16);
+MT_INSTANTIATE(attention_backward, float);
 
 }  // namespace mt::cuda

@@ -17,7 +17,7 @@ namespace {
 std::atomic<AttentionBackend> g_backend{AttentionBackend::Auto};
 std::atomic<bool> g_deterministic{true};
 
-std::string shape_str(const AttnParams& p) {
+std::string shape_str(const ops::AttentionShape& p) {
   return fmt::format("B={} Hq={} Hkv={} S={} D={} causal={} dropout={}", p.B, p.Hq, p.Hkv, p.S, p.D, p.causal ? 1 : 0,
                      p.dropout_p);
 }
@@ -30,7 +30,7 @@ bool all_aligned16(const void* const* ptrs, int n) {
 
 // The fallback after a failed graph build, said once per shape, direction and layout (the
 // failure is cached, so later calls fall back silently).
-void warn_fallback_once(const AttnParams& p, const char* dir, AttnLayout layout, const std::string& err) {
+void warn_fallback_once(const ops::AttentionShape& p, const char* dir, AttnLayout layout, const std::string& err) {
   static std::mutex mu;
   static std::set<std::string> warned;
   const bool rows = layout == AttnLayout::Rows;
@@ -56,7 +56,8 @@ AttentionBackend attention_backend_from_name(const std::string& name) {
        name);
 }
 
-bool attention_use_cudnn(const AttnParams& p, bool backward, const void* const* ptrs, int nptrs, AttnLayout layout) {
+bool attention_use_cudnn(const ops::AttentionShape& p, bool backward, const void* const* ptrs, int nptrs,
+                         AttnLayout layout) {
   const AttentionBackend b = attention_backend();
   if (b == AttentionBackend::Flash) return false;
   const char* dir = backward ? "backward" : "forward";
@@ -88,22 +89,22 @@ namespace mt::cuda {
 bool cudnn_attention_compiled() { return false; }
 long cudnn_runtime_version() { return 0; }
 
-bool cudnn_attention_supported(const AttnParams&, std::string* why) {
+bool cudnn_attention_supported(const ops::AttentionShape&, std::string* why) {
   if (why) *why = "this build has no cuDNN (cudnn.h / libcudnn were not found when configuring CMake)";
   return false;
 }
 
-std::string cudnn_attention_prepare(const AttnParams&, bool, bool, AttnLayout) {
+std::string cudnn_attention_prepare(const ops::AttentionShape&, bool, bool, AttnLayout) {
   return "this build has no cuDNN (cudnn.h / libcudnn were not found when configuring CMake)";
 }
 
-void cudnn_attention_forward(const AttnParams& p, const bf16*, const bf16*, const bf16*, bf16*, float*, cudaStream_t,
-                             AttnLayout) {
+void cudnn_attention_forward(const ops::AttentionShape& p, const bf16*, const bf16*, const bf16*, bf16*, float*,
+                             cudaStream_t, AttnLayout) {
   fail("cuDNN attention forward ({}): {}", shape_str(p), cudnn_attention_prepare(p, false, true));
 }
 
-void cudnn_attention_backward(const AttnParams& p, const bf16*, const bf16*, const bf16*, const bf16*, const float*,
-                              const bf16*, bf16*, bf16*, bf16*, cudaStream_t, bool, AttnLayout) {
+void cudnn_attention_backward(const ops::AttentionShape& p, const bf16*, const bf16*, const bf16*, const bf16*,
+                              const float*, const bf16*, bf16*, bf16*, bf16*, cudaStream_t, bool, AttnLayout) {
   fail("cuDNN attention backward ({}): {}", shape_str(p), cudnn_attention_prepare(p, true, true));
 }
 

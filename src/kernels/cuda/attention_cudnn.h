@@ -35,23 +35,23 @@ long cudnn_runtime_version();
 // Static support check (no graph is built): bf16 storage is implied by the callers; no dropout,
 // D a multiple of 8 up to 128, Hq a multiple of Hkv, cuDNN present and recent enough, and the
 // sequence length restrictions of the loaded cuDNN version. `why` (optional) gets the reason.
-bool cudnn_attention_supported(const AttnParams& p, std::string* why = nullptr);
+bool cudnn_attention_supported(const ops::AttentionShape& p, std::string* why = nullptr);
 
 // Builds (once, cached) the graph and plan for this call shape on the current device; returns ""
 // when it is ready, else the reason it could not be built (also cached: a failing shape is not
 // retried). Throws only for CUDA errors. Tests use it to print the cuDNN reason on failure.
-std::string cudnn_attention_prepare(const AttnParams& p, bool backward, bool deterministic = true,
+std::string cudnn_attention_prepare(const ops::AttentionShape& p, bool backward, bool deterministic = true,
                                     AttnLayout layout = AttnLayout::Heads);
 
 // Run on stream s; throw mt::Error (with the reason from cudnn_attention_prepare and the shape)
 // when the shape is unsupported or the graph cannot be built.
-void cudnn_attention_forward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                             cudaStream_t s, AttnLayout layout = AttnLayout::Heads);
+void cudnn_attention_forward(const ops::AttentionShape& p, const bf16* q, const bf16* k, const bf16* v, bf16* out,
+                             float* lse, cudaStream_t s, AttnLayout layout = AttnLayout::Heads);
 // deterministic = false allows cuDNN's faster backward that accumulates dQ with atomics
 // (run-to-run bits may differ); training uses the default.
-void cudnn_attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
-                              const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s,
-                              bool deterministic = true, AttnLayout layout = AttnLayout::Heads);
+void cudnn_attention_backward(const ops::AttentionShape& p, const bf16* q, const bf16* k, const bf16* v,
+                              const bf16* out, const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv,
+                              cudaStream_t s, bool deterministic = true, AttnLayout layout = AttnLayout::Heads);
 
 // The policy behind the bf16 entry points: whether this call goes to cuDNN under the current
 // attention_backend(). Flash: never. Fused: always (an unsupported shape or a failed build then
@@ -59,7 +59,7 @@ void cudnn_attention_backward(const AttnParams& p, const bf16* q, const bf16* k,
 // aligned and the graph builds; a failed build logs one warning line per shape on stderr.
 // Rows: the same, except that a rows graph that does not build is never an error (warned once):
 // the caller then runs the heads layout and a copy, which is still cuDNN under fused.
-bool attention_use_cudnn(const AttnParams& p, bool backward, const void* const* ptrs, int nptrs,
+bool attention_use_cudnn(const ops::AttentionShape& p, bool backward, const void* const* ptrs, int nptrs,
                          AttnLayout layout = AttnLayout::Heads);
 
 }  // namespace mt::cuda

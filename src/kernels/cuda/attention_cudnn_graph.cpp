@@ -73,7 +73,7 @@ enum Uid : int64_t {
   kFirstVirtual = 100,
 };
 
-std::string shape_str(const AttnParams& p, AttnLayout layout) {
+std::string shape_str(const ops::AttentionShape& p, AttnLayout layout) {
   return fmt::format("B={} Hq={} Hkv={} S={} D={} causal={} scale={} O layout={}", p.B, p.Hq, p.Hkv, p.S, p.D,
                      p.causal ? 1 : 0, p.scale, layout == AttnLayout::Rows ? "rows" : "heads");
 }
@@ -420,7 +420,7 @@ class Registry {
     return handles_[device] = h;
   }
 
-  Plan& plan(const AttnParams& p, bool backward, bool deterministic, AttnLayout layout) {
+  Plan& plan(const ops::AttentionShape& p, bool backward, bool deterministic, AttnLayout layout) {
     int device = 0;
     MT_CUDA_CHECK(cudaGetDevice(&device));
     uint32_t bits = 0;
@@ -434,7 +434,7 @@ class Registry {
   }
 
  private:
-  void build(Plan& pl, const AttnParams& p, int device, bool backward, bool deterministic, AttnLayout layout) {
+  void build(Plan& pl, const ops::AttentionShape& p, int device, bool backward, bool deterministic, AttnLayout layout) {
     std::string why;
     if (!cudnn_attention_supported(p, &why)) {
       pl.error = why;
@@ -512,7 +512,7 @@ float mask_value() {
 bool cudnn_attention_compiled() { return true; }
 long cudnn_runtime_version() { return version(); }
 
-bool cudnn_attention_supported(const AttnParams& p, std::string* why) {
+bool cudnn_attention_supported(const ops::AttentionShape& p, std::string* why) {
   auto no = [&](std::string r) {
     if (why) *why = std::move(r);
     return false;
@@ -538,14 +538,15 @@ bool cudnn_attention_supported(const AttnParams& p, std::string* why) {
   return true;
 }
 
-std::string cudnn_attention_prepare(const AttnParams& p, bool backward, bool deterministic, AttnLayout layout) {
+std::string cudnn_attention_prepare(const ops::AttentionShape& p, bool backward, bool deterministic,
+                                    AttnLayout layout) {
   Registry& r = Registry::get();
   std::lock_guard<std::mutex> lock(r.mu);
   return r.plan(p, backward, deterministic, layout).error;
 }
 
-void cudnn_attention_forward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                             cudaStream_t s, AttnLayout layout) {
+void cudnn_attention_forward(const ops::AttentionShape& p, const bf16* q, const bf16* k, const bf16* v, bf16* out,
+                             float* lse, cudaStream_t s, AttnLayout layout) {
   Registry& r = Registry::get();
   std::lock_guard<std::mutex> lock(r.mu);
   const Plan& pl = r.plan(p, false, true, layout);
@@ -560,9 +561,9 @@ void cudnn_attention_forward(const AttnParams& p, const bf16* q, const bf16* k, 
   execute(pl, r.handle(device), std::move(uids), std::move(ptrs), ws.as<char>(), s, "attention forward execute");
 }
 
-void cudnn_attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
-                              const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s,
-                              bool deterministic, AttnLayout layout) {
+void cudnn_attention_backward(const ops::AttentionShape& p, const bf16* q, const bf16* k, const bf16* v,
+                              const bf16* out, const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv,
+                              cudaStream_t s, bool deterministic, AttnLayout layout) {
   Registry& r = Registry::get();
   std::lock_guard<std::mutex> lock(r.mu);
   const Plan& pl = r.plan(p, true, deterministic, layout);

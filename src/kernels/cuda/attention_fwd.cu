@@ -9,6 +9,7 @@
 // so that the short ones fill the tail. Dropout (a template flag, so the common no-dropout
 // kernel carries none of its code) uses the CPU's Philox key element by element.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_cudnn.h"
@@ -200,28 +201,37 @@ void launch_forward(const TcArgs& a, int64_t B, cudaStream_t s) {
 
 }  // namespace
 
-bool attention_uses_tensor_cores(const AttnParams& p) { return p.D == 64 || p.D == 128; }
+bool attention_uses_tensor_cores(const ops::AttentionShape& p) { return p.D == 64 || p.D == 128; }
 
-void attention_forward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+// fp32 storage runs the generic kernels; bf16 cuDNN or the tensor-core kernels where they serve.
+template <typename T>
+void attention_forward(const ops::AttentionShape& p, const T* q, const nd<T>* k, const nd<T>* v, nd<T>* out, float* lse,
                        cudaStream_t s) {
-  check_params(p);
-  if (p.B * p.Hq * p.S == 0) return;
-  const void* ptrs[] = {q, k, v, out, lse};
-  if (attention_use_cudnn(p, false, ptrs, 5)) {  // --attention-backend (attention_cudnn.h)
-    cudnn_attention_forward(p, q, k, v, out, lse, s);
-    return;
-  }
-  if (!attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) {
+  if constexpr (!std::is_same_v<T, bf16>) {
     attention_forward_generic(p, q, k, v, out, lse, s);
-    return;
+  } else {
+    check_params(p);
+    if (p.B * p.Hq * p.S == 0) return;
+    const void* ptrs[] = {q, k, v, out, lse};
+    if (attention_use_cudnn(p, false, ptrs, 5)) {  // --attention-backend (attention_cudnn.h)
+      cudnn_attention_forward(p, q, k, v, out, lse, s);
+      return;
+    }
+    if (!attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) {
+      attention_forward_generic(p, q, k, v, out, lse, s);
+      return;
+    }
+    TcArgs a = make_args(p);
+    a.q = q, a.k = k, a.v = v, a.o = out, a.lse_out = lse;
+    const bool drop = p.dropout_p > 0.f;
+    if (p.D == 64)
+      drop ? launch_forward<64, true>(a, p.B, s) : launch_forward<64, false>(a, p.B, s);
+    else
+      drop ? launch_forward<128, true>(a, p.B, s) : launch_forward<128, false>(a, p.B, s);
   }
-  TcArgs a = make_args(p);
-  a.q = q, a.k = k, a.v = v, a.o = out, a.lse_out = lse;
-  const bool drop = p.dropout_p > 0.f;
-  if (p.D == 64)
-    drop ? launch_forward<64, true>(a, p.B, s) : launch_forward<64, false>(a, p.B, s);
-  else
-    drop ? launch_forward<128, true>(a, p.B, s) : launch_forward<128, false>(a, p.B, s);
 }
+
+MT_INSTANTIATE(attention_forward, bf16);
+MT_INSTANTIATE(attention_forward, float);
 
 }  // namespace mt::cuda

@@ -184,7 +184,7 @@ __global__ void delta_vec_kernel(const T* __restrict__ out, const T* __restrict_
   if (r < rows && sub == 0) delta[r] = s;
 }
 
-GenArgs make_gen(const AttnParams& p) {
+GenArgs make_gen(const ops::AttentionShape& p) {
   MT_CHECK(p.D <= 256, "attention head dim {} > 256 is not supported on the GPU", p.D);
   MT_CHECK(p.B >= 0 && p.S >= 0 && p.Hkv > 0 && p.Hq % p.Hkv == 0 && p.B * p.Hq < 65536,
            "bad attention shape B={} Hq={} Hkv={} S={} D={}", p.B, p.Hq, p.Hkv, p.S, p.D);
@@ -216,35 +216,6 @@ void dispatch_ndt(int64_t D, F f) {
     f(std::integral_constant<int, 8>{});
 }
 
-template <typename T>
-void gen_forward(const AttnParams& p, const T* q, const T* k, const T* v, T* out, float* lse, cudaStream_t s) {
-  const GenArgs a = make_gen(p);
-  if (p.B * p.Hq * p.S == 0) return;
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.S, kWarps)), static_cast<unsigned>(p.B * p.Hq));
-  dispatch_ndt(p.D, [&](auto ndt) {
-    gen_fwd_kernel<T, decltype(ndt)::value><<<grid, kWarps * 32, 0, s>>>(a, q, k, v, out, lse);
-    MT_CUDA_LAUNCH_CHECK();
-  });
-}
-
-template <typename T>
-void gen_backward(const AttnParams& p, const T* q, const T* k, const T* v, const T* out, const float* lse,
-                  const T* dout, T* dq, T* dk, T* dv, cudaStream_t s) {
-  const GenArgs a = make_gen(p);
-  if (p.B * p.Hq * p.S == 0) return;
-  Scratch delta(static_cast<size_t>(p.B * p.Hq * p.S) * sizeof(float), s);
-  attention_delta(out, dout, delta.as<float>(), p.B * p.Hq * p.S, p.D, s);
-  const dim3 gq(static_cast<unsigned>(ceil_div(p.S, kWarps)), static_cast<unsigned>(p.B * p.Hq));
-  const dim3 gk(static_cast<unsigned>(ceil_div(p.S, kWarps)), static_cast<unsigned>(p.B * p.Hkv));
-  dispatch_ndt(p.D, [&](auto ndt) {
-    constexpr int N = decltype(ndt)::value;
-    gen_dq_kernel<T, N><<<gq, kWarps * 32, 0, s>>>(a, q, k, v, lse, delta.as<float>(), dout, dq);
-    MT_CUDA_LAUNCH_CHECK();
-    gen_dkdv_kernel<T, N><<<gk, kWarps * 32, 0, s>>>(a, q, k, v, lse, delta.as<float>(), dout, dk, dv);
-    MT_CUDA_LAUNCH_CHECK();
-  });
-}
-
 }  // namespace
 
 template <typename T>
@@ -261,24 +232,43 @@ void attention_delta(const T* out, const T* dout, float* delta, int64_t rows, in
   }
   MT_CUDA_LAUNCH_CHECK();
 }
-template void attention_delta<float>(const float*, const float*, float*, int64_t, int64_t, cudaStream_t);
-template void attention_delta<bf16>(const bf16*, const bf16*, float*, int64_t, int64_t, cudaStream_t);
 
-void attention_forward(const AttnParams& p, const float* q, const float* k, const float* v, float* out, float* lse,
-                       cudaStream_t s) {
-  gen_forward(p, q, k, v, out, lse, s);
+template <typename T>
+void attention_forward_generic(const ops::AttentionShape& p, const T* q, const nd<T>* k, const nd<T>* v, nd<T>* out,
+                               float* lse, cudaStream_t s) {
+  const GenArgs a = make_gen(p);
+  if (p.B * p.Hq * p.S == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.S, kWarps)), static_cast<unsigned>(p.B * p.Hq));
+  dispatch_ndt(p.D, [&](auto ndt) {
+    gen_fwd_kernel<T, decltype(ndt)::value><<<grid, kWarps * 32, 0, s>>>(a, q, k, v, out, lse);
+    MT_CUDA_LAUNCH_CHECK();
+  });
 }
-void attention_backward(const AttnParams& p, const float* q, const float* k, const float* v, const float* out,
-                        const float* lse, const float* dout, float* dq, float* dk, float* dv, cudaStream_t s) {
-  gen_backward(p, q, k, v, out, lse, dout, dq, dk, dv, s);
+
+template <typename T>
+void attention_backward_generic(const ops::AttentionShape& p, const T* q, const nd<T>* k, const nd<T>* v,
+                                const nd<T>* out, const float* lse, const nd<T>* dout, nd<T>* dq, nd<T>* dk, nd<T>* dv,
+                                cudaStream_t s) {
+  const GenArgs a = make_gen(p);
+  if (p.B * p.Hq * p.S == 0) return;
+  Scratch delta(static_cast<size_t>(p.B * p.Hq * p.S) * sizeof(float), s);
+  attention_delta(out, dout, delta.as<float>(), p.B * p.Hq * p.S, p.D, s);
+  const dim3 gq(static_cast<unsigned>(ceil_div(p.S, kWarps)), static_cast<unsigned>(p.B * p.Hq));
+  const dim3 gk(static_cast<unsigned>(ceil_div(p.S, kWarps)), static_cast<unsigned>(p.B * p.Hkv));
+  dispatch_ndt(p.D, [&](auto ndt) {
+    constexpr int N = decltype(ndt)::value;
+    gen_dq_kernel<T, N><<<gq, kWarps * 32, 0, s>>>(a, q, k, v, lse, delta.as<float>(), dout, dq);
+    MT_CUDA_LAUNCH_CHECK();
+    gen_dkdv_kernel<T, N><<<gk, kWarps * 32, 0, s>>>(a, q, k, v, lse, delta.as<float>(), dout, dk, dv);
+    MT_CUDA_LAUNCH_CHECK();
+  });
 }
-void attention_forward_generic(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                               cudaStream_t s) {
-  gen_forward(p, q, k, v, out, lse, s);
-}
-void attention_backward_generic(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
-                                const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s) {
-  gen_backward(p, q, k, v, out, lse, dout, dq, dk, dv, s);
-}
+
+MT_INSTANTIATE(attention_delta, float);
+MT_INSTANTIATE(attention_delta, bf16);
+MT_INSTANTIATE(attention_forward_generic, float);
+MT_INSTANTIATE(attention_forward_generic, bf16);
+MT_INSTANTIATE(attention_backward_generic, float);
+MT_INSTANTIATE(attention_backward_generic, bf16);
 
 }  // namespace mt::cuda

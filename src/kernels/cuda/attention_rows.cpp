@@ -1,11 +1,14 @@
-// cuDNN attention with O and dO in the rows layout (see attention_rows.h).
-#include "kernels/cuda/attention_rows.h"
-
+// The direct path of the attention rows ops on the GPU (ops.def): cuDNN with O and dO in the
+// rows layout (cuda::AttnLayout::Rows), on the compute stream. Each returns false, doing nothing,
+// where the attention policy does not pick cuDNN for the call (not bf16, dropout, --attention-
+// backend flash, unaligned or empty tensors, or a rows graph that does not build). Throws where
+// that policy throws (--attention-backend fused with a shape cuDNN cannot run).
 #include <initializer_list>
 
 #include "core/error.h"
 #include "kernels/cuda/attention_cudnn.h"
-#include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/context.h"
+#include "kernels/op_backends.h"
 
 namespace mt::ops::gpu {
 namespace {
@@ -13,7 +16,7 @@ namespace {
 using cuda::AttnLayout;
 using cuda::bf16;
 
-cudaStream_t stream() { return static_cast<cudaStream_t>(compute_stream()); }
+cudaStream_t stream() { return cuda::compute_stream(); }
 
 // cuDNN runs bf16 storage only; fp16 keeps the fp32 correctness path of attention_forward.
 bool all_bf16(std::initializer_list<const Tensor*> ts) {
@@ -22,7 +25,7 @@ bool all_bf16(std::initializer_list<const Tensor*> ts) {
   return true;
 }
 // Calls that can never take the strided path (and need no policy error) skip its allocations.
-bool never_cudnn(const cpu::AttnParams& p) {
+bool never_cudnn(const AttentionShape& p) {
   return p.B * p.Hq * p.S == 0 || cuda::attention_backend() == cuda::AttentionBackend::Flash;
 }
 Tensor bf16_tensor(const Shape& s) { return Tensor::empty(s, DType::BF16, Device::CUDA); }
@@ -31,7 +34,7 @@ bf16* out(const Tensor& t) { return t.data<bf16>(); }
 
 }  // namespace
 
-bool attention_forward_rows_direct(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+bool attention_forward_rows_direct(const AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
                                    Tensor& out_rows, Tensor& lse) {
   if (never_cudnn(p) || !all_bf16({&q, &k, &v})) return false;
   // Allocated before the policy call, which checks every pointer's alignment; freed unused on
@@ -46,7 +49,7 @@ bool attention_forward_rows_direct(const cpu::AttnParams& p, const Tensor& q, co
   return true;
 }
 
-bool attention_backward_rows_direct(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+bool attention_backward_rows_direct(const AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& out_rows, const Tensor& lse, const Tensor& dout_rows, Tensor& dq,
                                     Tensor& dk, Tensor& dv) {
   if (never_cudnn(p) || !all_bf16({&q, &k, &v, &out_rows, &dout_rows})) return false;

@@ -31,7 +31,7 @@ __device__ __forceinline__ float drop_factor(const TcArgs& a, int64_t bh, int i,
   return philox_uniform(a.seed, a.offset, idx) >= a.dropout_p ? a.keep_scale : 0.f;
 }
 
-inline TcArgs make_args(const AttnParams& p) {
+inline TcArgs make_args(const ops::AttentionShape& p) {
   TcArgs a{};
   a.S = static_cast<int>(p.S);
   a.Hq = static_cast<int>(p.Hq);
@@ -47,7 +47,7 @@ inline TcArgs make_args(const AttnParams& p) {
   return a;
 }
 
-inline void check_params(const AttnParams& p) {
+inline void check_params(const ops::AttentionShape& p) {
   MT_CHECK(p.B >= 0 && p.S >= 0 && p.D > 0 && p.Hkv > 0 && p.Hq > 0 && p.Hq % p.Hkv == 0,
            "bad attention shape B={} Hq={} Hkv={} S={} D={}", p.B, p.Hq, p.Hkv, p.S, p.D);
   MT_CHECK(p.S < (int64_t{1} << 31) && p.S / 16 < 65535 && p.B * p.Hq < (int64_t{1} << 31),

@@ -14,6 +14,24 @@ namespace mt::cuda {
 
 #define MT_CUDA_LAUNCH_CHECK() ::mt::cuda::check_cuda(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 
+// Explicit instantiation of the launcher template `fn` (declared in ops_cuda.h) for the given
+// template arguments, in the .cu file that defines it. The function type comes from the
+// declaration, so the signature stays written once.
+#define MT_INSTANTIATE(fn, ...) template decltype(fn<__VA_ARGS__>) fn<__VA_ARGS__>
+// ... for each storage type (bf16, fp16, fp32), and for the two half types.
+#define MT_INSTANTIATE_STORAGE(fn) \
+  MT_INSTANTIATE(fn, bf16);        \
+  MT_INSTANTIATE(fn, f16);         \
+  MT_INSTANTIATE(fn, float)
+#define MT_INSTANTIATE_HALF(fn) \
+  MT_INSTANTIATE(fn, bf16);     \
+  MT_INSTANTIATE(fn, f16)
+// ... and of a two-type template with each storage type as both (fn<bf16, bf16>, ...).
+#define MT_INSTANTIATE_STORAGE2(fn) \
+  MT_INSTANTIATE(fn, bf16, bf16);   \
+  MT_INSTANTIATE(fn, f16, f16);     \
+  MT_INSTANTIATE(fn, float, float)
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Grid size for a grid-stride elementwise loop: enough blocks to fill the GPU, no more.

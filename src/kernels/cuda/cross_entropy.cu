@@ -114,9 +114,11 @@ __global__ void ce_bwd_kernel(const T* logits, const int32_t* __restrict__ targe
   }
 }
 
+}  // namespace
+
 template <typename T>
-void ce_fwd(const T* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V, int64_t valid_v,
-            cudaStream_t s) {
+void cross_entropy_forward(const T* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
+                           int64_t valid_v, cudaStream_t s) {
   MT_CHECK(valid_v > 0 && valid_v <= V, "cross entropy: valid_v {} outside (0, {}]", valid_v, V);
   if (N == 0) return;
   const bool vec = V % Vec<T>::N == 0 && aligned16(logits);
@@ -124,13 +126,15 @@ void ce_fwd(const T* logits, const int32_t* targets, float* losses, float* lse, 
   MT_CUDA_LAUNCH_CHECK();
 }
 template <typename T>
-void ce_bwd(const T* logits, const int32_t* targets, const float* lse, const float* dloss, T* dlogits, int64_t N,
-            int64_t V, int64_t valid_v, cudaStream_t s) {
+void cross_entropy_backward(const T* logits, const int32_t* targets, const float* lse, const float* dloss,
+                            nd<T>* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s) {
   if (N == 0) return;
   const bool vec = V % Vec<T>::N == 0 && aligned16(logits) && aligned16(dlogits);
   ce_bwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, s>>>(logits, targets, lse, dloss, dlogits, V, valid_v, vec);
   MT_CUDA_LAUNCH_CHECK();
 }
+
+namespace {
 
 // ---- Fused forward + backward: a cluster of CTAs per row, the row held in shared memory.
 constexpr int kFusedThreads = 512;
@@ -326,9 +330,11 @@ bool cluster_fits(const void* kernel, int dev, int cluster, size_t smem) {
   return known[key] = ok;
 }
 
+}  // namespace
+
 template <typename T>
-int ce_fused(const T* logits, const int32_t* targets, const float* dloss, float* losses, float* lse, T* dlogits,
-             int64_t N, int64_t V, int64_t valid_v, cudaStream_t s, int cluster_ctas) {
+int cross_entropy_fused(const T* logits, const int32_t* targets, const float* dloss, float* losses, float* lse,
+                        nd<T>* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s, int cluster_ctas) {
   MT_CHECK(valid_v > 0 && valid_v <= V, "cross entropy: valid_v {} outside (0, {}]", valid_v, V);
   MT_CHECK(cluster_ctas == -1 || cluster_ctas == 0 || cluster_ctas == 1 || cluster_ctas == 2 || cluster_ctas == 4 ||
                cluster_ctas == 8,
@@ -368,8 +374,8 @@ int ce_fused(const T* logits, const int32_t* targets, const float* dloss, float*
     }
   }
   if (C == 0) {  // the row does not fit a cluster's shared memory (or no clusters): two passes
-    ce_fwd(logits, targets, losses, lse, N, V, valid_v, s);
-    ce_bwd(logits, targets, lse, dloss, dlogits, N, V, valid_v, s);
+    cross_entropy_forward(logits, targets, losses, lse, N, V, valid_v, s);
+    cross_entropy_backward(logits, targets, lse, dloss, dlogits, N, V, valid_v, s);
     return 0;
   }
   if (N == 0) return C;
@@ -385,43 +391,8 @@ int ce_fused(const T* logits, const int32_t* targets, const float* dloss, float*
   return C;
 }
 
-}  // namespace
-
-void cross_entropy_forward(const bf16* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
-                           int64_t valid_v, cudaStream_t s) {
-  ce_fwd(logits, targets, losses, lse, N, V, valid_v, s);
-}
-void cross_entropy_forward(const f16* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
-                           int64_t valid_v, cudaStream_t s) {
-  ce_fwd(logits, targets, losses, lse, N, V, valid_v, s);
-}
-void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
-                           int64_t valid_v, cudaStream_t s) {
-  ce_fwd(logits, targets, losses, lse, N, V, valid_v, s);
-}
-void cross_entropy_backward(const bf16* logits, const int32_t* targets, const float* lse, const float* dloss,
-                            bf16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s) {
-  ce_bwd(logits, targets, lse, dloss, dlogits, N, V, valid_v, s);
-}
-void cross_entropy_backward(const f16* logits, const int32_t* targets, const float* lse, const float* dloss,
-                            f16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s) {
-  ce_bwd(logits, targets, lse, dloss, dlogits, N, V, valid_v, s);
-}
-void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,
-                            float* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s) {
-  ce_bwd(logits, targets, lse, dloss, dlogits, N, V, valid_v, s);
-}
-int cross_entropy_fused(const bf16* logits, const int32_t* targets, const float* dloss, float* losses, float* lse,
-                        bf16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s, int cluster_ctas) {
-  return ce_fused(logits, targets, dloss, losses, lse, dlogits, N, V, valid_v, s, cluster_ctas);
-}
-int cross_entropy_fused(const f16* logits, const int32_t* targets, const float* dloss, float* losses, float* lse,
-                        f16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s, int cluster_ctas) {
-  return ce_fused(logits, targets, dloss, losses, lse, dlogits, N, V, valid_v, s, cluster_ctas);
-}
-int cross_entropy_fused(const float* logits, const int32_t* targets, const float* dloss, float* losses, float* lse,
-                        float* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s, int cluster_ctas) {
-  return ce_fused(logits, targets, dloss, losses, lse, dlogits, N, V, valid_v, s, cluster_ctas);
-}
+MT_INSTANTIATE_STORAGE(cross_entropy_forward);
+MT_INSTANTIATE_STORAGE(cross_entropy_backward);
+MT_INSTANTIATE_STORAGE(cross_entropy_fused);
 
 }  // namespace mt::cuda

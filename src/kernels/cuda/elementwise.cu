@@ -247,49 +247,6 @@ dim3 row_grid(int64_t rows, int64_t F) {
   return dim3(grid_for(ceil_div(F, Vec<T>::N), kThreads, 1024), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
 }
 template <typename T>
-void swiglu_fwd(const T* x, T* y, int64_t rows, int64_t F, cudaStream_t s) {
-  if (rows * F == 0) return;
-  const bool vec = vec_ok<T>({x, y}, F);
-  swiglu_fwd_kernel<<<row_grid<T>(rows, F), kThreads, 0, s>>>(x, y, rows, F, vec);
-  MT_CUDA_LAUNCH_CHECK();
-}
-template <typename T>
-void swiglu_bwd(const T* dy, const T* x, T* dx, int64_t rows, int64_t F, cudaStream_t s) {
-  if (rows * F == 0) return;
-  const bool vec = vec_ok<T>({dy, x, dx}, F);
-  swiglu_bwd_kernel<<<row_grid<T>(rows, F), kThreads, 0, s>>>(dy, x, dx, rows, F, vec);
-  MT_CUDA_LAUNCH_CHECK();
-}
-template <typename T>
-void gelu_fwd(const T* x, T* y, int64_t n, bool t, cudaStream_t s) {
-  if (!n) return;
-  gelu_fwd_kernel<<<grid_for(ceil_div(n, Vec<T>::N), kThreads), kThreads, 0, s>>>(x, y, n, t, vec_ok<T>({x, y}, 0));
-  MT_CUDA_LAUNCH_CHECK();
-}
-template <typename T>
-void gelu_bwd(const T* dy, const T* x, T* dx, int64_t n, bool t, cudaStream_t s) {
-  if (!n) return;
-  gelu_bwd_kernel<<<grid_for(ceil_div(n, Vec<T>::N), kThreads), kThreads, 0, s>>>(dy, x, dx, n, t,
-                                                                                  vec_ok<T>({dy, x, dx}, 0));
-  MT_CUDA_LAUNCH_CHECK();
-}
-template <typename T>
-void dropout(const T* x, T* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s) {
-  if (!n) return;
-  if (p <= 0.f) {
-    if (x != y) MT_CUDA_CHECK(cudaMemcpyAsync(y, x, static_cast<size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice, s));
-    return;
-  }
-  if (p >= 1.f) {
-    MT_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(n) * sizeof(T), s));
-    return;
-  }
-  const float scale = 1.f / (1.f - p);
-  dropout_kernel<<<grid_for(ceil_div(n, Vec<T>::N), kThreads), kThreads, 0, s>>>(x, y, n, p, scale, seed, offset,
-                                                                                  aligned16(x) && aligned16(y));
-  MT_CUDA_LAUNCH_CHECK();
-}
-template <typename T>
 void rope(T* x, const float* cs, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t rot_dim,
           float sign, cudaStream_t s) {
   MT_CHECK(rot_dim % 2 == 0 && rot_dim <= D && rot_dim >= 0, "rotary dim {} must be even and <= head dim {}", rot_dim,
@@ -316,71 +273,88 @@ void rope(T* x, const float* cs, const float* sn, int64_t B, int64_t H, int64_t 
     rope_kernel<T, false><<<grid, block, 0, s>>>(x, cs, sn, BH, S, D, half, sign);
   MT_CUDA_LAUNCH_CHECK();
 }
+
+}  // namespace
+
+template <typename T>
+void swiglu_forward(const T* x, nd<T>* y, int64_t rows, int64_t F, cudaStream_t s) {
+  if (rows * F == 0) return;
+  const bool vec = vec_ok<T>({x, y}, F);
+  swiglu_fwd_kernel<<<row_grid<T>(rows, F), kThreads, 0, s>>>(x, y, rows, F, vec);
+  MT_CUDA_LAUNCH_CHECK();
+}
+template <typename T>
+void swiglu_backward(const T* dy, const nd<T>* x, nd<T>* dx, int64_t rows, int64_t F, cudaStream_t s) {
+  if (rows * F == 0) return;
+  const bool vec = vec_ok<T>({dy, x, dx}, F);
+  swiglu_bwd_kernel<<<row_grid<T>(rows, F), kThreads, 0, s>>>(dy, x, dx, rows, F, vec);
+  MT_CUDA_LAUNCH_CHECK();
+}
+template <typename T>
+void gelu_forward(const T* x, nd<T>* y, int64_t n, bool t, cudaStream_t s) {
+  if (!n) return;
+  gelu_fwd_kernel<<<grid_for(ceil_div(n, Vec<T>::N), kThreads), kThreads, 0, s>>>(x, y, n, t, vec_ok<T>({x, y}, 0));
+  MT_CUDA_LAUNCH_CHECK();
+}
+template <typename T>
+void gelu_backward(const T* dy, const nd<T>* x, nd<T>* dx, int64_t n, bool t, cudaStream_t s) {
+  if (!n) return;
+  gelu_bwd_kernel<<<grid_for(ceil_div(n, Vec<T>::N), kThreads), kThreads, 0, s>>>(dy, x, dx, n, t,
+                                                                                  vec_ok<T>({dy, x, dx}, 0));
+  MT_CUDA_LAUNCH_CHECK();
+}
+template <typename T>
+void dropout_forward(const T* x, nd<T>* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s) {
+  if (!n) return;
+  if (p <= 0.f) {
+    if (x != y) MT_CUDA_CHECK(cudaMemcpyAsync(y, x, static_cast<size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice, s));
+    return;
+  }
+  if (p >= 1.f) {
+    MT_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(n) * sizeof(T), s));
+    return;
+  }
+  const float scale = 1.f / (1.f - p);
+  dropout_kernel<<<grid_for(ceil_div(n, Vec<T>::N), kThreads), kThreads, 0, s>>>(x, y, n, p, scale, seed, offset,
+                                                                                  aligned16(x) && aligned16(y));
+  MT_CUDA_LAUNCH_CHECK();
+}
+// The same mask as the forward's (the same Philox stream), applied to the gradient.
+template <typename T>
+void dropout_backward(const T* dy, nd<T>* dx, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s) {
+  dropout_forward(dy, dx, n, p, seed, offset, s);
+}
+template <typename T>
+void rope_forward(T* x, const float* cs, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t rot_dim,
+                  cudaStream_t s) {
+  rope(x, cs, sn, B, H, S, D, rot_dim, 1.f, s);
+}
+template <typename T>
+void rope_backward(T* x, const float* cs, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t rot_dim,
+                   cudaStream_t s) {
+  rope(x, cs, sn, B, H, S, D, rot_dim, -1.f, s);
+}
 template <typename TY, typename TX>
-void add(TY* y, const TX* x, int64_t n, cudaStream_t s) {
+void add_inplace(TY* y, const TX* x, int64_t n, cudaStream_t s) {
   if (!n) return;
   constexpr int G = Vec<TY>::N > Vec<TX>::N ? Vec<TY>::N : Vec<TX>::N;
   add_kernel<<<grid_for(ceil_div(n, G), kThreads), kThreads, 0, s>>>(y, x, n, aligned16(y) && aligned16(x));
   MT_CUDA_LAUNCH_CHECK();
 }
 template <typename T>
-void scale(T* y, float a, int64_t n, cudaStream_t s) {
+void scale_inplace(T* y, float a, int64_t n, cudaStream_t s) {
   if (!n) return;
   scale_kernel<<<grid_for(ceil_div(n, Vec<T>::N), kThreads), kThreads, 0, s>>>(y, a, n, aligned16(y));
   MT_CUDA_LAUNCH_CHECK();
 }
 template <typename TI, typename TO>
-void cast_impl(const TI* x, TO* y, int64_t n, cudaStream_t s) {
+void cast(const TI* x, TO* y, int64_t n, cudaStream_t s) {
   if (!n) return;
   constexpr int G = Vec<TI>::N > Vec<TO>::N ? Vec<TI>::N : Vec<TO>::N;
   cast_kernel<<<grid_for(ceil_div(n, G), kThreads), kThreads, 0, s>>>(x, y, n, aligned16(x) && aligned16(y));
   MT_CUDA_LAUNCH_CHECK();
 }
 
-}  // namespace
-
-void swiglu_forward(const bf16* x, bf16* y, int64_t rows, int64_t F, cudaStream_t s) { swiglu_fwd(x, y, rows, F, s); }
-void swiglu_forward(const f16* x, f16* y, int64_t rows, int64_t F, cudaStream_t s) { swiglu_fwd(x, y, rows, F, s); }
-void swiglu_forward(const float* x, float* y, int64_t rows, int64_t F, cudaStream_t s) { swiglu_fwd(x, y, rows, F, s); }
-void swiglu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t rows, int64_t F, cudaStream_t s) {
-  swiglu_bwd(dy, x, dx, rows, F, s);
-}
-void swiglu_backward(const f16* dy, const f16* x, f16* dx, int64_t rows, int64_t F, cudaStream_t s) {
-  swiglu_bwd(dy, x, dx, rows, F, s);
-}
-void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, int64_t F, cudaStream_t s) {
-  swiglu_bwd(dy, x, dx, rows, F, s);
-}
-void gelu_forward(const bf16* x, bf16* y, int64_t n, bool t, cudaStream_t s) { gelu_fwd(x, y, n, t, s); }
-void gelu_forward(const f16* x, f16* y, int64_t n, bool t, cudaStream_t s) { gelu_fwd(x, y, n, t, s); }
-void gelu_forward(const float* x, float* y, int64_t n, bool t, cudaStream_t s) { gelu_fwd(x, y, n, t, s); }
-void gelu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t n, bool t, cudaStream_t s) {
-  gelu_bwd(dy, x, dx, n, t, s);
-}
-void gelu_backward(const f16* dy, const f16* x, f16* dx, int64_t n, bool t, cudaStream_t s) {
-  gelu_bwd(dy, x, dx, n, t, s);
-}
-void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool t, cudaStream_t s) {
-  gelu_bwd(dy, x, dx, n, t, s);
-}
-void dropout_forward(const bf16* x, bf16* y, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
-  dropout(x, y, n, p, seed, off, s);
-}
-void dropout_forward(const f16* x, f16* y, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
-  dropout(x, y, n, p, seed, off, s);
-}
-void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
-  dropout(x, y, n, p, seed, off, s);
-}
-void dropout_backward(const bf16* dy, bf16* dx, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
-  dropout(dy, dx, n, p, seed, off, s);
-}
-void dropout_backward(const f16* dy, f16* dx, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
-  dropout(dy, dx, n, p, seed, off, s);
-}
-void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed, uint64_t off, cudaStream_t s) {
-  dropout(dy, dx, n, p, seed, off, s);
-}
 void philox_uniform(float* out, int64_t n, uint64_t seed, uint64_t offset, uint64_t first, cudaStream_t s) {
   if (!n) return;
   philox_uniform_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, n, seed, offset, first);
@@ -392,41 +366,22 @@ void rope_tables(int64_t seq, int64_t rot_dim, double base, float* cs, float* sn
   rope_tables_kernel<<<grid_for(seq * rot_dim / 2, kThreads), kThreads, 0, s>>>(seq, rot_dim, base, cs, sn);
   MT_CUDA_LAUNCH_CHECK();
 }
-void rope_forward(bf16* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
-                  cudaStream_t s) {
-  rope(x, c, sn, B, H, S, D, r, 1.f, s);
-}
-void rope_forward(f16* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
-                  cudaStream_t s) {
-  rope(x, c, sn, B, H, S, D, r, 1.f, s);
-}
-void rope_forward(float* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
-                  cudaStream_t s) {
-  rope(x, c, sn, B, H, S, D, r, 1.f, s);
-}
-void rope_backward(bf16* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
-                   cudaStream_t s) {
-  rope(x, c, sn, B, H, S, D, r, -1.f, s);
-}
-void rope_backward(f16* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
-                   cudaStream_t s) {
-  rope(x, c, sn, B, H, S, D, r, -1.f, s);
-}
-void rope_backward(float* x, const float* c, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
-                   cudaStream_t s) {
-  rope(x, c, sn, B, H, S, D, r, -1.f, s);
-}
-void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
-void add_inplace(f16* y, const f16* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
-void add_inplace(float* y, const float* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
-void add_inplace(float* y, const bf16* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
-void add_inplace(float* y, const f16* x, int64_t n, cudaStream_t s) { add(y, x, n, s); }
-void scale_inplace(bf16* y, float a, int64_t n, cudaStream_t s) { scale(y, a, n, s); }
-void scale_inplace(f16* y, float a, int64_t n, cudaStream_t s) { scale(y, a, n, s); }
-void scale_inplace(float* y, float a, int64_t n, cudaStream_t s) { scale(y, a, n, s); }
-void cast(const float* x, bf16* y, int64_t n, cudaStream_t s) { cast_impl(x, y, n, s); }
-void cast(const float* x, f16* y, int64_t n, cudaStream_t s) { cast_impl(x, y, n, s); }
-void cast(const bf16* x, float* y, int64_t n, cudaStream_t s) { cast_impl(x, y, n, s); }
-void cast(const f16* x, float* y, int64_t n, cudaStream_t s) { cast_impl(x, y, n, s); }
+
+MT_INSTANTIATE_STORAGE(swiglu_forward);
+MT_INSTANTIATE_STORAGE(swiglu_backward);
+MT_INSTANTIATE_STORAGE(gelu_forward);
+MT_INSTANTIATE_STORAGE(gelu_backward);
+MT_INSTANTIATE_STORAGE(dropout_forward);
+MT_INSTANTIATE_STORAGE(dropout_backward);
+MT_INSTANTIATE_STORAGE(rope_forward);
+MT_INSTANTIATE_STORAGE(rope_backward);
+MT_INSTANTIATE_STORAGE2(add_inplace);
+MT_INSTANTIATE(add_inplace, float, bf16);  // the fp32 accumulation of a half gradient
+MT_INSTANTIATE(add_inplace, float, f16);
+MT_INSTANTIATE_STORAGE(scale_inplace);
+MT_INSTANTIATE(cast, float, bf16);
+MT_INSTANTIATE(cast, float, f16);
+MT_INSTANTIATE(cast, bf16, float);
+MT_INSTANTIATE(cast, f16, float);
 
 }  // namespace mt::cuda

@@ -48,8 +48,10 @@ __global__ void segment_sum_kernel(const int32_t* __restrict__ keys, const int32
   }
 }
 
+}  // namespace
+
 template <typename T>
-void gather(const int32_t* ids, const T* table, T* out, int64_t n, int64_t dim, cudaStream_t s) {
+void embedding_forward(const int32_t* ids, const T* table, nd<T>* out, int64_t n, int64_t dim, cudaStream_t s) {
   if (n == 0 || dim == 0) return;
   const bool vec = dim % Vec<T>::N == 0 && aligned16(table) && aligned16(out);
   const int threads =
@@ -59,7 +61,7 @@ void gather(const int32_t* ids, const T* table, T* out, int64_t n, int64_t dim, 
 }
 
 template <typename T>
-void scatter_add(const int32_t* ids, const T* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s) {
+void embedding_backward(const int32_t* ids, const T* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s) {
   if (n == 0 || dim == 0) return;
   MT_CHECK(n < (int64_t{1} << 31), "embedding backward over {} tokens exceeds the int32 index range", n);
   const int ni = static_cast<int>(n);
@@ -84,25 +86,7 @@ void scatter_add(const int32_t* ids, const T* dout, float* dtable, int64_t n, in
   MT_CUDA_LAUNCH_CHECK();
 }
 
-}  // namespace
-
-void embedding_forward(const int32_t* ids, const bf16* table, bf16* out, int64_t n, int64_t dim, cudaStream_t s) {
-  gather(ids, table, out, n, dim, s);
-}
-void embedding_forward(const int32_t* ids, const f16* table, f16* out, int64_t n, int64_t dim, cudaStream_t s) {
-  gather(ids, table, out, n, dim, s);
-}
-void embedding_forward(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim, cudaStream_t s) {
-  gather(ids, table, out, n, dim, s);
-}
-void embedding_backward(const int32_t* ids, const bf16* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s) {
-  scatter_add(ids, dout, dtable, n, dim, s);
-}
-void embedding_backward(const int32_t* ids, const f16* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s) {
-  scatter_add(ids, dout, dtable, n, dim, s);
-}
-void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s) {
-  scatter_add(ids, dout, dtable, n, dim, s);
-}
+MT_INSTANTIATE_STORAGE(embedding_forward);
+MT_INSTANTIATE_STORAGE(embedding_backward);
 
 }  // namespace mt::cuda

@@ -33,6 +33,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -499,51 +500,34 @@ void backward_impl(Gemm& g, const T* dy, const T* x, const T* w, T* dx, float* d
   if (db) column_sum_add(dy, db, M, N, s);
 }
 
+// The cuBLASLt element type of a storage type.
+template <typename T>
+constexpr cudaDataType_t data_type() {
+  return std::is_same_v<T, bf16> ? CUDA_R_16BF : std::is_same_v<T, f16> ? CUDA_R_16F : CUDA_R_32F;
+}
+
 }  // namespace
 
-void linear_forward(Gemm& g, const bf16* x, const bf16* w, const bf16* b, bf16* y, int64_t M, int64_t N, int64_t K,
+template <typename TI, typename TO>
+void linear_forward(Gemm& g, const TI* x, const nd<TI>* w, const nd<TO>* b, TO* y, int64_t M, int64_t N, int64_t K,
                     cudaStream_t s) {
-  forward_impl(g, x, w, b, nullptr, y, M, N, K, s, CUDA_R_16BF, CUDA_R_16BF);
+  forward_impl(g, x, w, b, nullptr, y, M, N, K, s, data_type<TI>(), data_type<TO>());
 }
-void linear_forward(Gemm& g, const f16* x, const f16* w, const f16* b, f16* y, int64_t M, int64_t N, int64_t K,
-                    cudaStream_t s) {
-  forward_impl(g, x, w, b, nullptr, y, M, N, K, s, CUDA_R_16F, CUDA_R_16F);
-}
-void linear_forward(Gemm& g, const bf16* x, const bf16* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
-                    cudaStream_t s) {
-  forward_impl(g, x, w, b, nullptr, y, M, N, K, s, CUDA_R_16BF, CUDA_R_32F);
-}
-void linear_forward(Gemm& g, const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
-                    cudaStream_t s) {
-  forward_impl(g, x, w, b, nullptr, y, M, N, K, s, CUDA_R_32F, CUDA_R_32F);
-}
-void linear_forward_residual(Gemm& g, const bf16* x, const bf16* w, const bf16* b, const bf16* residual, bf16* y,
+template <typename TI, typename TO>
+void linear_forward_residual(Gemm& g, const TI* x, const nd<TI>* w, const nd<TO>* b, const nd<TO>* residual, TO* y,
                              int64_t M, int64_t N, int64_t K, cudaStream_t s) {
-  forward_impl(g, x, w, b, residual, y, M, N, K, s, CUDA_R_16BF, CUDA_R_16BF);
+  forward_impl(g, x, w, b, residual, y, M, N, K, s, data_type<TI>(), data_type<TO>());
 }
-void linear_forward_residual(Gemm& g, const f16* x, const f16* w, const f16* b, const f16* residual, f16* y, int64_t M,
-                             int64_t N, int64_t K, cudaStream_t s) {
-  forward_impl(g, x, w, b, residual, y, M, N, K, s, CUDA_R_16F, CUDA_R_16F);
-}
-void linear_forward_residual(Gemm& g, const bf16* x, const bf16* w, const float* b, const float* residual, float* y,
-                             int64_t M, int64_t N, int64_t K, cudaStream_t s) {
-  forward_impl(g, x, w, b, residual, y, M, N, K, s, CUDA_R_16BF, CUDA_R_32F);
-}
-void linear_forward_residual(Gemm& g, const float* x, const float* w, const float* b, const float* residual, float* y,
-                             int64_t M, int64_t N, int64_t K, cudaStream_t s) {
-  forward_impl(g, x, w, b, residual, y, M, N, K, s, CUDA_R_32F, CUDA_R_32F);
-}
-void linear_backward(Gemm& g, const bf16* dy, const bf16* x, const bf16* w, bf16* dx, float* dw, float* db, int64_t M,
+template <typename T>
+void linear_backward(Gemm& g, const T* dy, const nd<T>* x, const nd<T>* w, nd<T>* dx, float* dw, float* db, int64_t M,
                      int64_t N, int64_t K, cudaStream_t s, bool accumulate_dw) {
-  backward_impl(g, dy, x, w, dx, dw, db, M, N, K, s, CUDA_R_16BF, accumulate_dw);
+  backward_impl(g, dy, x, w, dx, dw, db, M, N, K, s, data_type<T>(), accumulate_dw);
 }
-void linear_backward(Gemm& g, const f16* dy, const f16* x, const f16* w, f16* dx, float* dw, float* db, int64_t M,
-                     int64_t N, int64_t K, cudaStream_t s, bool accumulate_dw) {
-  backward_impl(g, dy, x, w, dx, dw, db, M, N, K, s, CUDA_R_16F, accumulate_dw);
-}
-void linear_backward(Gemm& g, const float* dy, const float* x, const float* w, float* dx, float* dw, float* db,
-                     int64_t M, int64_t N, int64_t K, cudaStream_t s, bool accumulate_dw) {
-  backward_impl(g, dy, x, w, dx, dw, db, M, N, K, s, CUDA_R_32F, accumulate_dw);
-}
+
+MT_INSTANTIATE_STORAGE2(linear_forward);
+MT_INSTANTIATE(linear_forward, bf16, float);  // bf16 inputs, fp32 output
+MT_INSTANTIATE_STORAGE2(linear_forward_residual);
+MT_INSTANTIATE(linear_forward_residual, bf16, float);
+MT_INSTANTIATE_STORAGE(linear_backward);
 
 }  // namespace mt::cuda

@@ -146,11 +146,9 @@ bool vec_layout_ok(int64_t rows, int64_t row_elems, int64_t D, int64_t half, std
 }
 }  // namespace
 
-namespace {
-
 template <typename T>
-void qkv_split_t(const T* packed, T* q, T* k, T* v, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
-                 const RopeArgs& rope, cudaStream_t s) {
+void qkv_split(const T* packed, nd<T>* q, nd<T>* k, nd<T>* v, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
+               const RopeArgs& rope, cudaStream_t s) {
   const int64_t rows = S * B, per_row = G * (qpg + 2) * D, half = rope.rot_dim / 2;
   if (rows * per_row == 0) return;
   if (vec_layout_ok(rows, per_row, D, half, {packed, q, k, v})) {
@@ -170,8 +168,8 @@ void qkv_split_t(const T* packed, T* q, T* k, T* v, int64_t S, int64_t B, int64_
 }
 
 template <typename T>
-void qkv_merge_t(T* q, T* k, const T* v, T* packed, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
-                 const RopeArgs& rope, cudaStream_t s) {
+void qkv_merge(T* q, nd<T>* k, const nd<T>* v, nd<T>* packed, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
+               const RopeArgs& rope, cudaStream_t s) {
   const int64_t rows = S * B, per_row = G * (qpg + 2) * D, half = rope.rot_dim / 2;
   if (rows * per_row == 0) return;
   if (vec_layout_ok(rows, per_row, D, half, {packed, q, k, v})) {
@@ -191,7 +189,7 @@ void qkv_merge_t(T* q, T* k, const T* v, T* packed, int64_t S, int64_t B, int64_
 }
 
 template <typename T>
-void heads_to_rows_t(const T* heads, T* rows, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
+void heads_to_rows(const T* heads, nd<T>* rows, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
   if (S * B * H * D == 0) return;
   if (vec_layout_ok(S * B, H * D, D, 0, {heads, rows})) {
     heads_rows_vec_kernel<T, true><<<row_chunk_grid(S * B, H * D / kChunk), kVecThreads, 0, s>>>(
@@ -205,7 +203,7 @@ void heads_to_rows_t(const T* heads, T* rows, int64_t S, int64_t B, int64_t H, i
 }
 
 template <typename T>
-void rows_to_heads_t(const T* rows, T* heads, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
+void rows_to_heads(const T* rows, nd<T>* heads, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
   if (S * B * H * D == 0) return;
   if (vec_layout_ok(S * B, H * D, D, 0, {heads, rows})) {
     heads_rows_vec_kernel<T, false><<<row_chunk_grid(S * B, H * D / kChunk), kVecThreads, 0, s>>>(
@@ -219,59 +217,23 @@ void rows_to_heads_t(const T* rows, T* heads, int64_t S, int64_t B, int64_t H, i
 }
 
 template <typename T>
-void add_position_embedding_t(T* x, const T* pe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
+void add_position_embedding(T* x, const nd<T>* pe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
   if (S * B * h == 0) return;
   add_pos_kernel<T><<<row_chunk_grid(S * B, h), kVecThreads, 0, s>>>(x, pe, S, B, h);
   MT_CUDA_LAUNCH_CHECK();
 }
 
 template <typename T>
-void position_embedding_backward_t(const T* dx, float* dpe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
+void position_embedding_backward(const T* dx, float* dpe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
   pos_backward_kernel<T><<<grid_for(S * h, kThreads), kThreads, 0, s>>>(dx, dpe, S, B, h);
   MT_CUDA_LAUNCH_CHECK();
 }
 
-}  // namespace
-
-void qkv_split(const bf16* packed, bf16* q, bf16* k, bf16* v, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
-               const RopeArgs& rope, cudaStream_t s) {
-  qkv_split_t(packed, q, k, v, S, B, G, qpg, D, rope, s);
-}
-void qkv_split(const f16* packed, f16* q, f16* k, f16* v, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
-               const RopeArgs& rope, cudaStream_t s) {
-  qkv_split_t(packed, q, k, v, S, B, G, qpg, D, rope, s);
-}
-void qkv_merge(bf16* q, bf16* k, const bf16* v, bf16* packed, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
-               const RopeArgs& rope, cudaStream_t s) {
-  qkv_merge_t(q, k, v, packed, S, B, G, qpg, D, rope, s);
-}
-void qkv_merge(f16* q, f16* k, const f16* v, f16* packed, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
-               const RopeArgs& rope, cudaStream_t s) {
-  qkv_merge_t(q, k, v, packed, S, B, G, qpg, D, rope, s);
-}
-void heads_to_rows(const bf16* heads, bf16* rows, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
-  heads_to_rows_t(heads, rows, S, B, H, D, s);
-}
-void heads_to_rows(const f16* heads, f16* rows, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
-  heads_to_rows_t(heads, rows, S, B, H, D, s);
-}
-void rows_to_heads(const bf16* rows, bf16* heads, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
-  rows_to_heads_t(rows, heads, S, B, H, D, s);
-}
-void rows_to_heads(const f16* rows, f16* heads, int64_t S, int64_t B, int64_t H, int64_t D, cudaStream_t s) {
-  rows_to_heads_t(rows, heads, S, B, H, D, s);
-}
-void add_position_embedding(bf16* x, const bf16* pe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
-  add_position_embedding_t(x, pe, S, B, h, s);
-}
-void add_position_embedding(f16* x, const f16* pe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
-  add_position_embedding_t(x, pe, S, B, h, s);
-}
-void position_embedding_backward(const bf16* dx, float* dpe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
-  position_embedding_backward_t(dx, dpe, S, B, h, s);
-}
-void position_embedding_backward(const f16* dx, float* dpe, int64_t S, int64_t B, int64_t h, cudaStream_t s) {
-  position_embedding_backward_t(dx, dpe, S, B, h, s);
-}
+MT_INSTANTIATE_HALF(qkv_split);
+MT_INSTANTIATE_HALF(qkv_merge);
+MT_INSTANTIATE_HALF(heads_to_rows);
+MT_INSTANTIATE_HALF(rows_to_heads);
+MT_INSTANTIATE_HALF(add_position_embedding);
+MT_INSTANTIATE_HALF(position_embedding_backward);
 
 }  // namespace mt::cuda

@@ -1,13 +1,14 @@
-// The loss head's device-side bookkeeping (see loss_head.h): asynchronous uploads through a
-// pinned staging pool, the masked loss sum into an fp64 device accumulator, and dloss from the
-// device mask.
+// The loss head's bookkeeping on the GPU (upload, scaled_mask, accumulate_masked_loss of
+// ops.def): asynchronous uploads through a pinned staging pool, the masked loss sum into an fp64
+// device accumulator, and dloss from the device mask. Nothing here synchronises the host.
 #include <cstring>
 #include <mutex>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/loss_head.h"
+#include "kernels/cuda/context.h"
+#include "kernels/op_backends.h"
 
 namespace mt::cuda {
 namespace {
@@ -103,21 +104,12 @@ StagingPool& staging_pool() {
 namespace mt::ops::gpu {
 namespace {
 
-// The compute stream is the one the CUDA allocator orders its allocations on (ops::gpu::init).
-cudaStream_t compute_stream() {
-  auto* a = dynamic_cast<cuda::CudaAllocator*>(cuda_allocator());
-  MT_CHECK(a != nullptr, "CUDA backend used before ops::gpu::init()");
-  return a->stream();
-}
-
-void check_f32_vector(const Tensor& t, int64_t n, const char* what) {
-  MT_CHECK(t.device() == Device::CUDA && t.dtype() == DType::F32 && t.numel() == n,
-           "{}: expected a CUDA f32 tensor of {} elements, got {} {}", what, n, dtype_name(t.dtype()), t.shape_str());
-}
+using cuda::compute_stream;
 
 }  // namespace
 
-Tensor upload_async(const void* host, const Shape& shape, DType dtype) {
+Tensor upload(const void* host, const Shape& shape, DType dtype, Device device) {
+  MT_CHECK(device == Device::CUDA, "upload: the GPU implementation asked for a CPU tensor");
   Tensor t = Tensor::empty(shape, dtype, Device::CUDA);
   const size_t bytes = t.nbytes();
   if (bytes == 0) return t;
@@ -131,12 +123,8 @@ Tensor upload_async(const void* host, const Shape& shape, DType dtype) {
 }
 
 void accumulate_masked_loss(const Tensor& losses, const Tensor& mask, Tensor& acc) {
+  check_masked_loss(losses, mask, acc, Device::CUDA);
   const int64_t n = losses.numel();
-  check_f32_vector(losses, n, "accumulate_masked_loss (losses)");
-  check_f32_vector(mask, n, "accumulate_masked_loss (mask)");
-  MT_CHECK(acc.device() == Device::CUDA && acc.nbytes() == sizeof(double),
-           "accumulate_masked_loss: the accumulator must be one 8-byte CUDA cell, got {} {}", dtype_name(acc.dtype()),
-           acc.shape_str());
   cuda::masked_sum_kernel<<<1, cuda::kSumThreads, 0, compute_stream()>>>(losses.data<float>(), mask.data<float>(), n,
                                                                          static_cast<double*>(acc.raw()));
   MT_CUDA_LAUNCH_CHECK();
@@ -144,7 +132,7 @@ void accumulate_masked_loss(const Tensor& losses, const Tensor& mask, Tensor& ac
 
 Tensor scaled_mask(const Tensor& mask, float scale) {
   const int64_t n = mask.numel();
-  check_f32_vector(mask, n, "scaled_mask");
+  check_vector(mask, Device::CUDA, DType::F32, n, "scaled_mask");
   Tensor out = Tensor::empty({n}, DType::F32, Device::CUDA);
   if (n == 0) return out;
   cuda::scale_copy_kernel<<<cuda::grid_for(n, 256), 256, 0, compute_stream()>>>(mask.data<float>(), out.data<float>(),

@@ -490,78 +490,42 @@ void norm_bwd(const T* dy, const T* x, const T* w, const float* mean, const floa
 
 }  // namespace
 
-void rmsnorm_forward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t rows, int64_t dim, float eps,
+template <typename T>
+void rmsnorm_forward(const T* x, const nd<T>* w, nd<T>* y, float* rstd, int64_t rows, int64_t dim, float eps,
                      cudaStream_t s) {
-  norm_fwd<bf16, false, false>(x, nullptr, nullptr, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
+  norm_fwd<T, false, false>(x, nullptr, nullptr, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
 }
-void rmsnorm_forward(const f16* x, const f16* w, f16* y, float* rstd, int64_t rows, int64_t dim, float eps,
-                     cudaStream_t s) {
-  norm_fwd<f16, false, false>(x, nullptr, nullptr, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
-}
-void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps,
-                     cudaStream_t s) {
-  norm_fwd<float, false, false>(x, nullptr, nullptr, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
-}
-void add_rmsnorm_forward(const bf16* x, const bf16* res, bf16* sum, const bf16* w, bf16* y, float* rstd, int64_t rows,
+template <typename T>
+void add_rmsnorm_forward(const T* x, const nd<T>* res, nd<T>* sum, const nd<T>* w, nd<T>* y, float* rstd, int64_t rows,
                          int64_t dim, float eps, cudaStream_t s) {
-  norm_fwd<bf16, false, true>(x, res, sum, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
+  norm_fwd<T, false, true>(x, res, sum, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
 }
-void add_rmsnorm_forward(const f16* x, const f16* res, f16* sum, const f16* w, f16* y, float* rstd, int64_t rows,
-                         int64_t dim, float eps, cudaStream_t s) {
-  norm_fwd<f16, false, true>(x, res, sum, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
+template <typename T>
+void rmsnorm_backward(const T* dy, const nd<T>* x, const nd<T>* w, const float* rstd, nd<T>* dx, float* dw,
+                      int64_t rows, int64_t dim, cudaStream_t s, const nd<T>* dx_add) {
+  norm_bwd<T, false>(dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, dim, dx_add, s);
 }
-void add_rmsnorm_forward(const float* x, const float* res, float* sum, const float* w, float* y, float* rstd,
-                         int64_t rows, int64_t dim, float eps, cudaStream_t s) {
-  norm_fwd<float, false, true>(x, res, sum, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
-}
-void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, bf16* dx, float* dw,
-                      int64_t rows, int64_t dim, cudaStream_t s, const bf16* dx_add) {
-  norm_bwd<bf16, false>(dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, dim, dx_add, s);
-}
-void rmsnorm_backward(const f16* dy, const f16* x, const f16* w, const float* rstd, f16* dx, float* dw,
-                      int64_t rows, int64_t dim, cudaStream_t s, const f16* dx_add) {
-  norm_bwd<f16, false>(dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, dim, dx_add, s);
-}
-void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                      int64_t rows, int64_t dim, cudaStream_t s, const float* dx_add) {
-  norm_bwd<float, false>(dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, dim, dx_add, s);
-}
-void layernorm_forward(const bf16* x, const bf16* w, const bf16* b, bf16* y, float* mean, float* rstd, int64_t rows,
+template <typename T>
+void layernorm_forward(const T* x, const nd<T>* w, const nd<T>* b, nd<T>* y, float* mean, float* rstd, int64_t rows,
                        int64_t dim, float eps, cudaStream_t s) {
-  norm_fwd<bf16, true, false>(x, nullptr, nullptr, w, b, y, mean, rstd, rows, dim, eps, s);
+  norm_fwd<T, true, false>(x, nullptr, nullptr, w, b, y, mean, rstd, rows, dim, eps, s);
 }
-void layernorm_forward(const f16* x, const f16* w, const f16* b, f16* y, float* mean, float* rstd, int64_t rows,
-                       int64_t dim, float eps, cudaStream_t s) {
-  norm_fwd<f16, true, false>(x, nullptr, nullptr, w, b, y, mean, rstd, rows, dim, eps, s);
-}
-void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
-                       int64_t dim, float eps, cudaStream_t s) {
-  norm_fwd<float, true, false>(x, nullptr, nullptr, w, b, y, mean, rstd, rows, dim, eps, s);
-}
-void add_layernorm_forward(const bf16* x, const bf16* res, bf16* sum, const bf16* w, const bf16* b, bf16* y,
+template <typename T>
+void add_layernorm_forward(const T* x, const nd<T>* res, nd<T>* sum, const nd<T>* w, const nd<T>* b, nd<T>* y,
                            float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
-  norm_fwd<bf16, true, true>(x, res, sum, w, b, y, mean, rstd, rows, dim, eps, s);
+  norm_fwd<T, true, true>(x, res, sum, w, b, y, mean, rstd, rows, dim, eps, s);
 }
-void add_layernorm_forward(const f16* x, const f16* res, f16* sum, const f16* w, const f16* b, f16* y,
-                           float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
-  norm_fwd<f16, true, true>(x, res, sum, w, b, y, mean, rstd, rows, dim, eps, s);
+template <typename T>
+void layernorm_backward(const T* dy, const nd<T>* x, const nd<T>* w, const float* mean, const float* rstd, nd<T>* dx,
+                        float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s, const nd<T>* dx_add) {
+  norm_bwd<T, true>(dy, x, w, mean, rstd, dx, dw, db, rows, dim, dx_add, s);
 }
-void add_layernorm_forward(const float* x, const float* res, float* sum, const float* w, const float* b, float* y,
-                           float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
-  norm_fwd<float, true, true>(x, res, sum, w, b, y, mean, rstd, rows, dim, eps, s);
-}
-void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* mean, const float* rstd, bf16* dx,
-                        float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s, const bf16* dx_add) {
-  norm_bwd<bf16, true>(dy, x, w, mean, rstd, dx, dw, db, rows, dim, dx_add, s);
-}
-void layernorm_backward(const f16* dy, const f16* x, const f16* w, const float* mean, const float* rstd, f16* dx,
-                        float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s, const f16* dx_add) {
-  norm_bwd<f16, true>(dy, x, w, mean, rstd, dx, dw, db, rows, dim, dx_add, s);
-}
-void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                        float* dx, float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s,
-                        const float* dx_add) {
-  norm_bwd<float, true>(dy, x, w, mean, rstd, dx, dw, db, rows, dim, dx_add, s);
-}
+
+MT_INSTANTIATE_STORAGE(rmsnorm_forward);
+MT_INSTANTIATE_STORAGE(add_rmsnorm_forward);
+MT_INSTANTIATE_STORAGE(rmsnorm_backward);
+MT_INSTANTIATE_STORAGE(layernorm_forward);
+MT_INSTANTIATE_STORAGE(add_layernorm_forward);
+MT_INSTANTIATE_STORAGE(layernorm_backward);
 
 }  // namespace mt::cuda

@@ -1,24 +1,14 @@
-// CUDA event timeline for per-op GPU time (see op_timer.h).
-#include "kernels/cuda/op_timer.h"
-
+// CUDA event timeline for per-op GPU time (ops::EventTimeline, kernels/device.h).
 #include <cuda_runtime_api.h>
 
 #include <deque>
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/context.h"
 
-namespace mt::ops::gpu {
+namespace mt::ops {
 namespace {
-
-// The compute stream is the one the device allocator orders its allocations on (init() hands
-// the same stream to both), so spans recorded there bracket the ops' kernels.
-cudaStream_t compute_stream() {
-  auto* a = dynamic_cast<cuda::CudaAllocator*>(mt::cuda_allocator());
-  MT_CHECK(a != nullptr, "GPU op timing before the CUDA backend is initialised (ops::gpu::init)");
-  return a->stream();
-}
 
 // cudaEventQuery / cudaStreamQuery answer "not ready" through the error channel; make sure it
 // is not left behind as the thread's last error, where a later launch check would report it.
@@ -76,7 +66,7 @@ struct EventTimeline::Impl {
 
 EventTimeline::EventTimeline(int categories) : impl_(std::make_unique<Impl>()) {
   impl_->categories = categories;
-  impl_->stream = compute_stream();
+  impl_->stream = cuda::compute_stream();  // the ops' stream: spans bracket their kernels
   impl_->ms.assign(static_cast<size_t>(categories), 0.0);
 }
 
@@ -142,14 +132,4 @@ void EventTimeline::resolve(double* seconds) {
 
 size_t EventTimeline::pending() const noexcept { return impl_->boundaries.size(); }
 
-bool compute_stream_idle() {
-  const cudaError_t e = cudaStreamQuery(compute_stream());
-  if (e == cudaErrorNotReady) {
-    clear_not_ready();
-    return false;
-  }
-  MT_CUDA_CHECK(e);
-  return true;
-}
-
-}  // namespace mt::ops::gpu
+}  // namespace mt::ops

@@ -1,5 +1,7 @@
 #pragma once
-// CUDA versions of the CPU reference ops (kernels/cpu/ops.h), for device pointers.
+// The CUDA launchers: the GPU counterparts of the CPU reference ops (kernels/cpu/ops.h), on
+// device pointers, one template per op (see "The launchers" below). The Tensor ops of ops.def
+// call them from kernels/cuda/tensor_ops.cpp and its neighbours; tests and benchmarks directly.
 // Conventions (in addition to ops.h's):
 //  * Storage is bf16 or fp16 (the --bf16 / --fp16 training paths) or fp32 (where cheap; the
 //    tests use it to compare with the CPU tightly). Arithmetic is fp32 everywhere; row
@@ -23,13 +25,12 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/attention_shape.h"
 
 namespace mt::cuda {
 
 using bf16 = __nv_bfloat16;
-using f16 = __half;  // IEEE half: the --fp16 storage type, with the same overloads as bf16
-using AttnParams = mt::cpu::AttnParams;
+using f16 = __half;  // IEEE half: the --fp16 storage type, instantiated wherever bf16 is
 
 // Throws mt::Error naming the failed call when e != cudaSuccess.
 void check_cuda(cudaError_t e, const char* what, const char* file, int line);
@@ -92,133 +93,109 @@ class Gemm {
   std::unique_ptr<Impl> impl_;
 };
 
+// ---- The launchers. Each op is one template, written once here and explicitly instantiated in
+// its .cu file for the storage types listed with it ("storage": bf16, f16 and float; "half": bf16
+// and f16). The types are deduced from the first pointer (and the output, where it may differ);
+// the other pointers are not deduced (nd<T>), so that nullptr and DeviceBuffers pass for them.
+template <typename T>
+struct NonDeduced {
+  using type = T;
+};
+template <typename T>
+using nd = typename NonDeduced<T>::type;
+
 // y[M,N] = x[M,K] @ w[N,K]^T (+ b[N]) (bias through the cuBLASLt epilogue). bf16 inputs with
 // fp32 accumulation; output bf16 (bias bf16) or fp32 (bias fp32); or all fp32 (no TF32).
-void linear_forward(Gemm& g, const bf16* x, const bf16* w, const bf16* b, bf16* y, int64_t M, int64_t N, int64_t K,
-                    cudaStream_t s);
-void linear_forward(Gemm& g, const f16* x, const f16* w, const f16* b, f16* y, int64_t M, int64_t N, int64_t K,
-                    cudaStream_t s);
-void linear_forward(Gemm& g, const bf16* x, const bf16* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
-                    cudaStream_t s);
-void linear_forward(Gemm& g, const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
+// (TI, TO): (bf16, bf16), (f16, f16), (bf16, float), (float, float).
+template <typename TI, typename TO>
+void linear_forward(Gemm& g, const TI* x, const nd<TI>* w, const nd<TO>* b, TO* y, int64_t M, int64_t N, int64_t K,
                     cudaStream_t s);
 // y[M,N] = x @ w^T (+ b) + residual[M,N] in one GEMM, the residual add in cuBLASLt's epilogue
 // (C = residual with beta = 1, D = y): no separate add kernel, and one rounding to y's type of the
 // fp32 sum (the order of the bias and residual adds within it is cuBLASLt's, gemm.cu). residual
 // has y's type and layout and is only read; it may be y itself (accumulates into y).
-void linear_forward_residual(Gemm& g, const bf16* x, const bf16* w, const bf16* b, const bf16* residual, bf16* y,
-                             int64_t M, int64_t N, int64_t K, cudaStream_t s);
-void linear_forward_residual(Gemm& g, const f16* x, const f16* w, const f16* b, const f16* residual, f16* y, int64_t M,
-                             int64_t N, int64_t K, cudaStream_t s);
-void linear_forward_residual(Gemm& g, const bf16* x, const bf16* w, const float* b, const float* residual, float* y,
-                             int64_t M, int64_t N, int64_t K, cudaStream_t s);
-void linear_forward_residual(Gemm& g, const float* x, const float* w, const float* b, const float* residual, float* y,
+// (TI, TO) as linear_forward.
+template <typename TI, typename TO>
+void linear_forward_residual(Gemm& g, const TI* x, const nd<TI>* w, const nd<TO>* b, const nd<TO>* residual, TO* y,
                              int64_t M, int64_t N, int64_t K, cudaStream_t s);
 // dx[M,K] = dy @ w (written, if dx); dw[N,K] += dy^T @ x in fp32 (GEMM with beta = 1, if dw; with
 // !accumulate_dw, beta = 0: dw is written, as a step's first gradient is, with nothing read);
-// db[N] += column sums of dy (if db, deterministic).
-void linear_backward(Gemm& g, const bf16* dy, const bf16* x, const bf16* w, bf16* dx, float* dw, float* db, int64_t M,
+// db[N] += column sums of dy (if db, deterministic). Storage types.
+template <typename T>
+void linear_backward(Gemm& g, const T* dy, const nd<T>* x, const nd<T>* w, nd<T>* dx, float* dw, float* db, int64_t M,
                      int64_t N, int64_t K, cudaStream_t s, bool accumulate_dw = true);
-void linear_backward(Gemm& g, const f16* dy, const f16* x, const f16* w, f16* dx, float* dw, float* db, int64_t M,
-                     int64_t N, int64_t K, cudaStream_t s, bool accumulate_dw = true);
-void linear_backward(Gemm& g, const float* dy, const float* x, const float* w, float* dx, float* dw, float* db,
-                     int64_t M, int64_t N, int64_t K, cudaStream_t s, bool accumulate_dw = true);
 
 // ---- Embedding. out[n, dim] = table[ids[n], :]; dtable[ids[n], :] += dout[n, :] (fp32).
 // The backward sorts positions by id (stable radix sort) and each distinct id's rows are summed
-// by one block in increasing n: deterministic, no atomics.
-void embedding_forward(const int32_t* ids, const bf16* table, bf16* out, int64_t n, int64_t dim, cudaStream_t s);
-void embedding_forward(const int32_t* ids, const f16* table, f16* out, int64_t n, int64_t dim, cudaStream_t s);
-void embedding_forward(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim, cudaStream_t s);
-void embedding_backward(const int32_t* ids, const bf16* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s);
-void embedding_backward(const int32_t* ids, const f16* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s);
-void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s);
+// by one block in increasing n: deterministic, no atomics. Storage types.
+template <typename T>
+void embedding_forward(const int32_t* ids, const T* table, nd<T>* out, int64_t n, int64_t dim, cudaStream_t s);
+template <typename T>
+void embedding_backward(const int32_t* ids, const T* dout, float* dtable, int64_t n, int64_t dim, cudaStream_t s);
 
 // ---- RMSNorm / LayerNorm, one block per row (forward) and per fixed chunk of rows (backward,
 // whose dw/db partial sums per chunk are added in chunk order). rstd/mean are fp32 [rows].
 // The add_* forms fuse a residual add: sum = x + residual (rounded to the storage type and
 // written, it is the next residual stream), y = norm(sum). In backward, `dx_add` (optional) is
 // a gradient added to dx (the residual branch's gradient), so dx = norm_backward(dy) + dx_add.
-void rmsnorm_forward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t rows, int64_t dim, float eps,
+// Storage types.
+template <typename T>
+void rmsnorm_forward(const T* x, const nd<T>* w, nd<T>* y, float* rstd, int64_t rows, int64_t dim, float eps,
                      cudaStream_t s);
-void rmsnorm_forward(const f16* x, const f16* w, f16* y, float* rstd, int64_t rows, int64_t dim, float eps,
-                     cudaStream_t s);
-void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t dim, float eps,
-                     cudaStream_t s);
-void add_rmsnorm_forward(const bf16* x, const bf16* residual, bf16* sum, const bf16* w, bf16* y, float* rstd,
+template <typename T>
+void add_rmsnorm_forward(const T* x, const nd<T>* residual, nd<T>* sum, const nd<T>* w, nd<T>* y, float* rstd,
                          int64_t rows, int64_t dim, float eps, cudaStream_t s);
-void add_rmsnorm_forward(const f16* x, const f16* residual, f16* sum, const f16* w, f16* y, float* rstd,
-                         int64_t rows, int64_t dim, float eps, cudaStream_t s);
-void add_rmsnorm_forward(const float* x, const float* residual, float* sum, const float* w, float* y, float* rstd,
-                         int64_t rows, int64_t dim, float eps, cudaStream_t s);
-void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, bf16* dx, float* dw,
-                      int64_t rows, int64_t dim, cudaStream_t s, const bf16* dx_add = nullptr);
-void rmsnorm_backward(const f16* dy, const f16* x, const f16* w, const float* rstd, f16* dx, float* dw,
-                      int64_t rows, int64_t dim, cudaStream_t s, const f16* dx_add = nullptr);
-void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                      int64_t rows, int64_t dim, cudaStream_t s, const float* dx_add = nullptr);
-
-void layernorm_forward(const bf16* x, const bf16* w, const bf16* b, bf16* y, float* mean, float* rstd, int64_t rows,
+template <typename T>
+void rmsnorm_backward(const T* dy, const nd<T>* x, const nd<T>* w, const float* rstd, nd<T>* dx, float* dw,
+                      int64_t rows, int64_t dim, cudaStream_t s, const nd<T>* dx_add = nullptr);
+template <typename T>
+void layernorm_forward(const T* x, const nd<T>* w, const nd<T>* b, nd<T>* y, float* mean, float* rstd, int64_t rows,
                        int64_t dim, float eps, cudaStream_t s);
-void layernorm_forward(const f16* x, const f16* w, const f16* b, f16* y, float* mean, float* rstd, int64_t rows,
-                       int64_t dim, float eps, cudaStream_t s);
-void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
-                       int64_t dim, float eps, cudaStream_t s);
-void add_layernorm_forward(const bf16* x, const bf16* residual, bf16* sum, const bf16* w, const bf16* b, bf16* y,
+template <typename T>
+void add_layernorm_forward(const T* x, const nd<T>* residual, nd<T>* sum, const nd<T>* w, const nd<T>* b, nd<T>* y,
                            float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s);
-void add_layernorm_forward(const f16* x, const f16* residual, f16* sum, const f16* w, const f16* b, f16* y,
-                           float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s);
-void add_layernorm_forward(const float* x, const float* residual, float* sum, const float* w, const float* b, float* y,
-                           float* mean, float* rstd, int64_t rows, int64_t dim, float eps, cudaStream_t s);
-void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* mean, const float* rstd, bf16* dx,
-                        float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s, const bf16* dx_add = nullptr);
-void layernorm_backward(const f16* dy, const f16* x, const f16* w, const float* mean, const float* rstd, f16* dx,
-                        float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s, const f16* dx_add = nullptr);
-void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                        float* dx, float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s,
-                        const float* dx_add = nullptr);
+template <typename T>
+void layernorm_backward(const T* dy, const nd<T>* x, const nd<T>* w, const float* mean, const float* rstd, nd<T>* dx,
+                        float* dw, float* db, int64_t rows, int64_t dim, cudaStream_t s, const nd<T>* dx_add = nullptr);
 
 // ---- RoPE, rotate-half, on x[B, H, S, D] in place over the first rot_dim channels.
 // cos/sin: fp32 [S, rot_dim/2] device tables; rope_tables fills them on the device (angles in
-// double, as the CPU).
+// double, as the CPU). Storage types.
 void rope_tables(int64_t seq, int64_t rot_dim, double base, float* cos_out, float* sin_out, cudaStream_t s);
-void rope_forward(bf16* x, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                  int64_t rot_dim, cudaStream_t s);
-void rope_forward(f16* x, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                  int64_t rot_dim, cudaStream_t s);
-void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                  int64_t rot_dim, cudaStream_t s);
-void rope_backward(bf16* dx, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                   int64_t rot_dim, cudaStream_t s);
-void rope_backward(f16* dx, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                   int64_t rot_dim, cudaStream_t s);
-void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
+template <typename T>
+void rope_forward(T* x, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D, int64_t rot_dim,
+                  cudaStream_t s);
+template <typename T>
+void rope_backward(T* dx, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
                    int64_t rot_dim, cudaStream_t s);
 
 // ---- Flash attention (causal or not, GQA, dropout), q [B,Hq,S,D], k/v [B,Hkv,S,D], lse fp32
 // [B,Hq,S]. bf16 with D = 64 or 128 runs tensor-core kernels (mma.sync, tiles in shared memory);
 // other head dims and fp32 storage run a generic fp32 kernel. Backward writes dq, dk, dv; dq and
 // dk/dv come from separate kernels (each owning its outputs), so no atomics are used.
-void attention_forward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+// T: bf16 and float.
+template <typename T>
+void attention_forward(const ops::AttentionShape& p, const T* q, const nd<T>* k, const nd<T>* v, nd<T>* out, float* lse,
                        cudaStream_t s);
-void attention_forward(const AttnParams& p, const float* q, const float* k, const float* v, float* out, float* lse,
-                       cudaStream_t s);
-void attention_backward(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
-                        const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s);
-void attention_backward(const AttnParams& p, const float* q, const float* k, const float* v, const float* out,
-                        const float* lse, const float* dout, float* dq, float* dk, float* dv, cudaStream_t s);
-// Forces the generic kernels (tests compare both paths).
-void attention_forward_generic(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                               cudaStream_t s);
-void attention_backward_generic(const AttnParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
-                                const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, cudaStream_t s);
+template <typename T>
+void attention_backward(const ops::AttentionShape& p, const T* q, const nd<T>* k, const nd<T>* v, const nd<T>* out,
+                        const float* lse, const nd<T>* dout, nd<T>* dq, nd<T>* dk, nd<T>* dv, cudaStream_t s);
+// The generic kernels alone (what the float entry points run; tests compare both paths for
+// bf16). T: bf16 and float.
+template <typename T>
+void attention_forward_generic(const ops::AttentionShape& p, const T* q, const nd<T>* k, const nd<T>* v, nd<T>* out,
+                               float* lse, cudaStream_t s);
+template <typename T>
+void attention_backward_generic(const ops::AttentionShape& p, const T* q, const nd<T>* k, const nd<T>* v,
+                                const nd<T>* out, const float* lse, const nd<T>* dout, nd<T>* dq, nd<T>* dk, nd<T>* dv,
+                                cudaStream_t s);
 // True when the tensor-core kernels serve this shape and storage.
-bool attention_uses_tensor_cores(const AttnParams& p);
+bool attention_uses_tensor_cores(const ops::AttentionShape& p);
 // Which implementation serves the bf16 attention entry points (Megatron's --attention-backend).
 // Flash: the kernels above. Fused: cuDNN's fused flash attention graph (attention_cudnn.h); an
 // error where it cannot serve a call. Auto: cuDNN where it supports the call (bf16, no dropout,
 // a shape its engines accept, cuDNN present), else the kernels above. Process-wide; default Auto.
-// The fp32 overloads always run the generic kernels.
+// The fp32 instantiations always run the generic kernels.
 enum class AttentionBackend { Auto, Flash, Fused };
 void set_attention_backend(AttentionBackend b);
 AttentionBackend attention_backend();
@@ -230,45 +207,33 @@ AttentionBackend attention_backend_from_name(const std::string& name);
 void set_attention_deterministic(bool deterministic);
 bool attention_deterministic();
 
-// ---- Activations and dropout (elementwise, fp32 math).
-void swiglu_forward(const bf16* x, bf16* y, int64_t rows, int64_t F, cudaStream_t s);
-void swiglu_forward(const f16* x, f16* y, int64_t rows, int64_t F, cudaStream_t s);
-void swiglu_forward(const float* x, float* y, int64_t rows, int64_t F, cudaStream_t s);
-void swiglu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t rows, int64_t F, cudaStream_t s);
-void swiglu_backward(const f16* dy, const f16* x, f16* dx, int64_t rows, int64_t F, cudaStream_t s);
-void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, int64_t F, cudaStream_t s);
-void gelu_forward(const bf16* x, bf16* y, int64_t n, bool tanh_approx, cudaStream_t s);
-void gelu_forward(const f16* x, f16* y, int64_t n, bool tanh_approx, cudaStream_t s);
-void gelu_forward(const float* x, float* y, int64_t n, bool tanh_approx, cudaStream_t s);
-void gelu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t n, bool tanh_approx, cudaStream_t s);
-void gelu_backward(const f16* dy, const f16* x, f16* dx, int64_t n, bool tanh_approx, cudaStream_t s);
-void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool tanh_approx, cudaStream_t s);
+// ---- Activations and dropout (elementwise, fp32 math). Storage types.
+template <typename T>
+void swiglu_forward(const T* x, nd<T>* y, int64_t rows, int64_t F, cudaStream_t s);
+template <typename T>
+void swiglu_backward(const T* dy, const nd<T>* x, nd<T>* dx, int64_t rows, int64_t F, cudaStream_t s);
+template <typename T>
+void gelu_forward(const T* x, nd<T>* y, int64_t n, bool tanh_approx, cudaStream_t s);
+template <typename T>
+void gelu_backward(const T* dy, const nd<T>* x, nd<T>* dx, int64_t n, bool tanh_approx, cudaStream_t s);
 // Keeps element i when Philox::uniform(seed, offset, i) >= p (the CPU's stream, bit for bit).
-void dropout_forward(const bf16* x, bf16* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
-void dropout_forward(const f16* x, f16* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
-void dropout_forward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
-void dropout_backward(const bf16* dy, bf16* dx, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
-void dropout_backward(const f16* dy, f16* dx, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
-void dropout_backward(const float* dy, float* dx, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
+template <typename T>
+void dropout_forward(const T* x, nd<T>* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
+template <typename T>
+void dropout_backward(const T* dy, nd<T>* dx, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t s);
 // Philox::uniform(seed, offset, first + i) for i < n, from the device generator (tests).
 void philox_uniform(float* out, int64_t n, uint64_t seed, uint64_t offset, uint64_t first, cudaStream_t s);
 
 // ---- Softmax cross-entropy over logits[N, V] (first valid_v columns), never materialising
 // probabilities: forward is one online log-sum-exp pass per row (losses, lse fp32 [N]);
 // backward writes dlogits = dloss * (softmax - onehot), 0 in padded columns. dlogits may be the
-// logits buffer itself (in place).
-void cross_entropy_forward(const bf16* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
+// logits buffer itself (in place). Storage types.
+template <typename T>
+void cross_entropy_forward(const T* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
                            int64_t valid_v, cudaStream_t s);
-void cross_entropy_forward(const f16* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
-                           int64_t valid_v, cudaStream_t s);
-void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, float* lse, int64_t N, int64_t V,
-                           int64_t valid_v, cudaStream_t s);
-void cross_entropy_backward(const bf16* logits, const int32_t* targets, const float* lse, const float* dloss,
-                            bf16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
-void cross_entropy_backward(const f16* logits, const int32_t* targets, const float* lse, const float* dloss,
-                            f16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
-void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,
-                            float* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
+template <typename T>
+void cross_entropy_backward(const T* logits, const int32_t* targets, const float* lse, const float* dloss,
+                            nd<T>* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s);
 // Forward and backward in one pass over the logits (training, where dloss is known up front):
 // losses and lse as cross_entropy_forward, and dlogits as cross_entropy_backward (dlogits may be
 // logits: in place). On sm_90 each row is read once into the shared memory of a cluster of
@@ -278,26 +243,20 @@ void cross_entropy_backward(const float* logits, const int32_t* targets, const f
 // or 8 whose slice of a row fits ~72 KB, else 8 if it fits at all, else the two kernels); 1, 2,
 // 4 or 8 forces that size (tests; throws if it does not fit); -1 runs the forward and backward
 // kernels. Returns the cluster size used, 0 for the two kernels.
-int cross_entropy_fused(const bf16* logits, const int32_t* targets, const float* dloss, float* losses, float* lse,
-                        bf16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s, int cluster_ctas = 0);
-int cross_entropy_fused(const f16* logits, const int32_t* targets, const float* dloss, float* losses, float* lse,
-                        f16* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s, int cluster_ctas = 0);
-int cross_entropy_fused(const float* logits, const int32_t* targets, const float* dloss, float* losses, float* lse,
-                        float* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s, int cluster_ctas = 0);
+template <typename T>
+int cross_entropy_fused(const T* logits, const int32_t* targets, const float* dloss, float* losses, float* lse,
+                        nd<T>* dlogits, int64_t N, int64_t V, int64_t valid_v, cudaStream_t s, int cluster_ctas = 0);
 
 // ---- Elementwise helpers and casts.
-void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s);  // y += x
-void add_inplace(f16* y, const f16* x, int64_t n, cudaStream_t s);
-void add_inplace(float* y, const float* x, int64_t n, cudaStream_t s);
-void add_inplace(float* y, const bf16* x, int64_t n, cudaStream_t s);  // fp32 accumulate of a bf16 grad
-void add_inplace(float* y, const f16* x, int64_t n, cudaStream_t s);
-void scale_inplace(bf16* y, float a, int64_t n, cudaStream_t s);
-void scale_inplace(f16* y, float a, int64_t n, cudaStream_t s);
-void scale_inplace(float* y, float a, int64_t n, cudaStream_t s);
-void cast(const float* x, bf16* y, int64_t n, cudaStream_t s);  // round to nearest even
-void cast(const float* x, f16* y, int64_t n, cudaStream_t s);
-void cast(const bf16* x, float* y, int64_t n, cudaStream_t s);
-void cast(const f16* x, float* y, int64_t n, cudaStream_t s);
+// y += x. (TY, TX): (bf16, bf16), (f16, f16), (float, float), and (float, bf16), (float, f16):
+// the fp32 accumulation of a half gradient.
+template <typename TY, typename TX>
+void add_inplace(TY* y, const TX* x, int64_t n, cudaStream_t s);
+template <typename T>  // storage types
+void scale_inplace(T* y, float a, int64_t n, cudaStream_t s);
+// Rounds to nearest even. (TI, TO): (float, bf16), (float, f16), (bf16, float), (f16, float).
+template <typename TI, typename TO>
+void cast(const TI* x, TO* y, int64_t n, cudaStream_t s);
 
 // ---- Optimizer. AdamW as optim/adamw.cpp (torch's AdamW): decoupled decay, bias correction,
 // fp32 moments, the same fp32 operations in the same order without FMA contraction, so the

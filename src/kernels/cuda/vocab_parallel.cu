@@ -1,14 +1,17 @@
-// Vocab-parallel embedding and cross-entropy kernels (see vocab_parallel.h). A rank holds
-// vocabulary entries [start, start + vl): ids and labels outside that range contribute nothing
-// here and are completed by the TP collectives that model/vocab_parallel.cpp issues between
-// these calls. One block per row throughout; every reduction has a fixed shape and order.
+// Vocab-parallel embedding and cross-entropy on the GPU (the vocab_* ops of ops.def, and the
+// steps of vocab_parallel.h). A rank holds vocabulary entries [start, start + vl): ids and labels
+// outside that range contribute nothing here and are completed by the collectives the caller's
+// ShardReduce runs between the steps. One block per row throughout; every reduction has a fixed
+// shape and order.
 #include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 #include <type_traits>
 
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/context.h"
 #include "kernels/cuda/vocab_parallel.h"
+#include "kernels/op_backends.h"
 
 namespace mt::cuda {
 
@@ -230,12 +233,7 @@ namespace {
 using cuda::bf16;
 using cuda::f16;
 
-// The compute stream is the one the CUDA allocator orders its allocations on (ops::gpu::init).
-cudaStream_t compute_stream() {
-  auto* a = dynamic_cast<cuda::CudaAllocator*>(cuda_allocator());
-  MT_CHECK(a != nullptr, "CUDA backend used before ops::gpu::init()");
-  return a->stream();
-}
+using cuda::compute_stream;
 
 void check_cuda_tensor(const Tensor& t, DType want, const char* what) {
   MT_CHECK(t.device() == Device::CUDA && t.dtype() == want, "{}: expected a CUDA {} tensor, got {} {} on {}", what,
@@ -337,13 +335,25 @@ void vocab_ce_finish(const Tensor& row_max, const Tensor& stats, Tensor& losses,
   MT_CUDA_LAUNCH_CHECK();
 }
 
-Tensor vocab_ce_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse, const Tensor& dloss,
-                         int64_t start) {
-  check_float_tensor(logits, "vocab_ce_backward");
+// The three steps around the two all-reduces, with the statistics in fp32 device buffers that the
+// reduce combines in place (in stream order with the kernels around it).
+void vocab_cross_entropy_forward(const Tensor& logits, const Tensor& labels, int64_t start, const ShardReduce& reduce,
+                                 Tensor& losses, Tensor& lse) {
+  const int64_t n = logits.dim(0);
+  Tensor mx = vocab_ce_row_max(logits);
+  if (reduce) reduce(mx.raw(), static_cast<size_t>(n), ReduceType::F32, ReduceOp::Max);
+  Tensor stats = vocab_ce_partial_stats(logits, labels, mx, start);
+  if (reduce) reduce(stats.raw(), static_cast<size_t>(2 * n), ReduceType::F32, ReduceOp::Sum);
+  vocab_ce_finish(mx, stats, losses, lse);
+}
+
+Tensor vocab_cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse, const Tensor& dloss,
+                                    int64_t start) {
+  check_float_tensor(logits, "vocab_cross_entropy_backward");
   const int64_t n = logits.dim(0), vl = logits.dim(1);
-  const int32_t* lab = i32(labels, n, "vocab_ce_backward");
-  const float* l = f32(lse, n, "vocab_ce_backward (lse)");
-  const float* g = f32(dloss, n, "vocab_ce_backward (dloss)");
+  const int32_t* lab = i32(labels, n, "vocab_cross_entropy_backward");
+  const float* l = f32(lse, n, "vocab_cross_entropy_backward (lse)");
+  const float* g = f32(dloss, n, "vocab_cross_entropy_backward (dloss)");
   if (n == 0) return logits;
   with_float_type(logits, [&](auto* x) {
     cuda::ce_range_bwd_kernel<<<static_cast<unsigned>(n), cuda::kRowThreads, 0, compute_stream()>>>(

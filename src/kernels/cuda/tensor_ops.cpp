@@ -1,35 +1,20 @@
-// Tensor-level CUDA ops (see dispatch.h): shape bookkeeping and output allocation around the
-// kernels of ops_cuda.h and layout.h, all on one compute stream.
-#include "kernels/cuda/dispatch.h"
-
+// The CUDA implementation of the Tensor ops (ops::gpu, see ops.def): shape bookkeeping and output
+// allocation around the launchers of ops_cuda.h and layout.h, all on the live context's compute
+// stream. Each op picks the launcher's instantiation from the dtype of its main input.
 #include <cuda_runtime_api.h>
 
 #include <type_traits>
 
 #include "core/error.h"
+#include "kernels/cuda/context.h"
 #include "kernels/cuda/layout.h"
-#include "kernels/cuda/ops_cuda.h"
+#include "kernels/op_backends.h"
 
 namespace mt::ops::gpu {
 namespace {
 
-struct Context {
-  int device = 0;
-  cudaStream_t stream = nullptr;
-  cuda::CudaAllocator* alloc = nullptr;
-  std::unique_ptr<cuda::Gemm> gemm;
-};
-
-// The process's GPU context, like a device handle: created once by init().
-Context& ctx() {
-  static Context c;
-  return c;
-}
-cudaStream_t st() { return ctx().stream; }
-cuda::Gemm& gemm() {
-  MT_CHECK(ctx().gemm != nullptr, "CUDA backend used before ops::gpu::init()");
-  return *ctx().gemm;
-}
+cudaStream_t st() { return cuda::compute_stream(); }
+cuda::Gemm& gemm() { return *cuda::context().gemm; }
 
 // Activations and compute copies are stored in half precision: bf16 (--bf16) or IEEE fp16
 // (--fp16), chosen by the model and seen here as the tensors' dtype. Every op dispatches on the
@@ -54,7 +39,7 @@ float* f(const Tensor& t) {
   return t.data<float>();
 }
 // Calls fn with a null pointer of t's half type (bf16* or f16*): fn is a template lambda
-// `[&]<typename T>(T*) { ... h<T>(x) ... }` whose T picks the kernels' overloads.
+// `[&]<typename T>(T*) { ... h<T>(x) ... }` whose T picks the launchers' instantiation.
 template <typename F>
 decltype(auto) with_half(const Tensor& t, F&& fn) {
   if (t.dtype() == DType::F16) return fn(static_cast<f16*>(nullptr));
@@ -68,39 +53,6 @@ Tensor act(const Shape& s, const Tensor& like) { return Tensor::empty(s, like.dt
 Tensor stat(const Shape& s) { return Tensor::empty(s, DType::F32, Device::CUDA); }
 
 }  // namespace
-
-bool available() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-void init(int device) {
-  Context& c = ctx();
-  if (c.gemm) return;
-  if (!available()) fail("--device cuda: no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)");
-  MT_CUDA_CHECK(cudaSetDevice(device));
-  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
-  c.device = device;
-  c.alloc = cuda::install_cuda_allocator(device, c.stream);
-  c.gemm = std::make_unique<cuda::Gemm>();
-}
-
-void synchronize() { MT_CUDA_CHECK(cudaStreamSynchronize(st())); }
-int device_count() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-void* compute_stream() { return st(); }
-int current_device() { return ctx().device; }
-size_t peak_memory_bytes() { return ctx().alloc ? ctx().alloc->peak_bytes() : 0; }
-void reset_peak_memory() {
-  if (ctx().alloc) ctx().alloc->reset_peak();
-}
-std::string device_name() {
-  cudaDeviceProp p{};
-  if (cudaGetDeviceProperties(&p, ctx().device) != cudaSuccess) return "unknown GPU";
-  return p.name;
-}
 
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias) {
   const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
@@ -329,7 +281,7 @@ Tensor narrow_f16(const Tensor& t) {
 }
 }  // namespace
 
-void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+void attention_forward(const AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& lse) {
   lse = stat({p.B, p.Hq, p.S});
   if (q.dtype() == DType::F16) {
@@ -342,7 +294,7 @@ void attention_forward(const cpu::AttnParams& p, const Tensor& q, const Tensor& 
   cuda::attention_forward(p, h<bf16>(q), h<bf16>(k), h<bf16>(v), h<bf16>(out), f(lse), st());
 }
 
-void attention_backward(const cpu::AttnParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+void attention_backward(const AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
   if (q.dtype() == DType::F16) {  // the fp16 correctness path (see widen above)
     Tensor q32 = widen(q), k32 = widen(k), v32 = widen(v), o32 = widen(out), do32 = widen(dout);
@@ -462,86 +414,8 @@ void cast(const Tensor& src, Tensor& dst) {
   }
 }
 
-double grad_norm_squared(const float* grads, int64_t n) {
-  return cuda::grad_norm_squared_host({cuda::GradSpan{const_cast<float*>(grads), n}}, st());
-}
+void round_bf16_inplace(Tensor&) {}  // GPU activations are bf16 already
 
-double grad_norm_squared(const float* grads, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
-  std::vector<cuda::GradSpan> spans;
-  for (auto [lo, hi] : ranges)
-    if (hi > lo) spans.push_back(cuda::GradSpan{const_cast<float*>(grads) + lo, hi - lo});
-  if (spans.empty()) return 0.0;
-  return cuda::grad_norm_squared_host(spans, st());
-}
-
-bool unscale_and_check(float* grads, const std::vector<std::pair<int64_t, int64_t>>& ranges, float inv_scale) {
-  std::vector<cuda::GradSpan> spans;
-  for (auto [lo, hi] : ranges)
-    if (hi > lo) spans.push_back(cuda::GradSpan{grads + lo, hi - lo});
-  Tensor flag = Tensor::zeros({1}, DType::I32, Device::CUDA);  // zeroed on the compute stream
-  cuda::unscale_and_check(spans, inv_scale, flag.data<int32_t>(), st());
-  // The one host read per step: the scaler decides here whether the optimizer runs.
-  int32_t found = 0;
-  MT_CUDA_CHECK(cudaMemcpyAsync(&found, flag.data<int32_t>(), sizeof(found), cudaMemcpyDeviceToHost, st()));
-  MT_CUDA_CHECK(cudaStreamSynchronize(st()));
-  return found != 0;
-}
-
-void clip_grads(float* grads, int64_t n, double total_norm, double max_norm) {
-  const double c = max_norm / (total_norm + 1e-6);
-  if (c < 1.0) cuda::scale_inplace(grads, static_cast<float>(c), n, st());
-}
-
-struct AdamWState {
-  std::vector<optim::ParamSpan> spans;
-  float* m = nullptr;
-  float* v = nullptr;
-  double beta1, beta2, eps;
-  DType half;
-};
-
-AdamW::AdamW(int64_t numel, std::vector<optim::ParamSpan> spans, double beta1, double beta2, double eps, DType half)
-    : st_(new AdamWState{std::move(spans), nullptr, nullptr, beta1, beta2, eps, half}) {
-  MT_CHECK(half == DType::BF16 || half == DType::F16, "AdamW: the compute copy is bf16 or fp16, not {}",
-           dtype_name(half));
-  MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st_->m), static_cast<size_t>(numel) * 4));
-  MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st_->v), static_cast<size_t>(numel) * 4));
-  MT_CUDA_CHECK(cudaMemset(st_->m, 0, static_cast<size_t>(numel) * 4));
-  MT_CUDA_CHECK(cudaMemset(st_->v, 0, static_cast<size_t>(numel) * 4));
-}
-
-AdamW::~AdamW() {
-  cudaFree(st_->m);
-  cudaFree(st_->v);
-  delete st_;
-}
-
-float* AdamW::exp_avg() const { return st_->m; }
-float* AdamW::exp_avg_sq() const { return st_->v; }
-
-void AdamW::step(float* params, const float* grads, uint16_t* params_half, double lr, double wd) {
-  ++step_;
-  std::vector<cuda::AdamWTensor> ts;
-  for (const auto& sp : st_->spans) {
-    cuda::AdamWTensor t;
-    t.param = params + sp.offset;
-    t.grad = grads + sp.offset;
-    t.exp_avg = st_->m + sp.offset;
-    t.exp_avg_sq = st_->v + sp.offset;
-    if (params_half && st_->half == DType::F16) t.param_f16 = reinterpret_cast<f16*>(params_half) + sp.offset;
-    else if (params_half) t.param_bf16 = reinterpret_cast<bf16*>(params_half) + sp.offset;
-    t.numel = sp.numel;
-    t.weight_decay = sp.weight_decay;
-    ts.push_back(t);
-  }
-  cuda::AdamWHyper h;
-  h.lr = lr;
-  h.weight_decay = wd;
-  h.beta1 = st_->beta1;
-  h.beta2 = st_->beta2;
-  h.eps = st_->eps;
-  h.step = step_;
-  cuda::adamw_step(ts, h, st());
-}
+void round_f16_inplace(Tensor&) { MT_CHECK(false, "fp16 activations are emulated on the CPU only"); }
 
 }  // namespace mt::ops::gpu

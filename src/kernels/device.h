@@ -1,0 +1,80 @@
+#pragma once
+// What a run holds of its GPU besides tensors: the device context it owns, and timelines of
+// compute-stream events. Device-neutral declarations (no CUDA headers): the CUDA backend defines
+// them (kernels/cuda/context.cpp, op_timer.cpp), and a build without it has versions that say
+// so (kernels/cuda_absent.cpp).
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace mt::ops {
+
+// GPUs visible to this process (CUDA_VISIBLE_DEVICES applies); 0 without the CUDA backend.
+int gpu_count();
+
+// The GPU a run computes on: the device, its compute stream (every op runs on it), the
+// stream-ordered allocator behind Device::CUDA tensors and the cuBLASLt handle. Made once where
+// the run picks its device, held by the run until every tensor and communicator on the device
+// is gone, and found by the ops on CUDA tensors through gpu_context(); one at a time.
+class GpuContext {
+ public:
+  // Sets up `device` (an index among the visible GPUs). Fails naming --device cuda when no GPU is
+  // visible or the build has no CUDA backend.
+  explicit GpuContext(int device = 0);
+  // Waits for the compute stream, then releases it and the cuBLASLt handle; tensors freed later
+  // return their memory in the default stream's order.
+  ~GpuContext();
+  GpuContext(const GpuContext&) = delete;
+  GpuContext& operator=(const GpuContext&) = delete;
+
+  int device() const;
+  // The compute stream (a cudaStream_t): communication on device buffers waits for it.
+  void* compute_stream() const;
+  std::string name() const;          // the device's name, e.g. "NVIDIA H100 80GB HBM3"
+  size_t peak_memory_bytes() const;  // of Device::CUDA tensors since the start or the last reset
+  void reset_peak_memory();
+  void synchronize() const;  // waits for the compute stream
+  bool idle() const;         // whether everything queued on the compute stream has finished (no wait)
+
+  struct Impl;  // the backend's state (kernels/cuda/context.h)
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// The live GpuContext; fails when the run made none.
+GpuContext& gpu_context();
+
+// Timing spans of the compute stream (model::OpTimes on the GPU): a sequence of boundaries, each
+// an event recorded on the live context's compute stream; the span between two consecutive
+// boundaries belongs to one category (or to none). Recording never synchronises: elapsed times
+// are read in resolve(), or opportunistically for spans whose events have already completed,
+// and their events go back to a pool for reuse.
+class EventTimeline {
+ public:
+  // `categories`: the number of span categories resolve() reports. Needs a live GpuContext;
+  // fails in a build without the CUDA backend.
+  explicit EventTimeline(int categories);
+  ~EventTimeline();
+  EventTimeline(const EventTimeline&) = delete;
+  EventTimeline& operator=(const EventTimeline&) = delete;
+
+  // Records a boundary on the compute stream; the span since the previous boundary is charged
+  // to `category` (-1: not timed). Never synchronises and never throws (it runs in scope
+  // destructors): a CUDA failure stops the timing and the next resolve() reports it.
+  void mark(int category) noexcept;
+  // Waits for the last boundary's event, then adds every span's elapsed seconds into
+  // seconds[category] (an array of `categories`) and recycles the events. The last boundary
+  // stays as the start of the next span.
+  void resolve(double* seconds);
+  // Boundaries held: those of unfolded spans, plus the last one (tests).
+  size_t pending() const noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mt::ops

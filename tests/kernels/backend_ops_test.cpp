@@ -1,0 +1,236 @@
+// Every op of ops.def through the ops:: dispatch, on the GPU against the CPU (after ggml's
+// test-backend-ops): one table of cases, each building its inputs on a device from the same host
+// values (rounded to bf16, the GPU's storage: the CPU sees the same numbers in fp32) and running
+// the op there; the outputs of the two devices are compared in relative L2 error. The launcher
+// tests (cuda_*_test.cpp) check the kernels' paths and bits; this checks that each op reaches
+// them with the right shapes, dtypes and layouts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/ops.h"
+#include "support/gpu.h"
+#include "test_util.h"
+
+namespace mt::ops {
+namespace {
+
+using Outputs = std::vector<Tensor>;
+
+// Activations and weights: bf16 on the GPU, fp32 on the CPU, the same (bf16-exact) values.
+Tensor act(Device d, const Shape& s, uint64_t seed, double lo = -1, double hi = 1) {
+  const Tensor t = Tensor::from_vector(test::rounded(test::random_vec<float>(shape_numel(s), seed, lo, hi)), s);
+  return d == Device::CPU ? t : t.to(DType::BF16).to_device(d);
+}
+// fp32 tensors on both devices (statistics, main grads, tables, dloss).
+Tensor f32(Device d, const std::vector<float>& v, const Shape& s) { return Tensor::from_vector(v, s).to_device(d); }
+Tensor f32(Device d, const Shape& s, uint64_t seed) { return f32(d, test::random_vec<float>(shape_numel(s), seed), s); }
+Tensor ids(Device d, const std::vector<int32_t>& v) {
+  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to_device(d);
+}
+std::vector<float> host(const Tensor& t) { return t.to_device(Device::CPU).to_vector(); }
+
+struct Case {
+  std::string name;
+  double tol;  // relative L2 error of each output
+  std::function<Outputs(Device)> run;
+};
+
+std::vector<Case> cases() {
+  const int64_t rows = 64, in = 96, out = 80, S = 16, B = 2, G = 2, qpg = 2, D = 64, V = 1000;
+  std::vector<Case> c;
+  c.push_back({"linear_forward", 1e-2, [=](Device d) {
+                 const Tensor b = act(d, {out}, 3);
+                 return Outputs{linear_forward(act(d, {rows, in}, 1), act(d, {out, in}, 2), &b)};
+               }});
+  c.push_back({"linear_forward_residual", 1e-2, [=](Device d) {
+                 return Outputs{linear_forward_residual(act(d, {rows, in}, 1), act(d, {out, in}, 2), nullptr,
+                                                        act(d, {rows, out}, 4))};
+               }});
+  c.push_back({"linear_forward_into", 1e-2, [=](Device d) {
+                 Tensor y = act(d, {rows, out}, 5);
+                 linear_forward_into(act(d, {rows, in}, 1), act(d, {out, in}, 2), nullptr, y);
+                 return Outputs{y};
+               }});
+  c.push_back({"linear_backward", 1e-2, [=](Device d) {
+                 Tensor dw = f32(d, {out, in}, 6), db = f32(d, {out}, 7);
+                 const Tensor dx =
+                     linear_backward(act(d, {rows, out}, 8), act(d, {rows, in}, 1), act(d, {out, in}, 2), dw, &db);
+                 return Outputs{dx, dw, db};
+               }});
+  c.push_back({"linear_backward_data_weight", 1e-2, [=](Device d) {
+                 Tensor dw = f32(d, {out, in}, 6);
+                 const Tensor dy = act(d, {rows, out}, 8);
+                 const Tensor dx = linear_backward_data(dy, act(d, {out, in}, 2));
+                 linear_backward_weight(dy, act(d, {rows, in}, 1), dw, nullptr, /*accumulate_dw=*/false);
+                 return Outputs{dx, dw};
+               }});
+  c.push_back({"embedding", 1e-2, [=](Device d) {
+                 const Tensor id = ids(d, {3, 0, 7, 3, 49, 12});
+                 Tensor dtable = f32(d, {50, D}, 9);
+                 embedding_backward(id, act(d, {6, D}, 10), dtable);
+                 return Outputs{embedding_forward(id, act(d, {50, D}, 11)), dtable};
+               }});
+  c.push_back({"position_embedding", 1e-2, [=](Device d) {
+                 Tensor x = act(d, {S * B, D}, 12);
+                 add_position_embedding(x, act(d, {S, D}, 13), S, B);
+                 Tensor dpe = f32(d, {S, D}, 14);
+                 position_embedding_backward(act(d, {S * B, D}, 15), dpe, S, B);
+                 return Outputs{x, dpe};
+               }});
+  c.push_back({"vocab_embedding", 1e-2, [=](Device d) {
+                 const Tensor id = ids(d, {3, 20, 27, 25, 49, 21});
+                 Tensor dtable = f32(d, {25, D}, 16);
+                 vocab_embedding_backward(id, act(d, {6, D}, 17), dtable, 20);
+                 return Outputs{vocab_embedding_forward(id, act(d, {25, D}, 18), 20), dtable};
+               }});
+  c.push_back({"rmsnorm", 2e-2, [=](Device d) {
+                 const Tensor x = act(d, {rows, 256}, 19), w = act(d, {256}, 20, 0.5, 1.5);
+                 const Tensor dx_add = act(d, {rows, 256}, 22);
+                 Tensor rstd, dw = f32(d, {256}, 21);
+                 const Tensor y = rmsnorm_forward(x, w, 1e-5f, rstd);
+                 const Tensor dx = rmsnorm_backward(act(d, {rows, 256}, 23), x, w, rstd, dw, &dx_add);
+                 return Outputs{y, rstd, dx, dw};
+               }});
+  c.push_back({"layernorm", 2e-2, [=](Device d) {
+                 const Tensor x = act(d, {rows, 256}, 24, 1, 3), w = act(d, {256}, 25, 0.5, 1.5);
+                 const Tensor b = act(d, {256}, 26);
+                 Tensor mean, rstd, dw = f32(d, {256}, 27), db = f32(d, {256}, 28);
+                 const Tensor y = layernorm_forward(x, w, b, 1e-5f, mean, rstd);
+                 const Tensor dx = layernorm_backward(act(d, {rows, 256}, 29), x, w, mean, rstd, dw, db);
+                 return Outputs{y, mean, rstd, dx, dw, db};
+               }});
+  c.push_back({"add_norms", 2e-2, [=](Device d) {
+                 const Tensor x = act(d, {rows, 256}, 30), r = act(d, {rows, 256}, 31);
+                 const Tensor w = act(d, {256}, 32, 0.5, 1.5), b = act(d, {256}, 33);
+                 Tensor rstd, sum, mean, rstd2, sum2;
+                 const Tensor y = add_rmsnorm_forward(x, r, w, 1e-5f, rstd, sum);
+                 const Tensor y2 = add_layernorm_forward(x, r, w, b, 1e-5f, mean, rstd2, sum2);
+                 return Outputs{y, rstd, sum, y2, mean, rstd2, sum2};
+               }});
+  c.push_back({"qkv_split_merge_rope", 2e-2, [=](Device d) {
+                 std::vector<float> cs(S * D / 2), sn(S * D / 2);
+                 cpu::rope_tables(S, D, 10000.0, cs.data(), sn.data());
+                 const Tensor cos = f32(d, cs, {S, D / 2}), sin = f32(d, sn, {S, D / 2});
+                 const RopeRef rope{&cos, &sin, D};
+                 Tensor q, k, v;
+                 qkv_split(act(d, {S * B, G * (qpg + 2) * D}, 34), q, k, v, S, B, G, qpg, D, rope);
+                 const Tensor qs = q.clone(), ks = k.clone();  // the merge may rotate q and k in place
+                 const Tensor packed = qkv_merge(q, k, v, S, B, G, qpg, D, rope);
+                 return Outputs{qs, ks, v, packed};
+               }});
+  c.push_back({"rope", 2e-2, [=](Device d) {
+                 std::vector<float> cs(S * 16), sn(S * 16);
+                 cpu::rope_tables(S, 32, 10000.0, cs.data(), sn.data());
+                 const Tensor cos = f32(d, cs, {S, 16}), sin = f32(d, sn, {S, 16});
+                 Tensor x = act(d, {B, 4, S, D}, 35), dx = act(d, {B, 4, S, D}, 36);
+                 rope_forward(x, cos, sin, 32);
+                 rope_backward(dx, cos, sin, 32);
+                 return Outputs{x, dx};
+               }});
+  c.push_back({"heads_rows", 1e-2, [=](Device d) {
+                 const Tensor h = act(d, {B, 4, S, D}, 37), r = act(d, {S * B, 4 * D}, 38);
+                 return Outputs{heads_to_rows(h, S, B, 4, D), rows_to_heads(r, S, B, 4, D)};
+               }});
+  // Attention in both layouts of its output, from the same inputs (GQA: 4 query heads, 2 kv heads).
+  c.push_back({"attention", 3e-2, [=](Device d) {
+                 const AttentionShape p{B, 4, 2, 64, D, 1.f / std::sqrt(static_cast<float>(D))};
+                 const Tensor q = act(d, {B, 4, 64, D}, 39), k = act(d, {B, 2, 64, D}, 40);
+                 const Tensor v = act(d, {B, 2, 64, D}, 41), dout = act(d, {B, 4, 64, D}, 42);
+                 Tensor o, lse, dq, dk, dv, o_rows, lse_rows, dq_rows, dk_rows, dv_rows;
+                 attention_forward(p, q, k, v, o, lse);
+                 attention_backward(p, q, k, v, o, lse, dout, dq, dk, dv);
+                 attention_forward_rows(p, q, k, v, o_rows, lse_rows);
+                 attention_backward_rows(p, q, k, v, o_rows, lse_rows, heads_to_rows(dout, 64, B, 4, D), dq_rows,
+                                         dk_rows, dv_rows);
+                 return Outputs{o, lse, dq, dk, dv, o_rows, lse_rows, dq_rows, dk_rows, dv_rows};
+               }});
+  c.push_back({"swiglu", 2e-2, [=](Device d) {
+                 const Tensor h = act(d, {rows, 256}, 44, -3, 3);
+                 return Outputs{swiglu_forward(h), swiglu_backward(act(d, {rows, 128}, 45), h)};
+               }});
+  c.push_back({"gelu", 2e-2, [=](Device d) {
+                 const Tensor h = act(d, {rows, 128}, 46, -3, 3), dy = act(d, {rows, 128}, 47);
+                 return Outputs{gelu_forward(h, false), gelu_backward(dy, h, false), gelu_forward(h, true),
+                                gelu_backward(dy, h, true)};
+               }});
+  c.push_back({"dropout", 1e-2, [=](Device d) {
+                 return Outputs{dropout_forward(act(d, {rows, 128}, 48), 0.25f, 7, 3),
+                                dropout_backward(act(d, {rows, 128}, 49), 0.25f, 7, 3)};
+               }});
+  const std::vector<int32_t> targets = {0, 999, 17, 500, 3, 998, 250, 1};
+  const std::vector<float> dloss = {1, 0, 0.5f, 2, 1, 1, 0.25f, 1};
+  c.push_back({"cross_entropy", 2e-2, [=](Device d) {
+                 const Tensor t = ids(d, targets), dl = f32(d, dloss, {8});
+                 Tensor losses, lse, losses2, lse2;
+                 cross_entropy_forward(act(d, {8, V}, 50, -4, 4), t, losses, lse);
+                 const Tensor grad = cross_entropy_backward(act(d, {8, V}, 50, -4, 4), t, lse, dl);
+                 const Tensor fused = cross_entropy_fused(act(d, {8, V}, 50, -4, 4), t, dl, losses2, lse2);
+                 return Outputs{losses, lse, grad, fused, losses2, lse2};
+               }});
+  c.push_back({"vocab_cross_entropy", 2e-2, [=](Device d) {
+                 const Tensor t = ids(d, targets), dl = f32(d, dloss, {8});
+                 Tensor losses, lse;
+                 vocab_cross_entropy_forward(act(d, {8, 400}, 51, -4, 4), t, 300, {}, losses, lse);
+                 const Tensor grad = vocab_cross_entropy_backward(act(d, {8, 400}, 51, -4, 4), t, lse, dl, 300);
+                 return Outputs{losses, lse, grad};
+               }});
+  c.push_back({"loss_head", 1e-6, [=](Device d) {
+                 const std::vector<float> mask = {1, 0, 1, 1, 0, 1, 1, 1};
+                 const Tensor m = upload(mask.data(), {8}, DType::F32, d);
+                 Tensor acc = Tensor::zeros({1}, DType::I64, d);
+                 accumulate_masked_loss(f32(d, dloss, {8}), m, acc);
+                 double sum = 0;
+                 std::memcpy(&sum, acc.to_device(Device::CPU).raw(), sizeof sum);
+                 return Outputs{m, scaled_mask(m, 0.125f), Tensor::from_vector(std::vector<float>{float(sum)}, {1})};
+               }});
+  c.push_back({"elementwise", 1e-2, [=](Device d) {
+                 Tensor y = act(d, {rows, 128}, 52);
+                 add_inplace(y, act(d, {rows, 128}, 53));
+                 Tensor wide = f32(d, {rows, 128}, 54);
+                 cast(y, wide);
+                 round_bf16_inplace(wide);  // a no-op on the GPU; the CPU rounds what bf16 would hold
+                 return Outputs{y, wide};
+               }});
+  c.push_back({"grad_norm_squared", 1e-6, [=](Device d) {
+                 const double sq = grad_norm_squared(f32(d, {5000}, 55), {{4000, 5000}, {0, 1000}, {1000, 2500}});
+                 return Outputs{Tensor::from_vector(std::vector<float>{static_cast<float>(sq)}, {1})};
+               }});
+  return c;
+}
+
+TEST(GpuBackendOps, EveryOpMatchesTheCpu) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const Outputs want = c.run(Device::CPU), got = c.run(Device::CUDA);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const std::vector<float> g = host(got[i]), w = host(want[i]);
+      ASSERT_EQ(g.size(), w.size()) << "output " << i;
+      const double e = test::rel_l2(g, w);
+      std::printf("%-28s output %zu: rel L2 %.2e\n", c.name.c_str(), i, e);
+      EXPECT_LT(e, c.tol) << "output " << i;
+    }
+  }
+}
+
+// The CPU side of the table runs everywhere: each op dispatches to the CPU for CPU tensors.
+TEST(BackendOps, EveryOpRunsOnTheCpu) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    for (const Tensor& t : c.run(Device::CPU)) {
+      EXPECT_EQ(t.device(), Device::CPU);
+      for (float v : host(t)) ASSERT_TRUE(std::isfinite(v));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mt::ops
