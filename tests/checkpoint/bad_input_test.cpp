@@ -14,6 +14,7 @@
 #include "checkpoint/hf_config.h"
 #include "checkpoint/io_util.h"
 #include "checkpoint/metadata.h"
+#include "checkpoint/model_args.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "model/gpt_model.h"
@@ -337,7 +338,7 @@ TEST(VocabPadding, TrueRowsLoadIntoAnotherPaddingAndThePaddingIsZero) {
   model::GPTModel m(a.model);
   checkpoint::TrainingState st;
   st.iteration = 1;
-  st.args = model_args_to_json(a);
+  st.args = checkpoint::model_args_to_json(a.model, a.tokenizer);
   checkpoint::save_checkpoint(dir.string(), st, m.params(), nullptr);
   const float* saved = m.params().main_buffer().data<float>();
 
