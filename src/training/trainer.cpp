@@ -36,14 +36,7 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   log_ = std::make_unique<IterationLog>(lo, args_.model, pg_);
 }
 
-void Trainer::setup_data_parallel() {
-  parallel::DDPOptions dd;
-  dd.overlap_grad_reduce = args_.overlap_grad_reduce;
-  dd.use_distributed_optimizer = args_.use_distributed_optimizer;
-  dd.overlap_param_gather = args_.overlap_param_gather;
-  dd.bucket_size = args_.ddp_bucket_size;
-  ddp_ = std::make_unique<parallel::DataParallel>(pg_.dp, dd);
-}
+void Trainer::setup_data_parallel() { ddp_ = std::make_unique<parallel::DataParallel>(pg_.dp, ddp_options(args_)); }
 
 void Trainer::setup_model() {
   // This rank's pipeline part: its layer chunks, the embedding on the first stage, the head on the last.
@@ -74,35 +67,7 @@ void Trainer::setup_device() {
 #endif
 }
 
-void Trainer::setup_schedule() {
-  const int64_t gbs = args_.global_batch_size;
-  optim::LRScheduleConfig lc;
-  lc.max_lr = args_.optimizer.lr;
-  lc.min_lr = args_.min_lr;
-  lc.decay_style = args_.lr_decay_style;
-  lc.lr_warmup_init = args_.lr_warmup_init;
-  lc.wsd_decay_style = args_.lr_wsd_decay_style;
-  lc.start_wd = args_.start_weight_decay;
-  lc.end_wd = args_.end_weight_decay;
-  lc.wd_incr_style = args_.weight_decay_incr_style;
-  if (args_.train_iters > 0) {  // iteration-based: Megatron converts to samples
-    int64_t decay_iters = args_.lr_decay_iters > 0 ? args_.lr_decay_iters : args_.train_iters;
-    lc.decay_steps = decay_iters * gbs;
-    lc.warmup_steps = args_.lr_warmup_fraction >= 0
-                          ? static_cast<int64_t>(args_.lr_warmup_fraction * static_cast<double>(lc.decay_steps))
-                          : args_.lr_warmup_iters * gbs;
-    lc.wsd_decay_steps = args_.lr_wsd_decay_iters * gbs;
-    lc.wd_incr_steps = args_.train_iters * gbs;
-  } else {
-    lc.decay_steps = args_.lr_decay_samples > 0 ? args_.lr_decay_samples : args_.train_samples;
-    lc.warmup_steps = args_.lr_warmup_fraction >= 0
-                          ? static_cast<int64_t>(args_.lr_warmup_fraction * static_cast<double>(lc.decay_steps))
-                          : args_.lr_warmup_samples;
-    lc.wsd_decay_steps = args_.lr_wsd_decay_samples;
-    lc.wd_incr_steps = args_.train_samples;
-  }
-  schedule_ = std::make_unique<optim::LRSchedule>(lc);
-}
+void Trainer::setup_schedule() { schedule_ = std::make_unique<optim::LRSchedule>(schedule_config(args_, args_)); }
 
 void Trainer::setup_step_runner() {
   StepOptions so;

@@ -43,9 +43,7 @@ void Trainer::save() {
   std::optional<checkpoint::OptimizerState> os;
   if (!args_.no_save_optim)
     os = checkpoint::optimizer_state(step_->host_optimizer(), step_->optimizer_ranges(), ddp_->sharded());
-  checkpoint::SaveOptions o;
-  o.async = args_.async_save;
-  o.retain_interval = args_.save_retain_interval;
+  const checkpoint::SaveOptions o = save_options(args_);
   saver_->save(args_.save, st, model_->params(), os ? &*os : nullptr, o);
   // What an async save costs the training loop: the copies to host memory before writing starts.
   if (o.async)
