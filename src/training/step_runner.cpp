@@ -26,7 +26,7 @@ struct StepRunner::DeviceOptimizer {
   };
   std::vector<Part> parts;
 
-  DeviceOptimizer(const model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& ranges,
+  DeviceOptimizer(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& ranges,
                   const optim::OptimizerConfig& o) {
     for (auto [lo, hi] : ranges)
       parts.push_back({lo, hi,
@@ -84,7 +84,7 @@ struct StepRunner::DeviceOptimizer {
 #else
 // Built without CUDA: never made (device_opt_ stays null), so these are never called.
 struct StepRunner::DeviceOptimizer {
-  DeviceOptimizer(const model::ParamStore&, const std::vector<std::pair<int64_t, int64_t>>&,
+  DeviceOptimizer(model::ParamStore&, const std::vector<std::pair<int64_t, int64_t>>&,
                   const optim::OptimizerConfig&) {
     fail("--device cuda: this build has no CUDA backend");
   }

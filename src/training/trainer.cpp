@@ -6,6 +6,7 @@
 #include "core/log.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/ops_cuda.h"
 #endif
 
 namespace mt {
