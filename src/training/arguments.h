@@ -7,12 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "data/sample_source.h"
 #include "data/tokenizer.h"
 #include "model/config.h"
 #include "optim/grad_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "parallel/ddp.h"
 #include "parallel/pipeline_layout.h"
 
 namespace mt {
@@ -23,20 +25,42 @@ inline constexpr int64_t kMaxThreads = int64_t{1} << 12;         // --num-thread
 inline constexpr int64_t kMaxParallel = int64_t{1} << 16;        // ranks along one parallel dimension (int)
 inline constexpr int64_t kMaxVocabMultiple = int64_t{1} << 20;   // --make-vocab-size-divisible-by
 
-struct Arguments {
+// Arguments come in sections, one per layer they configure. Each section has its flags
+// register/validate pair (arguments_<section>.cpp) and converts into the options struct its
+// layer takes. Arguments derives from all of them, so a field reads as args.train_iters
+// wherever the whole set is at hand, while a layer's setup can take just its section.
+
+// Model shape, precision and attention (arguments_model.cpp) -> model::TransformerConfig.
+struct ModelArgs {
   model::TransformerConfig model;
   int64_t make_vocab_size_divisible_by = 128;
   bool group_query_attention = false;
+  std::string attention_backend = "auto";   // --attention-backend auto|flash|fused (GPU attention)
+  bool nondeterministic_attention = false;  // --nondeterministic-attention (cuDNN's dQ-atomics backward)
+};
+
+// Tokenizer and datasets (arguments_data.cpp) -> data::TokenizerOptions, data::GPTDataOptions.
+struct DataArgs {
   data::TokenizerOptions tokenizer;
   data::GPTDataOptions data;
   bool eod_mask_loss = false;
+};
 
-  // Batching and length of training.
+// Batching, length of training and where it runs (arguments_training.cpp).
+struct TrainingArgs {
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 0;  // 0 -> micro_batch_size * dp
   int64_t train_iters = 0, train_samples = 0;
+  uint64_t seed = 1234;
+  int64_t exit_interval = 0;
+  std::string device = "auto";  // --device cpu|cuda|auto
+  int64_t num_threads = 0;      // --num-threads (0: OMP/OpenBLAS default)
+};
 
-  // Optimizer and schedule.
+// Optimizer, learning-rate and weight-decay schedule, clipping, fp16 loss scaling
+// (arguments_optimizer.cpp) -> optim::OptimizerConfig, optim::LRScheduleConfig,
+// optim::GradScalerConfig.
+struct OptimizerArgs {
   optim::OptimizerConfig optimizer;
   double min_lr = 0.0;
   std::string lr_decay_style = "linear";
@@ -51,15 +75,22 @@ struct Arguments {
   double clip_grad = 1.0;
   // --fp16 loss scaling (--loss-scale: static; unset: dynamic with the other four flags).
   optim::GradScalerConfig grad_scaler;
+};
 
-  // Logging, evaluation, checkpoints.
-  uint64_t seed = 1234;
+// Log line and evaluation (arguments_logging.cpp).
+struct LoggingArgs {
   int64_t log_interval = 100;
   // Megatron's --timing-log-level: >= 1 times every op category on the GPU too (CUDA events;
   // a few percent of step time), printed as a breakdown at the end. The CPU always times.
   int64_t timing_log_level = 0;
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
+  bool eval_at_start = false;    // --eval-at-start (megatron.cpp): evaluate before the first step
+  bool log_progress_bar = true;  // a progress bar when stdout is a terminal
+};
+
+// Saving and loading (arguments_checkpoint.cpp) -> checkpoint::SaveOptions, checkpoint::LoadOptions.
+struct CheckpointArgs {
   std::string save, load;
   int64_t save_interval = 0;
   bool no_save_optim = false, no_save_rng = false, no_load_optim = false, no_load_rng = false, finetune = false;
@@ -67,16 +98,12 @@ struct Arguments {
   int64_t save_retain_interval = 0;    // keep only checkpoints of multiples of this (and the latest)
   std::string ckpt_format = "native";  // --ckpt-format: megatron.cpp's sharded safetensors format
   bool auto_detect_ckpt_format = false;
-  int64_t exit_interval = 0;
-  bool eval_at_start = false;      // --eval-at-start (megatron.cpp): evaluate before the first step
-  bool log_progress_bar = true;   // a progress bar when stdout is a terminal
-  std::string device = "auto";    // --device cpu|cuda|auto
-  std::string attention_backend = "auto";  // --attention-backend auto|flash|fused (GPU attention)
-  bool nondeterministic_attention = false;  // --nondeterministic-attention (cuDNN's dQ-atomics backward)
-  int64_t num_threads = 0;        // --num-threads (0: OMP/OpenBLAS default)
+};
 
-  // Parallelism. world_size comes from the launcher's environment (set before validate_args);
-  // data_parallel_size is derived from it.
+// Parallelism (arguments_parallel.cpp) -> parallel::PipelineOptions, parallel::DDPOptions.
+// world_size comes from the launcher's environment (set before validate_args); data_parallel_size
+// is derived from it. Context parallelism's size lives here; its group in parallel::ProcessGroups.
+struct ParallelArgs {
   int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1, context_parallel_size = 1;
   // Pipeline split (0: not given): uneven first/last stages, and virtual stages per rank
   // (interleaved schedule) given as layers per virtual stage or as their number.
@@ -93,23 +120,28 @@ struct Arguments {
   int64_t ddp_bucket_size = 0;               // elements; 0: Megatron's default
   int64_t distributed_timeout_minutes = 10;  // bounds every rendezvous and collective
   std::string distributed_backend = "nccl";  // CPU tensors always use Gloo
+};
 
+struct Arguments : ModelArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs {
   std::vector<std::string> given;  // flag names given by the user (for conflict checks)
+  bool was_given(const char* flag) const;
 };
 
 // Parses pretrain flags (and --config). Throws mt::Error naming the flag on any problem.
 Arguments parse_pretrain_args(const std::vector<std::string>& argv);
 // Validates cross-flag rules and fills derived values (Megatron's validate_args).
 void validate_args(Arguments& a, int64_t tokenizer_vocab_size);
-// The parallel-size rules (part of validate_args): sizes, world-size divisibility, derived DP.
+// The parallel-size rules (the first part of validate_args, arguments_parallel.cpp): sizes,
+// world-size divisibility, derived DP.
 void validate_parallel_args(Arguments& a);
-// Parts of validate_args (arguments_numeric.cpp): the float flags' ranges (NaN-safe), and the
-// sizes formed from several count flags (samples, tokens per micro-batch) checked for overflow.
-void validate_float_args(const Arguments& a);
-void validate_size_products(const Arguments& a);
 std::string pretrain_help();
-// The pipeline-split flags, for parallel::PipelineLayout.
-parallel::PipelineOptions pipeline_options(const Arguments& a);
+
+// The sections' conversions into their layers' options.
+parallel::PipelineOptions pipeline_options(const ParallelArgs& a);  // for parallel::PipelineLayout
+parallel::DDPOptions ddp_options(const ParallelArgs& a);
+// Iteration-based runs convert to samples as Megatron does.
+optim::LRScheduleConfig schedule_config(const OptimizerArgs& o, const TrainingArgs& t);
+checkpoint::SaveOptions save_options(const CheckpointArgs& c);
 
 // Generic flag parsing used by other subcommands (generate, ...): a table of flags with setters.
 struct FlagTable;

@@ -10,6 +10,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_import.h"
+#include "checkpoint/model_args.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cpu/threads.h"
@@ -58,7 +59,7 @@ int hf_to_native(const ConvertOptions& o) {
   model::GPTModel m(a.model);
   checkpoint::load_hf_weights(o.input, m.params(), m.config());
   checkpoint::TrainingState st;
-  st.args = model_args_to_json(a);
+  st.args = checkpoint::model_args_to_json(a.model, a.tokenizer);
   st.args["hf_architecture"] = spec.arch;
   st.args["hf_config"] = spec.raw;  // token ids and other keys, for the way back
   checkpoint::save_checkpoint(o.output, st, m.params(), nullptr);
@@ -81,7 +82,7 @@ int native_to_hf(const ConvertOptions& o) {
   }
   checkpoint::CheckpointReader reader(o.input, it);
   Arguments a;
-  model_args_from_json(reader.state().args, a);
+  checkpoint::model_args_from_json(reader.state().args, a.model, a.tokenizer);
   checkpoint::HfSpec spec;
   spec.cfg = a.model;
   spec.cfg.finalize();

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/model_args.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/error_report.h"
@@ -102,7 +103,7 @@ int generate_main(const std::vector<std::string>& argv) {
   if (!it) fail("--load {}: no latest_checkpointed_iteration.txt (not a checkpoint directory)", load);
   auto st = checkpoint::read_state(load, *it);
   Arguments a;
-  model_args_from_json(st.args, a);
+  checkpoint::model_args_from_json(st.args, a.model, a.tokenizer);
   a.model.attention_dropout = a.model.hidden_dropout = 0.f;
   a.model.finalize();
   auto tok = data::build_tokenizer(a.tokenizer);

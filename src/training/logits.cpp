@@ -9,6 +9,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_import.h"
+#include "checkpoint/model_args.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/error_report.h"
@@ -96,7 +97,7 @@ int logits_main(const std::vector<std::string>& argv) {
     apply_hf_vocab(a, spec, 0, load);
   } else {
     if (it < 0) it = *checkpoint::latest_iteration(load);
-    model_args_from_json(checkpoint::read_state(load, it).args, a);
+    checkpoint::model_args_from_json(checkpoint::read_state(load, it).args, a.model, a.tokenizer);
   }
   // One rank, fp32, no dropout; the RoPE table only needs to cover T.
   a.model.bf16 = false;

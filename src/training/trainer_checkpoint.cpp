@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "checkpoint/hf_import.h"
+#include "checkpoint/model_args.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "training/trainer.h"
@@ -26,32 +27,23 @@ checkpoint::RankInfo Trainer::rank_info() const {
   return ri;
 }
 
-std::vector<std::pair<int64_t, int64_t>> Trainer::optimizer_ranges() const {
-  // The distributed optimizer covers this rank's owned slices; otherwise the whole buffer.
-  if (ddp_->sharded()) return ddp_->owned_ranges();
-  return {{0, model_->params().numel()}};
-}
-
 void Trainer::save() {
   const auto t0 = std::chrono::steady_clock::now();
-#ifdef MT_HAVE_CUDA
   // GPU AdamW state goes through the host optimizer's arrays, so the format is the CPU one.
-  if (!gpu_adam_.empty() && !args_.no_save_optim) gpu_optimizer_to_host();
-#endif
+  if (!args_.no_save_optim) step_->optimizer_state_to_host();
   ddp_->finish_param_gather();
   checkpoint::TrainingState st = state_;
   st.has_rng = !args_.no_save_rng;
-  st.rng_seed = dropout_rng_.seed;
-  st.rng_offset = dropout_rng_.offset;
-  st.tp_rng_seed = tp_rng_.seed;
-  st.tp_rng_offset = tp_rng_.offset;
-  st.args = model_args_json();
+  st.rng_seed = step_->dropout_rng().seed;
+  st.rng_offset = step_->dropout_rng().offset;
+  st.tp_rng_seed = step_->tp_rng().seed;
+  st.tp_rng_offset = step_->tp_rng().offset;
+  st.args = checkpoint::model_args_to_json(args_.model, args_.tokenizer);
   if (auto* gs = grad_scaler()) st.grad_scaler = gs->state();
   std::optional<checkpoint::OptimizerState> os;
-  if (!args_.no_save_optim) os = checkpoint::optimizer_state(host_optimizer(), optimizer_ranges(), ddp_->sharded());
-  checkpoint::SaveOptions o;
-  o.async = args_.async_save;
-  o.retain_interval = args_.save_retain_interval;
+  if (!args_.no_save_optim)
+    os = checkpoint::optimizer_state(step_->host_optimizer(), step_->optimizer_ranges(), ddp_->sharded());
+  const checkpoint::SaveOptions o = save_options(args_);
   saver_->save(args_.save, st, model_->params(), os ? &*os : nullptr, o);
   // What an async save costs the training loop: the copies to host memory before writing starts.
   if (o.async)
@@ -80,12 +72,13 @@ void Trainer::maybe_load() {
   o.load_rng = !args_.no_load_rng && !args_.finetune && !release;
   o.orig_vocab_size = args_.model.orig_vocab_size;
   std::optional<checkpoint::OptimizerState> os;
-  if (o.load_optim) os = checkpoint::optimizer_state(host_optimizer(), optimizer_ranges(), ddp_->sharded());
+  if (o.load_optim)
+    os = checkpoint::optimizer_state(step_->host_optimizer(), step_->optimizer_ranges(), ddp_->sharded());
   auto st = checkpoint::load_checkpoint(args_.load, *it, rank_info(), model_->params(), os ? &*os : nullptr, o);
-  if (o.load_optim) host_optimizer().set_step_count(st.optimizer_steps);
-#ifdef MT_HAVE_CUDA
-  if (!gpu_adam_.empty() && o.load_optim) host_optimizer_to_gpu();
-#endif
+  if (o.load_optim) {
+    step_->host_optimizer().set_step_count(st.optimizer_steps);
+    step_->optimizer_state_from_host();
+  }
   if (args_.finetune || release) {
     log_info("loaded weights from {} {} ({}: starting at iteration 0)", args_.load,
              release ? "release/" : fmt::format("iteration {}", *it),
@@ -116,49 +109,11 @@ void Trainer::maybe_load() {
   if (o.load_rng && st.has_rng) {
     // Offsets only: the seeds follow from --seed, the pipeline stage and the TP rank, which may
     // differ from the layout that saved; the offsets advance alike on every rank.
-    dropout_rng_.offset = st.rng_offset;
-    if (st.has_tp_rng) tp_rng_.offset = st.tp_rng_offset;
+    step_->dropout_rng().offset = st.rng_offset;
+    if (st.has_tp_rng) step_->tp_rng().offset = st.tp_rng_offset;
   }
   log_info("loaded checkpoint from {} at iteration {} in {:.2f} s", args_.load, *it,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
 }
-
-
-#ifdef MT_HAVE_CUDA
-namespace {
-// The host optimizer's arrays of one kind, one per optimizer range in order (the distributed
-// optimizer keeps one AdamW per owned slice).
-std::vector<std::vector<float>*> state_arrays(optim::Optimizer& opt, const char* name, size_t parts) {
-  std::vector<std::vector<float>*> out;
-  for (auto& [n, v] : opt.state())
-    if (n == name) out.push_back(v);
-  MT_CHECK(out.size() == parts, "internal: the host optimizer has {} '{}' arrays for {} GPU optimizer ranges",
-           out.size(), name, parts);
-  return out;
-}
-}  // namespace
-
-void Trainer::gpu_optimizer_to_host() {
-  auto m = state_arrays(host_optimizer(), "exp_avg", gpu_adam_.size());
-  auto v = state_arrays(host_optimizer(), "exp_avg_sq", gpu_adam_.size());
-  for (size_t i = 0; i < gpu_adam_.size(); ++i) {
-    const size_t bytes = static_cast<size_t>(gpu_adam_[i].hi - gpu_adam_[i].lo) * 4;
-    device_copy(m[i]->data(), Device::CPU, gpu_adam_[i].opt->exp_avg(), Device::CUDA, bytes);
-    device_copy(v[i]->data(), Device::CPU, gpu_adam_[i].opt->exp_avg_sq(), Device::CUDA, bytes);
-  }
-  host_optimizer().set_step_count(gpu_adam_.front().opt->step_count());
-}
-
-void Trainer::host_optimizer_to_gpu() {
-  auto m = state_arrays(host_optimizer(), "exp_avg", gpu_adam_.size());
-  auto v = state_arrays(host_optimizer(), "exp_avg_sq", gpu_adam_.size());
-  for (size_t i = 0; i < gpu_adam_.size(); ++i) {
-    const size_t bytes = static_cast<size_t>(gpu_adam_[i].hi - gpu_adam_[i].lo) * 4;
-    device_copy(gpu_adam_[i].opt->exp_avg(), Device::CUDA, m[i]->data(), Device::CPU, bytes);
-    device_copy(gpu_adam_[i].opt->exp_avg_sq(), Device::CUDA, v[i]->data(), Device::CPU, bytes);
-    gpu_adam_[i].opt->set_step_count(host_optimizer().step_count());
-  }
-}
-#endif
 
 }  // namespace mt

@@ -14,6 +14,7 @@
 #include "checkpoint/hf_config.h"
 #include "checkpoint/io_util.h"
 #include "checkpoint/metadata.h"
+#include "checkpoint/model_args.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "model/gpt_model.h"
@@ -125,7 +126,8 @@ json good_state() {
     "optimizer_steps": 9, "scheduler_samples": 36, "has_optimizer": true, "has_rng": true, "rng_seed": 1234,
     "rng_offset": 77, "skipped_iterations": 1, "nan_iterations": 1,
     "grad_scaler": {"scale": 1024.0, "growth_tracker": 3, "hysteresis_tracker": -1}})");
-  s["args"] = model_args_to_json(test::tiny_llama_args());
+  const Arguments args = test::tiny_llama_args();
+  s["args"] = checkpoint::model_args_to_json(args.model, args.tokenizer);
   s["args"]["ffn_hidden_size"] = 64;  // as finalize() leaves them
   s["args"]["kv_channels"] = 8;
   s["args"]["vocab_size"] = 48;
@@ -344,7 +346,7 @@ TEST(VocabPadding, TrueRowsLoadIntoAnotherPaddingAndThePaddingIsZero) {
   model::GPTModel m(a.model);
   checkpoint::TrainingState st;
   st.iteration = 1;
-  st.args = model_args_to_json(a);
+  st.args = checkpoint::model_args_to_json(a.model, a.tokenizer);
   checkpoint::save_checkpoint(dir.string(), st, m.params(), nullptr);
   const float* saved = m.params().main_buffer().data<float>();
 

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/model_args.h"
 #include "core/error.h"
 #include "kernels/cpu/threads.h"
 #include "model/gpt_model.h"
@@ -84,7 +85,7 @@ TEST(AsyncSave, KillDuringSaveLeavesThePreviousCheckpointLatest) {
       model::GPTModel m(a.model);
       checkpoint::TrainingState st;
       st.iteration = 1;
-      st.args = model_args_to_json(a);
+      st.args = checkpoint::model_args_to_json(a.model, a.tokenizer);
       checkpoint::save_checkpoint(dir.string(), st, m.params(), nullptr);
       checkpoint::Saver s(checkpoint::RankInfo{});
       checkpoint::SaveOptions o;
@@ -116,7 +117,7 @@ TEST(AsyncSave, KillDuringSaveLeavesThePreviousCheckpointLatest) {
   // The next save of that iteration replaces the leftover directory.
   checkpoint::TrainingState st;
   st.iteration = 2;
-  st.args = model_args_to_json(a);
+  st.args = checkpoint::model_args_to_json(a.model, a.tokenizer);
   checkpoint::save_checkpoint(dir.string(), st, m.params(), nullptr);
   EXPECT_EQ(*checkpoint::latest_iteration(dir.string()), 2);
   EXPECT_FALSE(fs::exists(checkpoint::iteration_dir(dir.string(), 2) + ".tmp"));
@@ -173,7 +174,7 @@ TEST(Integrity, SaveRetainIntervalKeepsMultiplesAndTheLatest) {
   for (int64_t i = 1; i <= 7; ++i) {
     checkpoint::TrainingState st;
     st.iteration = i;
-    st.args = model_args_to_json(a);
+    st.args = checkpoint::model_args_to_json(a.model, a.tokenizer);
     s.save(dir.string(), st, m.params(), nullptr, o);
   }
   std::vector<std::string> left;

@@ -1,0 +1,54 @@
+// Pretrain's checkpoint section: where and how often to save, what to load.
+#include <cstdint>
+
+#include "core/error.h"
+#include "training/arguments_sections.h"
+
+namespace mt {
+
+void register_checkpoint_flags(FlagParser& p, CheckpointArgs& a) {
+  p.value("--save", &a.save, "checkpoint directory to save to");
+  p.value("--load", &a.load, "checkpoint directory to load from");
+  p.value("--save-interval", &a.save_interval, "iterations between checkpoints", {0, INT64_MAX});
+  p.store_true("--no-save-optim", &a.no_save_optim, "do not save optimizer state");
+  p.store_true("--no-save-rng", &a.no_save_rng, "do not save RNG state");
+  p.store_true("--no-load-optim", &a.no_load_optim, "do not load optimizer state");
+  p.store_true("--no-load-rng", &a.no_load_rng, "do not load RNG state");
+  p.store_true("--finetune", &a.finetune, "load weights only; start at iteration 0");
+  p.store_true("--async-save", &a.async_save, "write checkpoints in a background thread while training goes on");
+  p.value("--save-retain-interval", &a.save_retain_interval,
+          "keep only checkpoints of iterations divisible by this, and the latest", {0, INT64_MAX});
+  p.custom("--ckpt-format", true,
+           [&a](const std::string& v) {
+             if (v == "native") {
+               a.ckpt_format = v;
+               return;
+             }
+             if (v == "torch" || v == "torch_dist" || v == "zarr" || v == "torch_dcp" || v == "fsdp_dtensor")
+               fail("--ckpt-format {}: megatron.cpp writes and reads its own format, 'native' (sharded safetensors "
+                    "that reshard on load like torch_dist, plain data rather than pickles); Megatron-LM's {} "
+                    "checkpoints cannot be read: export them to HuggingFace and use --load HF_DIR or "
+                    "'megatron convert --from hf'",
+                    v, v);
+             fail("--ckpt-format got '{}'; the supported format is 'native'", v);
+           },
+           "checkpoint format: native (sharded safetensors; loads under any TP/PP/DP layout)");
+  p.store_true("--auto-detect-ckpt-format", &a.auto_detect_ckpt_format,
+               "accepted: --load always detects native and HuggingFace directories");
+}
+
+void validate_checkpoint_args(const CheckpointArgs& a) {
+  if (a.save_interval < 0) fail("--save-interval must be >= 0 (got {})", a.save_interval);
+  if (a.save_interval > 0 && a.save.empty()) fail("--save-interval needs --save DIR");
+  if (a.save_retain_interval < 0) fail("--save-retain-interval must be >= 0 (got {})", a.save_retain_interval);
+  if (a.save_retain_interval > 0 && a.save.empty()) fail("--save-retain-interval needs --save DIR");
+}
+
+checkpoint::SaveOptions save_options(const CheckpointArgs& c) {
+  checkpoint::SaveOptions o;
+  o.async = c.async_save;
+  o.retain_interval = c.save_retain_interval;
+  return o;
+}
+
+}  // namespace mt

@@ -1,0 +1,100 @@
+#pragma once
+// One training step, as a short list of named steps:
+//
+//   forward_backward   the pipeline's passes over this rank's micro-batches (gradient accumulation)
+//   finalize_grads     the gradient reductions backward did not hide (DP, tied embeddings, SP)
+//   reduce_loss        the loss over the global batch, the same value on every rank
+//   apply_update       fp16 unscale and check -> grad norm -> NaN policy -> clip -> optimizer step
+//
+// The runner borrows what setup built (Trainer) and owns what only the step uses: the optimizer,
+// the fp16 loss scaler and the dropout streams. Where the next capabilities go:
+//   - MoE's auxiliary losses (load balancing, z-loss): summed in forward_backward beside
+//     LossSums, reduced with the loss in reduce_loss and reported in StepResult.
+//   - FP8's scaling state (amax history, scales): owned here beside the loss scaler, updated in
+//     apply_update after the step, and saved with the optimizer state as the scaler is.
+//   - Context parallelism's group: parallel::ProcessGroups (built before the Trainer); its
+//     gradient all-reduce joins the others in finalize_grads, its loss sum in reduce_loss.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "core/philox.h"
+#include "model/gpt_model.h"
+#include "model/op_times.h"
+#include "optim/grad_scaler.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+#include "parallel/ddp.h"
+#include "parallel/pipeline.h"
+#include "parallel/process_groups.h"
+
+namespace mt {
+
+// What one step produced, summed over the global batch.
+struct StepResult {
+  double loss_sum = 0, tokens = 0;
+  double grad_norm = 0;  // NaN when an fp16 overflow skipped the step
+  bool skipped = false;
+};
+using IterationResult = StepResult;
+
+// The step's settings (Arguments' optimizer section converts into it).
+struct StepOptions {
+  int64_t global_batch_size = 0;                        // samples a step consumes (all DP ranks)
+  optim::OptimizerConfig optimizer;                     // weight_decay: the schedule's start value
+  double clip_grad = 1.0;                               // 0: no clipping
+  std::optional<optim::GradScalerConfig> loss_scaling;  // --fp16
+  bool device_optimizer = false;                        // --device cuda: AdamW on the device
+};
+
+class StepRunner {
+ public:
+  StepRunner(StepOptions o, const parallel::ProcessGroups& pg, model::GPTModel& model, parallel::DataParallel& ddp,
+             parallel::PipelineRunner& pipeline, const optim::LRSchedule& schedule, RngState dropout_rng,
+             RngState tp_rng);
+  ~StepRunner();
+
+  // One step over this rank's micro-batches; advances `state` (iteration, samples, skips).
+  StepResult step(const std::vector<model::Batch>& batches, checkpoint::TrainingState& state, model::OpTimes* times);
+
+  // --fp16: the loss scaler (made on first use); null otherwise.
+  optim::GradScaler* grad_scaler();
+  // The optimizer state as checkpoints see it: the host optimizer's arrays over
+  // optimizer_ranges(). On the GPU they are a staging copy, made on first use and filled by
+  // optimizer_state_to_host (before a save) / read by optimizer_state_from_host (after a load).
+  optim::Optimizer& host_optimizer();
+  void optimizer_state_to_host();
+  void optimizer_state_from_host();
+  std::vector<std::pair<int64_t, int64_t>> optimizer_ranges() const;
+  // Dropout streams: this stage's, and Megatron's model-parallel one (seed + 2718 + TP rank).
+  RngState& dropout_rng() { return dropout_rng_; }
+  RngState& tp_rng() { return tp_rng_; }
+  bool on_device() const { return device_opt_ != nullptr; }
+
+ private:
+  model::LossSums forward_backward(const std::vector<model::Batch>& batches, model::OpTimes* times);
+  void sync_rng_over_pipeline();
+  void finalize_grads(model::OpTimes* times);
+  void reduce_loss(const model::LossSums& local, StepResult& r);
+  void apply_update(StepResult& r, checkpoint::TrainingState& state, model::OpTimes* times);
+  bool unscale_and_check(optim::GradScaler& scaler);
+  void clip_and_step(double grad_norm, checkpoint::TrainingState& state);
+
+  StepOptions opt_;
+  const parallel::ProcessGroups& pg_;
+  model::GPTModel& model_;
+  parallel::DataParallel& ddp_;
+  parallel::PipelineRunner& pipeline_;
+  const optim::LRSchedule& schedule_;
+  RngState dropout_rng_, tp_rng_;
+  std::unique_ptr<optim::Optimizer> optimizer_;  // see host_optimizer()
+  std::unique_ptr<optim::GradScaler> grad_scaler_;
+  // --device cuda: AdamW on the device (step_runner.cpp, the one MT_HAVE_CUDA block).
+  struct DeviceOptimizer;
+  std::unique_ptr<DeviceOptimizer> device_opt_;
+};
+
+}  // namespace mt
