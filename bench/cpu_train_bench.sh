@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ITERS=${1:-30}
-MEGATRON=build/bin/megatron
+MEGATRON=${MT_MEGATRON:-build/bin/megatron}  # MT_MEGATRON: another binary (A/B runs)
 LOG=$(mktemp)
 /usr/bin/time -v $MEGATRON pretrain \
   --num-layers 4 --hidden-size 128 --num-attention-heads 8 --group-query-attention --num-query-groups 4 \

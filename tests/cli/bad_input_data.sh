@@ -57,7 +57,10 @@ expect_error "short.npy is truncated or corrupt: shape (2, 3) of <i8 needs 48 da
 #    earlier complete output with the same prefix is untouched. OpenBLAS gets one thread so its
 #    own start-up fits the limit.
 { printf '{"text": "'; yes 1 | head -c 60000000 | tr '\n' ' '; printf '"}\n'; } >"$TMP/long.jsonl"
-(ulimit -v 300000; export OPENBLAS_NUM_THREADS=1; expect_failure "ran out of memory" \
+# The limit is 300 MB on top of the shared libraries' file sizes: a CUDA build maps cuBLASLt &c.
+# (hundreds of MB) at start-up, which a fixed limit would refuse before main() runs.
+LIBS_KB=$(ldd "$MEGATRON" | awk '/=> \// {print $3}' | xargs -r stat -Lc %s | awk '{s += $1} END {print int(s / 1024)}')
+(ulimit -v $((300000 + LIBS_KB)); export OPENBLAS_NUM_THREADS=1; expect_failure "ran out of memory" \
   preprocess --input "$TMP/long.jsonl" --output-prefix "$W/ds" "${NULL_TOK[@]}" --workers 1; exit $fails)
 [ $? -eq 0 ] && passes=$((passes+1)) || fails=$((fails+1))
 rm -f "$TMP/long.jsonl"

@@ -9,13 +9,13 @@ JOB=(-- pretrain --mock-data --vocab-size 60 --num-layers 1 --hidden-size 16 --n
 
 expect_error "--nproc-per-node 100000 is more than this machine runs usefully" launch --nproc-per-node 100000 "${JOB[@]}"
 expect_error "--nproc-per-node must be at least 1 (got 0)" launch --nproc-per-node 0 "${JOB[@]}"
-expect_error "--nproc-per-node expects an integer, got '99999999999999999999'" launch --nproc-per-node 99999999999999999999 "${JOB[@]}"
+expect_error "--nproc-per-node: value out of range (got 99999999999999999999" launch --nproc-per-node 99999999999999999999 "${JOB[@]}"
 expect_error "--nproc-per-node expects an integer, got '2.5'" launch --nproc-per-node 2.5 "${JOB[@]}"
 expect_error "--nnodes x --nproc-per-node: size 9223372036854775807 x 2 is too large" launch --nnodes 9223372036854775807 --nproc-per-node 2 "${JOB[@]}"
 expect_error "--nnodes 4294967296 x --nproc-per-node 1 = 4294967296 ranks, more than a job can have" launch --nnodes 4294967296 --nproc-per-node 1 "${JOB[@]}"
 expect_error "--node-rank 2 is outside 0 .. 1 (--nnodes 2)" launch --nnodes 2 --node-rank 2 "${JOB[@]}"
 expect_error "--master-port 70000 is not a TCP port" launch --master-port 70000 "${JOB[@]}"
-expect_error "--grace-seconds nan is not between 0 and 3600" launch --grace-seconds nan "${JOB[@]}"
+expect_error "--grace-seconds must be a finite number, got 'nan'" launch --grace-seconds nan "${JOB[@]}"
 expect_error "--grace-seconds -1 is not between 0 and 3600" launch --grace-seconds -1 "${JOB[@]}"
 # Several nodes: the store must be reachable by them and need a secret they all know.
 expect_error "--master-addr '127.0.0.1' cannot be reached from the other nodes (--nnodes 2)" launch --nnodes 2 "${JOB[@]}"
