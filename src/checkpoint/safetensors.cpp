@@ -94,17 +94,9 @@ const uint8_t* SafetensorsFile::file_data() const { return static_cast<const uin
 uint64_t SafetensorsFile::file_size() const { return map_->size; }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), map_(std::make_shared<Mapping>()) {
-  // A FIFO or a device would block open() or read forever: refuse anything but a regular file,
-  // and check the descriptor again (O_NONBLOCK: opening a FIFO never waits for a writer).
-  require_regular_file(path, "safetensors file");
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) fail("cannot open '{}' (missing file?)", path);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("'{}' is not a regular file", path);
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  // A FIFO or a device would block open() or read forever: regular files only.
+  uint64_t size = 0;
+  int fd = open_regular_file(path, "safetensors file", &size);
   if (size < 8) {
     ::close(fd);
     fail("'{}' is not a safetensors file (only {} bytes)", path, size);

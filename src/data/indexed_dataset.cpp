@@ -118,21 +118,9 @@ bool indexed_dataset_exists(const std::string& prefix) {
 // ---------------------------------------------------------------- MappedFile
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  // O_NONBLOCK so that a FIFO cannot block the open (it would wait for a writer forever); the
-  // fstat below then refuses anything but a regular file (FIFO, device, directory).
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) fail("cannot open {}: {}", path, errno_text());
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    fail("cannot stat {}: {}", path, errno_text());
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    require_regular_file(path, "data file");  // names what it is
-    fail("data file: '{}' is not a regular file; name a plain file", path);
-  }
-  size_ = static_cast<size_t>(st.st_size);
+  uint64_t size = 0;
+  int fd = open_regular_file(path, "data file", &size);  // a FIFO or device would hang a read
+  size_ = static_cast<size_t>(size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
