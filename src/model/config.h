@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "model/moe/moe_config.h"
+
 namespace mt::model {
 
 // Upper bounds on a model's shape, whatever its source (flags, a checkpoint's state.json, an HF
@@ -67,6 +69,7 @@ struct TransformerConfig {
   std::string recompute_granularity;  // "" (off) | full | selective
   std::string recompute_method;       // "" | uniform | block (full only)
   int64_t recompute_num_layers = 0;   // N (full only)
+  MoEConfig moe;                      // mixture of experts (model/moe/); num_experts 0: dense
 
   int64_t head_dim() const { return kv_channels; }
   int64_t groups() const { return num_query_groups; }
