@@ -22,6 +22,7 @@ inline constexpr int64_t kHeadDim = int64_t{1} << 16;
 inline constexpr int64_t kSeqLength = int64_t{1} << 24;
 inline constexpr int64_t kVocab = (int64_t{1} << 31) - 1;  // token ids are int32
 inline constexpr int64_t kBlasDim = (int64_t{1} << 31) - 1;  // one GEMM dimension (BLAS int)
+inline constexpr int64_t kExperts = int64_t{1} << 16;  // routed experts per MoE layer (DeepSeek-V3: 256)
 }  // namespace limits
 
 // The half precision the CPU engine emulates (compute copy of the params and stored activations
@@ -88,6 +89,9 @@ struct TransformerConfig {
   void finalize();
   // Overflow-checked (throws mt::Error naming the shape flags); call after finalize().
   int64_t num_parameters() const;
+  // The parameters one token uses: as num_parameters(), but of each MoE layer's routed experts
+  // only the top-k (router, shared expert and dense layers in full). Equal for a dense model.
+  int64_t num_active_parameters() const;
 };
 
 // Megatron's vocab padding: round up to a multiple of divisible_by * tp.

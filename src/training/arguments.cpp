@@ -21,6 +21,7 @@ struct Registered {
 void register_flags(Registered& r, Arguments& a) {
   FlagParser& p = r.parser;
   register_model_flags(p, a, r.model_aliases);
+  register_moe_flags(p, a.model.moe, a);
   register_data_flags(p, a);
   register_training_flags(p, a);
   register_optimizer_flags(p, a);
@@ -54,6 +55,7 @@ std::string pretrain_help() {
 
 void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   validate_parallel_args(a);
+  validate_moe_args(a);
   validate_model_args(a);
   validate_training_args(a);
   validate_optimizer_args(a);

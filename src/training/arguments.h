@@ -16,6 +16,7 @@
 #include "optim/optimizer.h"
 #include "parallel/ddp.h"
 #include "parallel/pipeline_layout.h"
+#include "training/moe_layer_freq.h"
 
 namespace mt {
 
@@ -37,6 +38,13 @@ struct ModelArgs {
   bool group_query_attention = false;
   std::string attention_backend = "auto";   // --attention-backend auto|flash|fused (GPU attention)
   bool nondeterministic_attention = false;  // --nondeterministic-attention (cuDNN's dQ-atomics backward)
+};
+
+// Mixture of experts (arguments_moe.cpp): the flags fill ModelArgs::model.moe; these are the ones
+// that need the rest of the arguments before they mean anything.
+struct MoEArgs {
+  MoELayerFreq moe_layer_freq;     // --moe-layer-freq, made a per-layer pattern once --num-layers is known
+  bool moe_use_upcycling = false;  // --moe-use-upcycling: load a dense checkpoint into an MoE model
 };
 
 // Tokenizer and datasets (arguments_data.cpp) -> data::TokenizerOptions, data::GPTDataOptions.
@@ -112,6 +120,7 @@ struct ParallelArgs {
   int64_t virtual_pipeline_model_parallel_size = 1;     // derived
   int64_t microbatch_group_size_per_vp_stage = 0;       // interleaved: 0 -> PP (Megatron's default)
   int64_t expert_model_parallel_size = 1;
+  int64_t expert_tensor_parallel_size = 0;  // 0: = tensor_model_parallel_size (Megatron's default)
   bool sequence_parallel = false, use_distributed_optimizer = false;
   bool tp_comm_overlap = false;  // overlap SP collectives with the GEMMs (needs --sequence-parallel)
   int64_t world_size = 1;
@@ -122,7 +131,7 @@ struct ParallelArgs {
   std::string distributed_backend = "nccl";  // CPU tensors always use Gloo
 };
 
-struct Arguments : ModelArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs {
+struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs {
   std::vector<std::string> given;  // flag names given by the user (for conflict checks)
   bool was_given(const char* flag) const;
 };

@@ -30,6 +30,8 @@ void register_parallel_flags(FlagParser& p, ParallelArgs& a) {
            "accepted (no effect): pipeline point-to-point messages always overlap compute");
   p.value("--context-parallel-size", &a.context_parallel_size, "context-parallel size", {1, kMaxParallel});
   p.value("--expert-model-parallel-size", &a.expert_model_parallel_size, "expert-parallel size", {1, kMaxParallel});
+  p.value("--expert-tensor-parallel-size", &a.expert_tensor_parallel_size,
+          "tensor-parallel size of the experts (default: --tensor-model-parallel-size)", {1, kMaxParallel});
   p.store_true("--sequence-parallel", &a.sequence_parallel, "sequence parallelism (with TP)");
   p.store_true("--tp-comm-overlap", &a.tp_comm_overlap,
                "overlap the sequence-parallel all-gathers and reduce-scatters of the column-parallel linears with "
@@ -59,9 +61,6 @@ void validate_parallel_args(Arguments& a) {
     if (v < 1) fail("{} must be at least 1 (got {})", name, v);
   if (a.context_parallel_size > 1)
     fail("--context-parallel-size {} is not supported yet; use 1", a.context_parallel_size);
-  if (a.expert_model_parallel_size > 1)
-    fail("--expert-model-parallel-size {} needs mixture-of-experts layers (--num-experts), not implemented yet",
-         a.expert_model_parallel_size);
   const int64_t mp = checked_product({a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size},
                                      "--tensor-model-parallel-size x --pipeline-model-parallel-size x --context-parallel-size");
   if (a.world_size % mp != 0)

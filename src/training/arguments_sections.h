@@ -30,6 +30,11 @@ void validate_model_args(Arguments& a);  // query groups and attention backend
 void finish_model_args(Arguments& a, int64_t tokenizer_vocab_size);
 void validate_recompute_args(Arguments& a);  // needs the pipeline split
 
+// Mixture of experts: the flags fill model.moe; validated right after the parallel sizes (expert
+// parallelism is checked here), before finalize() checks the MoE shape itself.
+void register_moe_flags(FlagParser& p, model::MoEConfig& m, MoEArgs& a);
+void validate_moe_args(Arguments& a);
+
 void register_data_flags(FlagParser& p, DataArgs& a);
 void validate_data_args(const Arguments& a);
 
