@@ -55,12 +55,39 @@ Piece parse_piece(const nlohmann::json& j, const std::string& what, const Shape&
   return pc;
 }
 
+// The MoE arguments (absent in dense checkpoints): sizes within bounds, types as written. The
+// rules between them are TransformerConfig::finalize's, when the model is built.
+void check_moe_args(const JsonFields& a, int64_t layers) {
+  const int64_t experts = a.integer_or("num_experts", 0, 0, kMaxExperts);
+  if (experts == 0) return;
+  a.integer_or("moe_ffn_hidden_size", 0, 0, kMaxFfn);
+  a.integer_or("moe_shared_expert_intermediate_size", 0, 0, kMaxFfn);
+  a.integer_or("moe_router_topk", 1, 1, experts);
+  a.integer_or("moe_router_num_groups", 0, 0, experts);
+  a.integer_or("moe_router_group_topk", 0, 0, experts);
+  if (a.has("moe_layer_freq")) {
+    const auto& f = a.at("moe_layer_freq");
+    if (f.is_array()) json_int_array(f, a.what("moe_layer_freq"), 0, 1, layers);
+    else json_int(f, a.what("moe_layer_freq"), 1, layers);
+  }
+  for (const char* k : {"moe_router_topk_scaling_factor", "moe_aux_loss_coeff", "moe_z_loss_coeff",
+                        "moe_router_bias_update_rate"})
+    a.number_or(k, 0, 0, 1e15);
+  a.number_or("moe_expert_capacity_factor", 0, -1e15, 1e15);
+  for (const char* k : {"moe_router_pre_softmax", "moe_router_enable_expert_bias", "moe_shared_expert_gate",
+                        "moe_pad_expert_input_to_capacity", "moe_grouped_gemm", "moe_permute_fusion"})
+    a.boolean_or(k, false);
+  for (const char* k : {"moe_router_score_function", "moe_router_dtype", "moe_router_load_balancing_type",
+                        "moe_token_drop_policy", "moe_token_dispatcher_type"})
+    a.string_or(k, "");
+}
+
 // The model arguments the checkpoint was saved with (generate, logits and convert build the model
 // from them): sizes within the bounds a HF config has, flags and names of their JSON types. Keys
 // added in later versions may be absent.
 void check_model_args(const JsonFields& a) {
   const int64_t heads = a.integer("num_attention_heads", 1, kMaxHeads);
-  a.integer("num_layers", 1, kMaxLayers);
+  const int64_t layers = a.integer("num_layers", 1, kMaxLayers);
   a.integer("hidden_size", 1, kMaxHidden);
   a.integer("ffn_hidden_size", 1, kMaxFfn);
   const int64_t groups = a.integer("num_query_groups", 1, heads);
@@ -86,6 +113,7 @@ void check_model_args(const JsonFields& a) {
   for (const char* k : {"normalization", "position_embedding_type", "tokenizer_type", "vocab_file", "merge_file",
                         "tokenizer_model"})
     json_string(a.at(k), a.what(k));
+  check_moe_args(a, layers);
 }
 
 }  // namespace

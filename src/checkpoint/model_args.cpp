@@ -4,8 +4,70 @@
 
 namespace mt::checkpoint {
 
+namespace {
+
+// The MoE settings under Megatron's argument names (but --moe-layer-freq, below): one list for
+// writing and reading, so the two cannot drift apart.
+template <typename Config, typename Visit>
+void moe_fields(Config& m, Visit&& f) {
+  f("moe_ffn_hidden_size", m.moe_ffn_hidden_size);
+  f("moe_router_topk", m.topk);
+  f("moe_router_score_function", m.score_function);
+  f("moe_router_pre_softmax", m.pre_softmax);
+  f("moe_router_topk_scaling_factor", m.topk_scaling_factor);
+  f("moe_router_dtype", m.router_dtype);
+  f("moe_router_num_groups", m.num_groups);
+  f("moe_router_group_topk", m.group_topk);
+  f("moe_router_load_balancing_type", m.load_balancing_type);
+  f("moe_aux_loss_coeff", m.aux_loss_coeff);
+  f("moe_z_loss_coeff", m.z_loss_coeff);
+  f("moe_router_enable_expert_bias", m.enable_expert_bias);
+  f("moe_router_bias_update_rate", m.bias_update_rate);
+  f("moe_shared_expert_intermediate_size", m.shared_expert_intermediate_size);
+  f("moe_shared_expert_gate", m.shared_expert_gate);
+  f("moe_expert_capacity_factor", m.capacity_factor);
+  f("moe_pad_expert_input_to_capacity", m.pad_to_capacity);
+  f("moe_token_drop_policy", m.drop_policy);
+  f("moe_token_dispatcher_type", m.token_dispatcher);
+  f("moe_grouped_gemm", m.grouped_gemm);
+  f("moe_permute_fusion", m.permute_fusion);
+}
+
+// --moe-layer-freq as Megatron keeps it: 1 (every layer) or the list of 0/1 per layer.
+void moe_to_json(const model::MoEConfig& m, nlohmann::json& j) {
+  j["num_experts"] = m.num_experts;
+  nlohmann::json freq = 1;
+  if (!m.layer_pattern.empty()) {
+    freq = nlohmann::json::array();
+    for (bool b : m.layer_pattern) freq.push_back(b ? 1 : 0);
+  }
+  j["moe_layer_freq"] = freq;
+  moe_fields(m, [&](const char* key, const auto& field) { j[key] = field; });
+}
+
+// Absent (or null, as Megatron writes None) keys keep MoEConfig's defaults, which are Megatron's;
+// parse_state has checked the values' types and ranges.
+void moe_from_json(const nlohmann::json& j, int64_t num_layers, model::MoEConfig& m) {
+  m = model::MoEConfig{};
+  auto read = [&](const char* key, auto& field) {
+    auto it = j.find(key);
+    if (it != j.end() && !it->is_null()) field = it->get<std::remove_reference_t<decltype(field)>>();
+  };
+  read("num_experts", m.num_experts);
+  if (m.num_experts == 0) return;
+  moe_fields(m, read);
+  if (auto it = j.find("moe_layer_freq"); it != j.end() && it->is_array()) {
+    for (const auto& b : *it) m.layer_pattern.push_back(b.get<int64_t>() == 1);
+  } else if (it != j.end() && it->is_number() && it->get<int64_t>() > 1) {
+    const int64_t every = it->get<int64_t>();
+    for (int64_t l = 0; l < num_layers; ++l) m.layer_pattern.push_back(l % every == 0);
+  }
+}
+
+}  // namespace
+
 nlohmann::json model_args_to_json(const model::TransformerConfig& m, const data::TokenizerOptions& tokenizer) {
-  return {{"num_layers", m.num_layers},
+  nlohmann::json j = {{"num_layers", m.num_layers},
           {"hidden_size", m.hidden_size},
           {"ffn_hidden_size", m.ffn_hidden_size},
           {"num_attention_heads", m.num_attention_heads},
@@ -38,6 +100,8 @@ nlohmann::json model_args_to_json(const model::TransformerConfig& m, const data:
           {"merge_file", tokenizer.merge_file},
           {"tokenizer_model", tokenizer.tokenizer_model},
           {"tokenizer_vocab_size", tokenizer.vocab_size}};
+  if (m.moe.enabled()) moe_to_json(m.moe, j);  // dense checkpoints stay as they were
+  return j;
 }
 
 void model_args_from_json(const nlohmann::json& j, model::TransformerConfig& m, data::TokenizerOptions& tokenizer) {
@@ -76,6 +140,7 @@ void model_args_from_json(const nlohmann::json& j, model::TransformerConfig& m, 
     tokenizer.merge_file = j.at("merge_file");
     tokenizer.tokenizer_model = j.at("tokenizer_model");
     tokenizer.vocab_size = j.at("tokenizer_vocab_size");
+    moe_from_json(j, m.num_layers, m.moe);  // added later: a checkpoint without it is dense
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint state.json lacks model arguments: {}", e.what());
   }

@@ -1,7 +1,9 @@
 #pragma once
 // The checkpoint schema of a run's model and tokenizer arguments (state.json "args", as
 // Megatron stores its args): what generate, logits, convert and a resume need to rebuild the
-// model a checkpoint was written by. Fields added later have defaults, so older checkpoints load.
+// model a checkpoint was written by. Fields added later have defaults, so older checkpoints load
+// (the MoE fields, under Megatron's argument names, are written for MoE models only: a
+// checkpoint without num_experts is dense).
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"

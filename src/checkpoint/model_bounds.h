@@ -8,6 +8,6 @@
 namespace mt::checkpoint {
 
 constexpr int64_t kMaxLayers = 1 << 14, kMaxHidden = 1 << 18, kMaxFfn = 1 << 20, kMaxHeads = 1 << 14,
-                  kMaxHeadDim = 1 << 14, kMaxVocab = 1 << 26, kMaxPositions = 1 << 26;
+                  kMaxHeadDim = 1 << 14, kMaxVocab = 1 << 26, kMaxPositions = 1 << 26, kMaxExperts = 1 << 16;
 
 }  // namespace mt::checkpoint

@@ -73,14 +73,16 @@ void finalize_moe(TransformerConfig& c) {
   check_choice("--moe-router-score-function", m.score_function, {"softmax", "sigmoid"});
   if (m.router_dtype != "fp32")
     fail("--moe-router-dtype {}: routing always runs in fp32 in megatron.cpp; use fp32", m.router_dtype.substr(0, 40));
-  check_choice("--moe-router-load-balancing-type", m.load_balancing_type, {"aux_loss", "seq_aux_loss", "sinkhorn", "none"});
+  check_choice("--moe-router-load-balancing-type", m.load_balancing_type,
+               {"aux_loss", "seq_aux_loss", "sinkhorn", "none"});
   check_choice("--moe-token-dispatcher-type", m.token_dispatcher, {"allgather", "alltoall"});
   check_choice("--moe-token-drop-policy", m.drop_policy, {"probs", "position"});
   check_non_negative("--moe-aux-loss-coeff", m.aux_loss_coeff);
   check_non_negative("--moe-z-loss-coeff", m.z_loss_coeff);
   check_non_negative("--moe-router-topk-scaling-factor", m.topk_scaling_factor);
   check_non_negative("--moe-router-bias-update-rate", m.bias_update_rate);
-  if (!std::isfinite(m.capacity_factor)) fail("--moe-expert-capacity-factor must be finite (got {})", m.capacity_factor);
+  if (!std::isfinite(m.capacity_factor))
+    fail("--moe-expert-capacity-factor must be finite (got {})", m.capacity_factor);
   // Group-limited routing: top group_topk groups by the sum of their best topk/group_topk scores.
   check_size("--moe-router-num-groups", m.num_groups, 0, m.num_experts);
   check_size("--moe-router-group-topk", m.group_topk, 0, limits::kExperts);

@@ -36,7 +36,8 @@ void register_moe_flags(FlagParser& p, model::MoEConfig& m, MoEArgs& a) {
           {"softmax", "sigmoid"});
   p.store_true("--moe-router-pre-softmax", &m.pre_softmax,
                "softmax over all experts before the top-k (default: softmax over the top-k scores)");
-  p.value("--moe-router-topk-scaling-factor", &m.topk_scaling_factor, "scale of the top-k routing weights (default none)");
+  p.value("--moe-router-topk-scaling-factor", &m.topk_scaling_factor,
+          "scale of the top-k routing weights (default none)");
   p.custom("--moe-router-dtype", true,
            [&m](const std::string& v) {
              if (v == "fp64")

@@ -1,13 +1,15 @@
 // libFuzzer target: a native checkpoint's metadata.json and state.json (the same bytes are tried
 // as both). What parse_metadata accepts must be safe for the loader's copy loop: every piece is
 // copied into a whole-tensor buffer as fill() would (small tensors only), so a box or flat range
-// that reaches outside its tensor shows up as an ASan report.
+// that reaches outside its tensor shows up as an ASan report. A state.json it accepts must give
+// model arguments that read into a TransformerConfig (finalize() may still refuse them cleanly).
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "checkpoint/io_util.h"
 #include "checkpoint/metadata.h"
+#include "checkpoint/model_args.h"
 #include "checkpoint/slices.h"
 #include "core/error.h"
 
@@ -38,7 +40,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (int64_t it : {ck::kReleaseIteration, int64_t{0}, int64_t{10}}) {
     try {
-      ck::parse_state(j, "state.json", it);
+      const ck::TrainingState st = ck::parse_state(j, "state.json", it);
+      mt::model::TransformerConfig c;
+      mt::data::TokenizerOptions t;
+      ck::model_args_from_json(st.args, c, t);
+      c.finalize();
     } catch (const mt::Error&) {
     }
   }

@@ -180,7 +180,8 @@ TEST(ConfigMoE, MegatronsRulesNameTheFlag) {
             "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
   EXPECT_EQ(moe_error([](MoEConfig& m) { m.shared_expert_intermediate_size = 0; }),
             "--moe-shared-expert-gate needs a shared expert (--moe-shared-expert-intermediate-size)");
-  EXPECT_NE(moe_error([](MoEConfig& m) { m.moe_ffn_hidden_size = -3; }).find("--moe-ffn-hidden-size: value out of range"),
+  EXPECT_NE(moe_error([](MoEConfig& m) { m.moe_ffn_hidden_size = -3; })
+                .find("--moe-ffn-hidden-size: value out of range"),
             std::string::npos);
 }
 
