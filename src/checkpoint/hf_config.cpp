@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "checkpoint/hf_moe.h"
 #include "checkpoint/io_util.h"
 #include "checkpoint/json_fields.h"
 #include "checkpoint/model_bounds.h"
@@ -12,7 +13,7 @@ namespace mt::checkpoint {
 
 namespace {
 
-const char* kSupported = "llama, mistral, qwen2, qwen3, gpt2";
+const char* kSupported = "llama, mistral, qwen2, qwen3, gpt2, mixtral, qwen2_moe, qwen3_moe";
 
 // A float setting as the decimal it was written as (1e-05, not 9.999999747378752e-06).
 double shortest(float x) { return std::stod(fmt::format("{}", x)); }
@@ -87,8 +88,11 @@ void read_heads(const JsonFields& f, HfSpec& s, const char* heads_key, const cha
   c.kv_channels = c.hidden_size / c.num_attention_heads;
 }
 
+// Llama's layout and its relatives; the MoE architectures share their attention with one of them
+// (Mixtral Mistral's, Qwen2-MoE Qwen2's, Qwen3-MoE Qwen3's).
 void read_llama_like(const JsonFields& f, HfSpec& s) {
   auto& c = s.cfg;
+  const std::string base = hf_attention_arch(s.arch);
   c.num_layers = f.integer("num_hidden_layers", 1, kMaxLayers);
   c.hidden_size = f.integer("hidden_size", 1, kMaxHidden);
   c.ffn_hidden_size = f.integer("intermediate_size", 1, kMaxFfn);
@@ -108,10 +112,10 @@ void read_llama_like(const JsonFields& f, HfSpec& s) {
          "the QKV projection only)",
          f.where(), s.arch);
   c.add_bias_linear = false;
-  c.add_qkv_bias = s.arch == "qwen2";
-  c.qk_layernorm = s.arch == "qwen3";
+  c.add_qkv_bias = base == "qwen2";
+  c.qk_layernorm = base == "qwen3";
   c.untie_embeddings_and_output_weights = !f.boolean_or("tie_word_embeddings", false);
-  const bool sliding = s.arch == "mistral" ? f.has("sliding_window") : f.boolean_or("use_sliding_window", false);
+  const bool sliding = base == "mistral" ? f.has("sliding_window") : f.boolean_or("use_sliding_window", false);
   if (sliding)
     log_warn("{}: sliding-window attention is not implemented; results match only for sequences within the window "
              "({} tokens)",
@@ -163,12 +167,11 @@ HfSpec parse_hf_config(const nlohmann::json& j, const std::string& where) {
   s.raw = j;
   const JsonFields f(j, where);
   s.arch = f.string_or("model_type", "");
-  if (s.arch == "mixtral" || s.arch == "qwen2_moe" || s.arch == "qwen3_moe")
-    fail("{}: model_type '{}' needs mixture-of-experts layers, which megatron.cpp does not implement yet", where,
-         s.arch);
-  if (s.arch == "llama" || s.arch == "mistral" || s.arch == "qwen2" || s.arch == "qwen3") read_llama_like(f, s);
+  const std::string base = hf_attention_arch(s.arch);
+  if (base == "llama" || base == "mistral" || base == "qwen2" || base == "qwen3") read_llama_like(f, s);
   else if (s.arch == "gpt2") read_gpt2(f, s);
   else fail("{}: model_type '{}' is not supported (supported: {})", where, s.arch.substr(0, 40), kSupported);
+  if (is_hf_moe_arch(s.arch)) read_hf_moe(f, s);
   s.vocab_size = f.integer("vocab_size", 1, kMaxVocab);
   s.cfg.vocab_size = s.vocab_size;
   s.cfg.orig_vocab_size = s.vocab_size;
@@ -191,6 +194,7 @@ HfSpec read_hf_config(const std::string& dir) {
 }
 
 std::string infer_hf_arch(const model::TransformerConfig& c) {
+  if (c.moe.enabled()) return infer_hf_moe_arch(c);
   if (c.position_embedding_type == "learned_absolute" && !c.rmsnorm()) return "gpt2";
   if (c.qk_layernorm) return "qwen3";
   if (c.add_qkv_bias && !c.add_bias_linear) return "qwen2";
@@ -202,6 +206,10 @@ nlohmann::json make_hf_config(const HfSpec& s, bool v5) {
   nlohmann::json j = s.raw.is_object() ? s.raw : nlohmann::json::object();
   for (const char* k : {"rope_theta", "rope_scaling", "rope_parameters", "torch_dtype", "dtype"}) j.erase(k);
   const bool tied = !c.untie_embeddings_and_output_weights;
+  if (c.moe.enabled() && !is_hf_moe_arch(s.arch))
+    fail("--to hf: the model has experts (--num-experts {}); a HuggingFace {} model cannot hold them: use mixtral, "
+         "qwen2_moe or qwen3_moe",
+         c.moe.num_experts, s.arch);
   j["model_type"] = s.arch;
   j["vocab_size"] = s.vocab_size;
   j["tie_word_embeddings"] = tied;
@@ -220,7 +228,10 @@ nlohmann::json make_hf_config(const HfSpec& s, bool v5) {
   static const std::map<std::string, std::string> cls = {{"llama", "LlamaForCausalLM"},
                                                          {"mistral", "MistralForCausalLM"},
                                                          {"qwen2", "Qwen2ForCausalLM"},
-                                                         {"qwen3", "Qwen3ForCausalLM"}};
+                                                         {"qwen3", "Qwen3ForCausalLM"},
+                                                         {"mixtral", "MixtralForCausalLM"},
+                                                         {"qwen2_moe", "Qwen2MoeForCausalLM"},
+                                                         {"qwen3_moe", "Qwen3MoeForCausalLM"}};
   j["architectures"] = {cls.at(s.arch)};
   j["num_hidden_layers"] = c.num_layers;
   j["hidden_size"] = c.hidden_size;
@@ -231,7 +242,7 @@ nlohmann::json make_hf_config(const HfSpec& s, bool v5) {
   j["hidden_act"] = "silu";
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = shortest(c.norm_epsilon);
-  if (s.arch == "llama" || s.arch == "qwen3") j["attention_bias"] = false;
+  if (s.arch == "llama" || hf_attention_arch(s.arch) == "qwen3") j["attention_bias"] = false;
   if (s.arch == "llama") j["mlp_bias"] = false;
   if (c.rotary_percent != 1.0f) j["partial_rotary_factor"] = c.rotary_percent;
   nlohmann::json scaling = nullptr;
@@ -249,6 +260,7 @@ nlohmann::json make_hf_config(const HfSpec& s, bool v5) {
     j["rope_theta"] = c.rotary_base;
     j["rope_scaling"] = scaling;
   }
+  if (is_hf_moe_arch(s.arch)) write_hf_moe(s, v5, j);
   return j;
 }
 

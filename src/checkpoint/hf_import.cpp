@@ -1,5 +1,6 @@
 #include "checkpoint/hf_import.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "checkpoint/hf_weights.h"
@@ -14,13 +15,13 @@ namespace mt::checkpoint {
 
 namespace {
 
+bool ends_with(const std::string& n, const std::string& x) {
+  return n.size() >= x.size() && n.compare(n.size() - x.size(), x.size(), x) == 0;
+}
+
 // Buffers HF keeps in some checkpoints that are not weights.
 bool ignorable(const std::string& n, bool tied) {
-  auto ends = [&](const char* s) {
-    const std::string x(s);
-    return n.size() >= x.size() && n.compare(n.size() - x.size(), x.size(), x) == 0;
-  };
-  return ends("rotary_emb.inv_freq") || ends("attn.bias") || ends("attn.masked_bias") ||
+  return ends_with(n, "rotary_emb.inv_freq") || ends_with(n, "attn.bias") || ends_with(n, "attn.masked_bias") ||
          (tied && n == "lm_head.weight");
 }
 
@@ -41,6 +42,7 @@ void load_hf_weights(const std::string& dir, model::ParamStore& params, const mo
   check_same("attention heads", cfg.num_attention_heads, spec.cfg.num_attention_heads, dir);
   check_same("query groups", cfg.num_query_groups, spec.cfg.num_query_groups, dir);
   check_same("vocabulary entries", cfg.orig_vocab_size, spec.vocab_size, dir);
+  check_same("experts", cfg.moe.num_experts, spec.cfg.moe.num_experts, dir);
   spec.cfg = cfg;  // the shapes the model was built with (padded vocabulary)
   HfTensors src(dir);
   std::map<std::string, const HfRule*> by_name;
@@ -50,6 +52,11 @@ void load_hf_weights(const std::string& dir, model::ParamStore& params, const mo
   Tensor host = on_host ? params.main_buffer() : params.main_buffer().to_device(Device::CPU);
   for (auto& p : params.params()) {
     auto it = by_name.find(p.name);
+    if (it == by_name.end() && ends_with(p.name, ".mlp.router.expert_bias")) {
+      // HF MoE models have no aux-loss-free expert bias: fine-tuning with one starts it at zero.
+      std::fill_n(host.data<float>() + p.offset, p.numel(), 0.f);
+      continue;
+    }
     if (it == by_name.end())
       fail("the model has parameter '{}', which a {} HuggingFace model does not provide (flags that conflict with "
            "'{}/config.json'?)",

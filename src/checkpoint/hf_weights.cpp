@@ -60,6 +60,38 @@ std::vector<std::string> HfTensors::unused() const {
 
 std::string gpt2_prefix(const HfTensors& t) { return t.has("transformer.wte.weight") ? "transformer." : ""; }
 
+namespace {
+
+// One MoE layer's MLP: `m` and `h` end in the layer's "decoder.layers.L." / "model.layers.L.".
+// Megatron Core's SequentialMLP names (global expert index e) on one side; Mixtral's
+// block_sparse_moe (w1 gate, w3 up, w2 down) or Qwen's mlp (gate_proj, up_proj, down_proj and
+// the gated shared_expert) on the other.
+void add_moe_rules(const HfSpec& s, const std::string& m, const std::string& h, std::vector<HfRule>& r) {
+  const auto& moe = s.cfg.moe;
+  const bool mixtral = s.arch == "mixtral";
+  const std::string hm = h + (mixtral ? "block_sparse_moe." : "mlp."), mm = m + "mlp.";
+  r.push_back({HfRule::Copy, mm + "router.weight", {hm + "gate.weight"}});
+  for (int64_t e = 0; e < moe.num_experts; ++e) {
+    const std::string me = mm + "experts.local_experts." + std::to_string(e) + ".",
+                      he = hm + "experts." + std::to_string(e) + ".";
+    if (mixtral) {
+      r.push_back({HfRule::Fc1, me + "linear_fc1.weight", {he + "w1.weight", he + "w3.weight"}});
+      r.push_back({HfRule::Copy, me + "linear_fc2.weight", {he + "w2.weight"}});
+    } else {
+      r.push_back({HfRule::Fc1, me + "linear_fc1.weight", {he + "gate_proj.weight", he + "up_proj.weight"}});
+      r.push_back({HfRule::Copy, me + "linear_fc2.weight", {he + "down_proj.weight"}});
+    }
+  }
+  if (moe.shared_expert_intermediate_size > 0) {
+    const std::string hs = hm + "shared_expert.", ms = mm + "shared_experts.";
+    r.push_back({HfRule::Fc1, ms + "linear_fc1.weight", {hs + "gate_proj.weight", hs + "up_proj.weight"}});
+    r.push_back({HfRule::Copy, ms + "linear_fc2.weight", {hs + "down_proj.weight"}});
+    if (moe.shared_expert_gate) r.push_back({HfRule::Copy, ms + "gate_weight", {hm + "shared_expert_gate.weight"}});
+  }
+}
+
+}  // namespace
+
 std::vector<HfRule> hf_rules(const HfSpec& s, const std::string& gp) {
   const auto& c = s.cfg;
   std::vector<HfRule> r;
@@ -99,6 +131,10 @@ std::vector<HfRule> hf_rules(const HfSpec& s, const std::string& gp) {
       add(HfRule::Copy, m + "self_attention.k_layernorm.weight", {h + "self_attn.k_norm.weight"});
     }
     add(HfRule::Copy, m + "pre_mlp_layernorm.weight", {h + "post_attention_layernorm.weight"});
+    if (c.moe.is_moe_layer(i)) {
+      add_moe_rules(s, m, h, r);
+      continue;
+    }
     add(HfRule::Fc1, m + "mlp.linear_fc1.weight", {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"});
     add(HfRule::Copy, m + "mlp.linear_fc2.weight", {h + "mlp.down_proj.weight"});
   }

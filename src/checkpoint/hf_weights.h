@@ -2,7 +2,8 @@
 // HuggingFace tensors <-> Megatron-core tensors (DESIGN.md's Llama layouts):
 //   q_proj, k_proj, v_proj  -> linear_qkv, packed per query group: that group's q heads, its k
 //                              head, its v head (weights and Qwen2's biases alike)
-//   gate_proj, up_proj      -> linear_fc1 = [gate; up]
+//   gate_proj, up_proj      -> linear_fc1 = [gate; up] (and so for every expert: Mixtral's w1, w3;
+//                              the router is Mixtral's block_sparse_moe.gate / Qwen's mlp.gate)
 //   embed_tokens / lm_head  -> word embeddings / output layer, padded with zero rows to the
 //                              padded vocabulary (and cut back on export)
 //   GPT-2's Conv1D weights  -> transposed ([in, out] -> [out, in]); c_attn's [q | k | v] columns

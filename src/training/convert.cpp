@@ -138,7 +138,7 @@ int convert_main(const std::vector<std::string>& argv) {
           {"fp32", "bf16", "fp16", "float32", "bfloat16", "float16"});
   p.value("--hf-config-style", &o.hf_config_style, "--to hf: config.json in transformers 4.x (4) or 5.x (5) style");
   p.value("--hf-architecture", &o.hf_arch, "--to hf: model_type to write (default: recorded or inferred)",
-          {"llama", "mistral", "qwen2", "qwen3", "gpt2"});
+          {"llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "qwen2_moe", "qwen3_moe"});
   p.value("--max-shard-size-mb", &o.max_shard_mb, "--to hf: split larger models into shards (default 5120)",
           {1, INT64_MAX >> 20});  // bytes = MB << 20
   p.value("--num-threads", &o.threads, "CPU threads (default: all cores)", {0, kMaxThreads});

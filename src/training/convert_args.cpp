@@ -31,6 +31,39 @@ struct Setter {
   }
 };
 
+// The experts and their routing come from the config; the training choices around them (load
+// balancing, capacity, dispatcher, ...) stay the flags'.
+void apply_hf_moe(Setter& set, Arguments& a, const model::MoEConfig& hf) {
+  auto& m = a.model.moe;
+  if (!hf.enabled()) {
+    // A dense model gets experts only by upcycling (its MLPs copied into them).
+    if (set.given("--num-experts") && !a.moe_use_upcycling)
+      fail("--num-experts conflicts with {} (a dense model); drop the flag, or add --moe-use-upcycling to turn its "
+           "MLPs into experts",
+           set.where);
+    return;
+  }
+  set.value("--num-experts", m.num_experts, hf.num_experts, "num_experts / num_local_experts");
+  set.value("--moe-ffn-hidden-size", m.moe_ffn_hidden_size, hf.moe_ffn_hidden_size,
+            "moe_intermediate_size / intermediate_size");
+  set.value("--moe-router-topk", m.topk, hf.topk, "num_experts_per_tok");
+  set.value("--moe-router-score-function", m.score_function, hf.score_function, "model_type");
+  set.flag("--moe-router-pre-softmax", m.pre_softmax, hf.pre_softmax, "norm_topk_prob");
+  set.value("--moe-shared-expert-intermediate-size", m.shared_expert_intermediate_size,
+            hf.shared_expert_intermediate_size, "shared_expert_intermediate_size");
+  set.flag("--moe-shared-expert-gate", m.shared_expert_gate, hf.shared_expert_gate, "model_type");
+  auto every_layer = [&](std::vector<bool> p) {
+    return p.empty() ? std::vector<bool>(static_cast<size_t>(a.model.num_layers), true) : p;
+  };
+  if (set.given("--moe-layer-freq") &&
+      every_layer(moe_layer_pattern(a.moe_layer_freq, a.model.num_layers)) != every_layer(hf.layer_pattern))
+    fail("--moe-layer-freq conflicts with {} (decoder_sparse_step / mlp_only_layers); drop the flag, the model's "
+         "layers come from its config",
+         set.where);
+  m.layer_pattern = hf.layer_pattern;
+  if (!set.given("--moe-aux-loss-coeff")) m.aux_loss_coeff = hf.aux_loss_coeff;  // pretrain says so
+}
+
 }  // namespace
 
 void apply_hf_config(Arguments& a, const checkpoint::HfSpec& s, const std::string& where) {
@@ -70,6 +103,7 @@ void apply_hf_config(Arguments& a, const checkpoint::HfSpec& s, const std::strin
   m.rope_low_freq_factor = c.rope_low_freq_factor;
   m.rope_high_freq_factor = c.rope_high_freq_factor;
   m.rope_original_max_position = c.rope_original_max_position;
+  apply_hf_moe(set, a, c.moe);
 }
 
 void apply_hf_vocab(Arguments& a, const checkpoint::HfSpec& s, int64_t tokenizer_vocab, const std::string& where) {

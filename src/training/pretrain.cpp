@@ -118,6 +118,9 @@ int pretrain_main(const std::vector<std::string>& argv) {
       checkpoint::detect_checkpoint(a.load) == checkpoint::CheckpointKind::HuggingFace) {
     hf = checkpoint::read_hf_config(a.load);
     apply_hf_config(a, *hf, (std::filesystem::path(a.load) / "config.json").string());
+    if (hf->cfg.moe.enabled() && !a.was_given("--moe-aux-loss-coeff"))
+      log_info("--moe-aux-loss-coeff {} from router_aux_loss_coef in {}/config.json (give the flag to choose another)",
+               a.model.moe.aux_loss_coeff, a.load);
   }
   resolve_device(a);
   const comm::DistEnv env = comm::detect_dist_env();

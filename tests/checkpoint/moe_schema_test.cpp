@@ -6,6 +6,7 @@
 #include "checkpoint/metadata.h"
 #include "checkpoint/model_args.h"
 #include "core/error.h"
+#include "support/error_of.h"
 
 namespace mt {
 namespace {
@@ -62,12 +63,7 @@ model::TransformerConfig read_back(const json& args) {
 }
 
 std::string read_error(const json& args) {
-  try {
-    read_back(args);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::error_of([&] { read_back(args); });
 }
 
 TEST(MoESchema, EveryFieldRoundTrips) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "support/error_of.h"
 #include "model/config.h"
 
 namespace mt::model {
@@ -15,12 +16,7 @@ namespace {
 
 // finalize()'s message for `c` ("" when it is accepted).
 std::string error_of(TransformerConfig c) {
-  try {
-    c.finalize();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::error_of([&] { c.finalize(); });
 }
 
 std::string finalize_error(const std::function<void(TransformerConfig&)>& edit) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "support/error_of.h"
 #include "training/moe_layer_freq.h"
 
 namespace mt {
@@ -16,12 +17,7 @@ std::vector<bool> bits(std::initializer_list<int> v) {
 }
 
 std::string parse_error(const std::string& text) {
-  try {
-    parse_moe_layer_freq(text);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::error_of([&] { parse_moe_layer_freq(text); });
 }
 
 TEST(MoELayerFreq, IntegerEveryNthLayerFromLayerZero) {
