@@ -18,6 +18,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "model/gpt_model.h"
+#include "support/error_of.h"
 #include "support/tiny_training.h"
 #include "training/trainer.h"
 
@@ -33,16 +34,7 @@ fs::path fresh(const std::string& name) {
   return d;
 }
 
-// The message of the mt::Error that `f` throws ("" when it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 #define EXPECT_ERROR(call, needle)                                                   \
   do {                                                                               \
