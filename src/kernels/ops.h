@@ -16,6 +16,7 @@
 
 #include "core/tensor.h"
 #include "kernels/attention_shape.h"
+#include "kernels/moe_routing.h"
 
 namespace mt::ops {
 

@@ -12,6 +12,7 @@ namespace mt::model {
 
 struct Param;
 struct RecomputeGroup;  // transformer_layer.cpp
+struct MoELossSums;     // moe/router.h
 
 // Callbacks the data-parallel layer hangs on a pass: a parameter is about to be read (its
 // all-gather under --overlap-param-gather must be done), and a parameter's gradient for this
@@ -37,6 +38,12 @@ struct PassContext {
   RngState* tp_rng = nullptr;
   OpTimes* times = nullptr;
   ParamHooks* hooks = nullptr;
+  // Mixture of experts. The weight of a micro-batch's auxiliary losses in the gradient (Megatron's
+  // MoEAuxLossAutoScaler scale: the fp16 loss scale / (micro-batches x data-parallel size)), and
+  // where training forwards sum the losses' logged values (null: not recorded, as in
+  // recomputation and evaluation).
+  float moe_aux_grad_scale = 1.f;
+  MoELossSums* moe_losses = nullptr;
   // Full activation recomputation: the group of layers whose forward is running (set by its
   // first layer, joined by the next ones, closed by its last; never spans two chunks).
   std::shared_ptr<RecomputeGroup> recompute_group;

@@ -41,7 +41,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
     Chunk ch{k, k + static_cast<size_t>(ranges[c].second - ranges[c].first), c == 0 && part.first_stage,
              c + 1 == ranges.size() && part.last_stage};
     for (int64_t i = ranges[c].first; i < ranges[c].second; ++i)  // global index in the name
-      layers_[k++].build(params_, "decoder.layers." + std::to_string(i), cfg_, cfg_.rope() ? &rope_ : nullptr, &tp_);
+      layers_[k++].build(params_, i, cfg_, cfg_.rope() ? &rope_ : nullptr, &tp_);
     configure_recompute(&layers_[ch.first], ch.last - ch.first, cfg_);  // per chunk, as Megatron's blocks
     chunks_.push_back(ch);
   }

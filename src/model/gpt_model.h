@@ -106,6 +106,12 @@ class GPTModel {
   const TransformerConfig& config() const { return cfg_; }
   ParamStore& params() { return params_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  // This rank's MoE layers, in layer order (the step runner's expert-bias update).
+  template <typename F>
+  void for_each_moe_layer(F&& f) {
+    for (auto& l : layers_)
+      if (l.is_moe) f(l.moe);
+  }
 
  private:
   struct Chunk {

@@ -12,10 +12,13 @@ namespace {
 
 constexpr double OpTimes::* kFields[] = {&OpTimes::gemm,      &OpTimes::attention, &OpTimes::norm,
                                          &OpTimes::elementwise, &OpTimes::loss,      &OpTimes::optimizer,
-                                         &OpTimes::communication};
+                                         &OpTimes::communication, &OpTimes::router, &OpTimes::permute,
+                                         &OpTimes::expert_gemm,   &OpTimes::unpermute};
 constexpr int kCategories = static_cast<int>(std::size(kFields));
+constexpr int kFirstMoeCategory = 7;  // router onwards
 constexpr const char* kNames[kCategories] = {"GEMM", "attention", "norms", "elementwise", "loss", "optimizer",
-                                             "communication"};
+                                             "communication", "MoE router", "MoE permute", "MoE expert GEMMs",
+                                             "MoE unpermute"};
 
 int category_of(double OpTimes::*f) {
   for (int i = 0; i < kCategories; ++i)
@@ -96,7 +99,11 @@ std::string format_op_breakdown(const std::vector<double>& seconds, double total
   const double other = std::max(0.0, total - timed);
   auto pct = [&](double v) { return total > 0 ? 100.0 * v / total : 0.0; };
   std::string out = fmt::format("time breakdown over {:.2f} s:", total);
-  for (int i = 0; i < kCategories; ++i) out += fmt::format(" {} {:.1f}% |", kNames[i], pct(seconds[static_cast<size_t>(i)]));
+  for (int i = 0; i < kCategories; ++i) {
+    // The MoE categories appear only where MoE layers ran (dense models keep their line).
+    if (i >= kFirstMoeCategory && seconds[static_cast<size_t>(i)] == 0) continue;
+    out += fmt::format(" {} {:.1f}% |", kNames[i], pct(seconds[static_cast<size_t>(i)]));
+  }
   out += fmt::format(" other {:.1f}%", pct(other));
   // Timed spans longer than the step mean the caller's step time misses part of the work.
   if (timed > total * 1.001) out += fmt::format(" (timed ops exceed the step time by {:.1f}%)", pct(timed - total));

@@ -27,6 +27,9 @@ struct OpTimes {
   // changes, embeddings; loss: cross-entropy; optimizer and communication: filled by the
   // trainer (and TP collectives inside the layers).
   double gemm = 0, attention = 0, norm = 0, elementwise = 0, loss = 0, optimizer = 0, communication = 0;
+  // Mixture of experts: the router (scores, top-k, load-balancing terms), token permutation and
+  // its inverse, and the experts' GEMMs (forward and backward each).
+  double router = 0, permute = 0, expert_gemm = 0, unpermute = 0;
 
   OpTimes();
   ~OpTimes();

@@ -22,14 +22,17 @@ bool residual_in_gemm(const Dropout& d, const Linear& l, const Tensor& x, Half h
 
 }  // namespace
 
-void TransformerLayer::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c,
-                             const RopeTables* rope, const TensorParallel* tp) {
+void TransformerLayer::build(ParamStore& ps, int64_t index, const TransformerConfig& c, const RopeTables* rope,
+                             const TensorParallel* tp) {
   cfg = c;
+  const std::string prefix = "decoder.layers." + std::to_string(index);
   // Megatron-core names: input_layernorm, self_attention, pre_mlp_layernorm, mlp.
   input_norm.build(ps, prefix + ".input_layernorm", c, tp);
   attn.build(ps, prefix + ".self_attention", c, rope, tp);
   pre_mlp_norm.build(ps, prefix + ".pre_mlp_layernorm", c, tp);
-  mlp.build(ps, prefix + ".mlp", c, tp);
+  is_moe = c.moe.is_moe_layer(index);
+  if (is_moe) moe.build(ps, prefix + ".mlp", c, index, tp);
+  else mlp.build(ps, prefix + ".mlp", c, tp);
   attn_drop.p = c.hidden_dropout;
   mlp_drop.p = c.hidden_dropout;
   // Under SP the residual stream is a sequence shard: its dropout masks differ per TP rank.
@@ -121,11 +124,11 @@ Tensor TransformerLayer::forward_layer(const Tensor& x, int64_t S, int64_t B, Sa
     const Tensor a = attn.forward(xn, S, B, s.attn, ctx);
     hn = pre_mlp_norm.forward_residual(attn_drop.forward(a, s.d1, ctx), x, h, cfg.half(), s.n2, ctx);
   }
-  if (residual_in_gemm(mlp_drop, mlp.fc2, h, cfg.half(), ctx)) {
+  if (!is_moe && residual_in_gemm(mlp_drop, mlp.fc2, h, cfg.half(), ctx)) {
     s.d2 = {};
     return mlp.forward(hn, s.mlp, ctx, &h);
   }
-  Tensor y = mlp_drop.forward(mlp.forward(hn, s.mlp, ctx), s.d2, ctx);
+  Tensor y = mlp_drop.forward(is_moe ? moe.forward(hn, B, s.moe, ctx) : mlp.forward(hn, s.mlp, ctx), s.d2, ctx);
   {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::add_inplace(y, h);
@@ -137,8 +140,8 @@ Tensor TransformerLayer::forward_layer(const Tensor& x, int64_t S, int64_t B, Sa
 Tensor TransformerLayer::backward_layer(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   // dy flows to h directly (residual) and through mlp_drop -> mlp -> pre_mlp_norm.
   // The residual gradients (dy into dh, dh into dx) are added inside the norms' backward.
-  Tensor dh =
-      pre_mlp_norm.backward(mlp.backward(mlp_drop.backward(dy, s.d2, ctx.times), s.mlp, ctx), s.n2, ctx, &dy);
+  const Tensor dm = mlp_drop.backward(dy, s.d2, ctx.times);
+  Tensor dh = pre_mlp_norm.backward(is_moe ? moe.backward(dm, s.moe, ctx) : mlp.backward(dm, s.mlp, ctx), s.n2, ctx, &dy);
   // fp16 stores the residual stream's gradient in fp16 too: where a too-large loss scale
   // overflows (and a too-small one underflows), which is what loss scaling is about. bf16's
   // range needs no such emulation (and its runs stay as they were).
@@ -164,6 +167,10 @@ size_t TransformerLayer::saved_bytes(const Saved& s) {
   const auto& a = s.attn;
   for (const Tensor* t : {&a.x, &a.q, &a.k, &a.v, &a.out, &a.lse}) add(*t);
   for (const Tensor* t : {&s.mlp.x, &s.mlp.h, &s.mlp.a}) add(*t);
+  const auto& m = s.moe;
+  for (const Tensor* t : {&m.router.x, &m.router.logits, &m.router.selected, &m.router.probs, &m.token_rows, &m.yp,
+                          &m.experts.xp, &m.experts.h, &m.experts.a, &m.shared.x, &m.shared.h, &m.shared.a, &m.gate})
+    add(*t);
   if (s.group && s.group_index == 0) add(s.group->input);
   return total;
 }

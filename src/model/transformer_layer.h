@@ -5,6 +5,7 @@
 
 #include "model/attention.h"
 #include "model/mlp.h"
+#include "model/moe/moe_layer.h"
 
 namespace mt::model {
 
@@ -12,7 +13,9 @@ struct TransformerLayer {
   TransformerConfig cfg;
   Norm input_norm, pre_mlp_norm;
   SelfAttention attn;
-  MLP mlp;
+  MLP mlp;         // a dense layer's MLP
+  MoELayer moe;    // an MoE layer's (--num-experts, per --moe-layer-freq)
+  bool is_moe = false;
   Dropout attn_drop, mlp_drop;
 
   // Full activation recomputation (configure_recompute sets these per model chunk): the layers
@@ -27,11 +30,13 @@ struct TransformerLayer {
     Norm::Saved n1, n2;
     SelfAttention::Saved attn;
     MLP::Saved mlp;
+    MoELayer::Saved moe;
     Dropout::Saved d1, d2;
     std::shared_ptr<RecomputeGroup> group;  // full recomputation: everything else is empty
     size_t group_index = 0;                 // this layer's place in the group
   };
-  void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const RopeTables* rope,
+  // `index`: the layer's global number (0-based), which picks dense or MoE.
+  void build(ParamStore& ps, int64_t index, const TransformerConfig& c, const RopeTables* rope,
              const TensorParallel* tp = nullptr);
   Tensor forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
   Tensor backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;

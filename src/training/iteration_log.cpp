@@ -36,6 +36,12 @@ void IterationLog::record(const StepResult& r, const checkpoint::TrainingState& 
   if (!r.skipped) {
     loss_sum_ += r.loss_sum;
     tokens_ += r.tokens;
+    if (moe_losses_.empty()) moe_losses_.assign(r.moe_losses.size(), {nullptr, 0.0});
+    for (size_t i = 0; i < r.moe_losses.size() && i < moe_losses_.size(); ++i) {
+      moe_losses_[i].first = r.moe_losses[i].first;
+      moe_losses_[i].second += r.moe_losses[i].second;
+    }
+    advanced_ += 1;
   }
   tokens_count_ += opt_.global_batch_size * model_.seq_length;
   const int64_t it = state.iteration;
@@ -43,6 +49,8 @@ void IterationLog::record(const StepResult& r, const checkpoint::TrainingState& 
     double elapsed = now_s() - t_interval_;
     print_line(elapsed, tokens_ > 0 ? loss_sum_ / tokens_ : 0.0, r.grad_norm, state, lr, scaler);
     iters_ = 0;
+    advanced_ = 0;
+    moe_losses_.clear();
     loss_sum_ = tokens_ = 0;
     tokens_count_ = 0;
     t_interval_ = now_s();
@@ -66,11 +74,11 @@ void IterationLog::print_line(double elapsed_s, double loss, double grad_norm, c
   std::string line = fmt::format(
       " iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} | "
       "throughput per GPU (TFLOP/s/GPU): {:.3f} | tokens per second: {:.0f}{} | learning rate: {:.6E} | "
-      "global batch size: {:5d} | lm loss: {:.6E} | loss scale: {:.1f} |{} "
+      "global batch size: {:5d} | lm loss: {:.6E} |{} loss scale: {:.1f} |{} "
       "number of skipped iterations: {:3d} | number of nan iterations: {:3d} |",
       state.iteration, opt_.total_iters, state.consumed_train_samples, ms, tflops, tok_s,
       opt_.show_mfu ? fmt::format(" | MFU: {:.1f}%", 100.0 * tflops / 989.0) : std::string(), lr,
-      opt_.global_batch_size, loss, scaler ? static_cast<double>(scaler->scale()) : 1.0,
+      opt_.global_batch_size, loss, moe_line(), scaler ? static_cast<double>(scaler->scale()) : 1.0,
       // A step skipped for an fp16 overflow has no grad norm: Megatron leaves the field out.
       std::isnan(grad_norm) && scaler ? std::string() : fmt::format(" grad norm: {:.3f} |", grad_norm),
       state.skipped_iterations - logged_skipped_, state.nan_iterations - logged_nan_);
@@ -78,6 +86,15 @@ void IterationLog::print_line(double elapsed_s, double loss, double grad_norm, c
   logged_skipped_ = state.skipped_iterations;
   logged_nan_ = state.nan_iterations;
   print(line);
+}
+
+// Megatron prints each MoE auxiliary loss after the lm loss, averaged over the interval's
+// advanced iterations.
+std::string IterationLog::moe_line() const {
+  std::string out;
+  for (const auto& [name, sum] : moe_losses_)
+    if (name) out += fmt::format(" {}: {:.6E} |", name, sum / static_cast<double>(std::max<int64_t>(advanced_, 1)));
+  return out;
 }
 
 void IterationLog::print(const std::string& text) const {

@@ -5,6 +5,8 @@
 // training state are only read. Lines come from the rank that holds the loss (print_rank_last).
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "model/config.h"
@@ -43,6 +45,8 @@ class IterationLog {
   void print_line(double elapsed_s, double loss, double grad_norm, const checkpoint::TrainingState& state, double lr,
                   const optim::GradScaler* scaler);
 
+  std::string moe_line() const;
+
   IterationLogOptions opt_;
   const model::TransformerConfig& model_;
   const parallel::ProcessGroups& pg_;
@@ -51,7 +55,9 @@ class IterationLog {
   double t_interval_ = 0;
   // Accumulated over a log interval, as Megatron averages the logged loss.
   double loss_sum_ = 0, tokens_ = 0;
+  std::vector<std::pair<const char*, double>> moe_losses_;  // MoE auxiliary losses, summed
   int64_t iters_ = 0, tokens_count_ = 0;
+  int64_t advanced_ = 0;  // iterations of the interval that updated (not skipped)
   int64_t logged_skipped_ = 0, logged_nan_ = 0;  // totals at the last log line
 };
 

@@ -122,6 +122,7 @@ StepResult StepRunner::step(const std::vector<model::Batch>& batches, checkpoint
   const model::LossSums local = forward_backward(batches, times);
   finalize_grads(times);
   reduce_loss(local, r);
+  reduce_moe_losses(static_cast<int64_t>(batches.size()), r);
   apply_update(r, state, times);
   state.iteration++;
   state.consumed_train_samples += opt_.global_batch_size;
@@ -148,6 +149,12 @@ model::LossSums StepRunner::forward_backward(const std::vector<model::Batch>& ba
   ctx.rng = &dropout_rng_;
   ctx.tp_rng = pg_.tp->size() > 1 ? &tp_rng_ : nullptr;
   ctx.times = times;
+  // MoE: each micro-batch's auxiliary losses weigh 1 / (micro-batches x DP ranks) of the
+  // gradient, as Megatron's MoEAuxLossAutoScaler (times the fp16 loss scale).
+  moe_losses_ = {};
+  ctx.moe_losses = &moe_losses_;
+  ctx.moe_aux_grad_scale = static_cast<float>((scaler ? scaler->scale() : 1.0) /
+                                              (static_cast<double>(batches.size()) * pg_.dp->size()));
   // Every stage reads the micro-batches (tokens on the first, labels on the last, the token
   // count everywhere); the schedule interleaves their passes (F0 B0 F1 B1 ... without PP).
   model::LossSums ls = pipeline_.train(batches, scaler ? scale * scaler->scale() : scale, ctx, &ddp_);
@@ -175,6 +182,38 @@ void StepRunner::finalize_grads(model::OpTimes* times) {
   ddp_.finish_grad_sync();
   parallel::all_reduce_embedding_grads(ps, *pg_.embedding);
   parallel::all_reduce_sequence_parallel_grads(ps, *pg_.tp);
+  update_expert_biases();
+}
+
+void StepRunner::update_expert_biases() {
+  // DeepSeek-V3's loss-free balancing, where Megatron does it (finalize_model_grads): the step's
+  // token counts over every rank that routes (TP x DP), then one step of the bias per expert.
+  model_.for_each_moe_layer([&](model::MoELayer& l) {
+    l.router.update_expert_bias([&](std::vector<double>& counts) {
+      pg_.tp->all_reduce(counts.data(), counts.size());
+      pg_.dp->all_reduce(counts.data(), counts.size());
+    });
+  });
+}
+
+void StepRunner::reduce_moe_losses(int64_t micro_batches, StepResult& r) {
+  const auto& moe = model_.config().moe;
+  if (!moe.enabled()) return;
+  // Megatron's tracker: load-balancing shares are summed over TP (each rank holds part of the
+  // loss), the z-loss averaged; then both averaged over DP and summed over the pipeline stages'
+  // layers, per micro-batch and MoE layer.
+  double v[3] = {moe_losses_.z_loss, moe_losses_.load_balancing, moe_losses_.seq_load_balancing};
+  pg_.tp->all_reduce(v, 3);
+  v[0] /= pg_.tp->size();
+  pg_.dp->all_reduce(v, 3);
+  if (pg_.pp->size() > 1) pg_.pp->all_reduce(v, 3);
+  const double per = static_cast<double>(pg_.dp->size()) * static_cast<double>(micro_batches) *
+                     static_cast<double>(moe.num_moe_layers(model_.config().num_layers));
+  if (moe.z_loss_coeff > 0) r.moe_losses.emplace_back("z_loss", v[0] / per);
+  if (moe.aux_loss_coeff > 0 && moe.load_balancing_type == "aux_loss")
+    r.moe_losses.emplace_back("load_balancing_loss", v[1] / per);
+  if (moe.aux_loss_coeff > 0 && moe.load_balancing_type == "seq_aux_loss")
+    r.moe_losses.emplace_back("seq_load_balancing_loss", v[2] / per);
 }
 
 void StepRunner::reduce_loss(const model::LossSums& local, StepResult& r) {

@@ -23,6 +23,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/philox.h"
 #include "model/gpt_model.h"
+#include "model/moe/router.h"
 #include "model/op_times.h"
 #include "optim/grad_scaler.h"
 #include "optim/lr_schedule.h"
@@ -38,6 +39,10 @@ struct StepResult {
   double loss_sum = 0, tokens = 0;
   double grad_norm = 0;  // NaN when an fp16 overflow skipped the step
   bool skipped = false;
+  // MoE models: the auxiliary losses as Megatron logs them (each loss / its coefficient, the mean
+  // over micro-batches and MoE layers, averaged over data-parallel ranks), in its order; empty for
+  // dense models.
+  std::vector<std::pair<const char*, double>> moe_losses;
 };
 using IterationResult = StepResult;
 
@@ -79,6 +84,8 @@ class StepRunner {
   void sync_rng_over_pipeline();
   void finalize_grads(model::OpTimes* times);
   void reduce_loss(const model::LossSums& local, StepResult& r);
+  void reduce_moe_losses(int64_t micro_batches, StepResult& r);
+  void update_expert_biases();
   void apply_update(StepResult& r, checkpoint::TrainingState& state, model::OpTimes* times);
   bool unscale_and_check(optim::GradScaler& scaler);
   void clip_and_step(double grad_norm, checkpoint::TrainingState& state);
@@ -90,6 +97,7 @@ class StepRunner {
   parallel::PipelineRunner& pipeline_;
   const optim::LRSchedule& schedule_;
   RngState dropout_rng_, tp_rng_;
+  model::MoELossSums moe_losses_;  // this step's, summed by the MoE layers' training forwards
   std::unique_ptr<optim::Optimizer> optimizer_;  // see host_optimizer()
   std::unique_ptr<optim::GradScaler> grad_scaler_;
   // --device cuda: AdamW on the device (step_runner.cpp, the one MT_HAVE_CUDA block).

@@ -1,0 +1,102 @@
+#include "model/moe/experts.h"
+
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace mt::model {
+
+void GroupedExperts::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, int64_t first,
+                           int64_t count) {
+  first_expert = first;
+  num_local = count;
+  local_ffn = c.moe.moe_ffn_hidden_size;
+  swiglu = c.swiglu;
+  openai_gelu = c.openai_gelu;
+  const int64_t fc1_out = swiglu ? 2 * local_ffn : local_ffn;
+  fc1.resize(static_cast<size_t>(count));
+  fc2.resize(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const std::string p = prefix + ".local_experts." + std::to_string(first + i);
+    fc1[i].build(ps, p + ".linear_fc1", c.hidden_size, fc1_out, c.add_bias_linear, Init::Normal);
+    fc2[i].build(ps, p + ".linear_fc2", local_ffn, c.hidden_size, c.add_bias_linear, Init::ScaledNormal);
+    // An expert that receives no token in a step runs no GEMM, yet its gradient is reduced with
+    // the others: it must read zero, so these are zeroed with the step rather than overwritten.
+    fc1[i].weight->gemm_only_grad = fc2[i].weight->gemm_only_grad = false;
+  }
+}
+
+namespace {
+
+// Rows [off, off + n) of t.
+Tensor rows(const Tensor& t, int64_t off, int64_t n) { return t.slice(off, n); }
+
+// y rows of each expert = x rows x W^T (+ b), written in place.
+void expert_gemms(const std::vector<Linear>& lin, const Tensor& x, Tensor& y, const std::vector<int64_t>& counts,
+                  PassContext& ctx) {
+  ScopedOpTimer t(ctx.times, &OpTimes::expert_gemm);
+  int64_t off = 0;
+  for (size_t i = 0; i < lin.size(); ++i) {
+    ctx.before_use(lin[i].weight);
+    ctx.before_use(lin[i].bias);
+    if (counts[i] > 0) {
+      Tensor out = rows(y, off, counts[i]);
+      ops::linear_forward_into(rows(x, off, counts[i]), lin[i].weight->value, lin[i].bias ? &lin[i].bias->value : nullptr,
+                               out);
+    }
+    off += counts[i];
+  }
+}
+
+// dx rows of each expert (written), and its weight (and bias) gradients (accumulated).
+Tensor expert_gemms_backward(const std::vector<Linear>& lin, const Tensor& dy, const Tensor& x,
+                             const std::vector<int64_t>& counts, PassContext& ctx) {
+  ScopedOpTimer t(ctx.times, &OpTimes::expert_gemm);
+  Tensor dx = Tensor::empty({x.dim(0), x.dim(1)}, dy.dtype(), dy.device());
+  int64_t off = 0;
+  for (size_t i = 0; i < lin.size(); ++i) {
+    if (counts[i] > 0) {
+      const Tensor d = ops::linear_backward(rows(dy, off, counts[i]), rows(x, off, counts[i]), lin[i].weight->value,
+                                            lin[i].weight->grad, lin[i].bias ? &lin[i].bias->grad : nullptr, true, true);
+      rows(dx, off, counts[i]).copy_from(d);
+    }
+    off += counts[i];
+    ctx.grad_ready(lin[i].weight);
+    ctx.grad_ready(lin[i].bias);
+  }
+  return dx;
+}
+
+}  // namespace
+
+Tensor GroupedExperts::forward(const Tensor& xp, const std::vector<int64_t>& counts, Saved& s, PassContext& ctx) const {
+  MT_CHECK(static_cast<int64_t>(counts.size()) == num_local, "experts: {} row counts for {} local experts",
+           counts.size(), num_local);
+  const int64_t n = xp.dim(0), hidden = xp.dim(1);
+  s.xp = xp;
+  s.counts = counts;
+  s.h = Tensor::empty({n, fc1.empty() ? 0 : fc1[0].weight->value.dim(0)}, xp.dtype(), xp.device());
+  expert_gemms(fc1, xp, s.h, counts, ctx);
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+    if (n > 0) s.a = swiglu ? ops::swiglu_forward(s.h) : ops::gelu_forward(s.h, openai_gelu);
+    else s.a = Tensor::empty({0, local_ffn}, xp.dtype(), xp.device());
+  }
+  Tensor y = Tensor::empty({n, hidden}, xp.dtype(), xp.device());
+  expert_gemms(fc2, s.a, y, counts, ctx);
+  return y;
+}
+
+Tensor GroupedExperts::backward(const Tensor& dyp, Saved& s, PassContext& ctx) const {
+  const Tensor da = expert_gemms_backward(fc2, dyp, s.a, s.counts, ctx);
+  Tensor dh;
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+    if (s.xp.dim(0) > 0) dh = swiglu ? ops::swiglu_backward(da, s.h) : ops::gelu_backward(da, s.h, openai_gelu);
+    else dh = s.h;
+  }
+  Tensor dx = expert_gemms_backward(fc1, dh, s.xp, s.counts, ctx);
+  s = Saved{};
+  return dx;
+}
+
+}  // namespace mt::model

@@ -1,0 +1,27 @@
+#pragma once
+// The routed experts one rank holds: SwiGLU (or GELU) MLPs of moe_ffn_hidden_size, run over the
+// dispatch rows of their tokens (expert-major: expert i's rows follow expert i-1's). Megatron's
+// SequentialMLP names: mlp.experts.local_experts.<global expert>.linear_fc1 / linear_fc2.
+#include <vector>
+
+#include "model/layers.h"
+
+namespace mt::model {
+
+struct GroupedExperts {
+  int64_t first_expert = 0, num_local = 0;  // this rank holds experts [first, first + num_local)
+  int64_t local_ffn = 0;                    // moe_ffn_hidden_size (per expert-TP rank)
+  bool swiglu = false, openai_gelu = false;
+  std::vector<Linear> fc1, fc2;
+
+  struct Saved {
+    Tensor xp, h, a;              // dispatch rows, fc1 output, activation output
+    std::vector<int64_t> counts;  // rows per local expert
+  };
+  void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, int64_t first, int64_t count);
+  // xp [rows, h] with counts[i] rows for local expert i, in order -> [rows, h].
+  Tensor forward(const Tensor& xp, const std::vector<int64_t>& counts, Saved& s, PassContext& ctx) const;
+  Tensor backward(const Tensor& dyp, Saved& s, PassContext& ctx) const;
+};
+
+}  // namespace mt::model
