@@ -149,6 +149,9 @@ void write_hf_moe(const HfSpec& s, bool v5, nlohmann::json& j) {
   j["moe_intermediate_size"] = m.moe_ffn_hidden_size;
   j["norm_topk_prob"] = !m.pre_softmax;
   if (s.arch == "qwen2_moe") {
+    if (!c.add_qkv_bias && !v5)
+      fail("--to hf: the model has no QKV bias, which transformers 4.x always gives a qwen2_moe model; write a "
+           "transformers 5.x config (--hf-config-style 5, qkv_bias false)");
     j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
     j["qkv_bias"] = c.add_qkv_bias;
   }

@@ -112,7 +112,7 @@ void fill(Source& src, const std::string& name, const Shape& shape, const std::v
   auto it = src.idx.tensors.find(name);
   if (it == src.idx.tensors.end())
     fail("tensor '{}' is missing from checkpoint '{}' (a checkpoint of another model shape? check --num-layers, "
-         "--swiglu, --untie-embeddings-and-output-weights, --add-qkv-bias)",
+         "--swiglu, --untie-embeddings-and-output-weights, --add-qkv-bias, --num-experts, --moe-layer-freq)",
          name, files.dir().string());
   const Shape& saved = it->second.shape;
   int64_t rows = shape.empty() ? 0 : shape[0];  // rows taken from the checkpoint

@@ -133,6 +133,10 @@ void validate_moe_args(Arguments& a) {
   if (tp > 1 && !a.sequence_parallel)
     fail("mixture-of-experts layers with --tensor-model-parallel-size {} need --sequence-parallel (Megatron's rule)",
          tp);
+  if (tp > 1)
+    fail("--num-experts with --tensor-model-parallel-size {}: mixture-of-experts layers under tensor parallelism are "
+         "not implemented yet; use --tensor-model-parallel-size 1",
+         tp);
   if (m.num_experts % ep != 0)
     fail("--num-experts ({}) must be divisible by --expert-model-parallel-size ({})", m.num_experts, ep);
   // MoE parallel folding: the TP x CP x DP ranks of a pipeline stage hold ETP x EP x EDP experts' ranks.

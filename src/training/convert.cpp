@@ -104,6 +104,10 @@ int native_to_hf(const ConvertOptions& o) {
     if (o.hf_config_style != "4" && o.hf_config_style != "5")
       fail("--hf-config-style expects 4 (rope_theta, rope_scaling, torch_dtype) or 5 (rope_parameters, dtype)");
     v5 = o.hf_config_style == "5";
+  } else if (!v5 && spec.arch == "qwen2_moe" && !spec.cfg.add_qkv_bias) {
+    // transformers 4 gives every Qwen2-MoE a QKV bias; only 5.x reads qkv_bias false.
+    log_info("--to hf: writing a transformers 5.x config (qkv_bias false needs it); --hf-config-style 4 refuses");
+    v5 = true;
   }
   eo.v5_style = v5;
   if (o.max_shard_mb <= 0) fail("--max-shard-size-mb must be positive");

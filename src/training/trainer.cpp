@@ -187,9 +187,12 @@ int Trainer::run() {
   maybe_load();
   const auto& m = args_.model;
   log_info("model: {} layers, hidden {}, {} heads ({} query groups, head dim {}), ffn {}, vocab {} (padded from {}), "
-           "seq {}, {} parameters{}",
+           "seq {}, {} parameters{}{}",
            m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.kv_channels, m.ffn_hidden_size,
            m.vocab_size, m.orig_vocab_size, m.seq_length, m.num_parameters(),
+           m.moe.enabled() ? fmt::format(" ({} active: {} MoE layers of {} experts, top-{})", m.num_active_parameters(),
+                                         m.moe.num_moe_layers(m.num_layers), m.moe.num_experts, m.moe.topk)
+                           : std::string(),
            m.bf16 ? ", bf16" : (m.fp16 ? ", fp16" : ""));
   log_info("training for {} iterations of {} samples ({} micro-batches of {})", total_iters_, args_.global_batch_size,
            args_.global_batch_size / args_.micro_batch_size, args_.micro_batch_size);

@@ -1,8 +1,9 @@
 // HuggingFace interchange against fixtures made by transformers itself (fixtures/make_fixtures.py):
 // tiny random-init Llama 2, Llama 3.1 (llama3 rope scaling, bf16, 4.x-style config), Mistral
 // (fp16), Qwen2 (qkv bias, tied, sharded index), Qwen3 (q/k norm, head_dim != hidden/heads) and
-// GPT-2 (Conv1D, tied, learned positions). Our fp32 logits match transformers' within 1e-4
-// relative; HF -> native -> HF gives back every tensor bit for bit.
+// GPT-2 (Conv1D, tied, learned positions), and the mixture-of-experts Mixtral (bf16), Qwen2-MoE
+// (gated shared expert, a dense layer, unnormalised top-k) and Qwen3-MoE. Our fp32 logits match
+// transformers' within 1e-4 relative; HF -> native -> HF gives back every tensor bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -101,6 +102,10 @@ TEST_P(HfArch, RoundTripIsBitExactAndReshardedLoadMatches) {
   EXPECT_EQ(sa.cfg.rotary_base, sb.cfg.rotary_base);
   EXPECT_EQ(sa.cfg.num_query_groups, sb.cfg.num_query_groups);
   EXPECT_EQ(sa.cfg.untie_embeddings_and_output_weights, sb.cfg.untie_embeddings_and_output_weights);
+  EXPECT_EQ(sa.cfg.moe.num_experts, sb.cfg.moe.num_experts);
+  EXPECT_EQ(sa.cfg.moe.layer_pattern, sb.cfg.moe.layer_pattern);
+  EXPECT_EQ(sa.cfg.moe.pre_softmax, sb.cfg.moe.pre_softmax);
+  EXPECT_EQ(sa.cfg.moe.shared_expert_intermediate_size, sb.cfg.moe.shared_expert_intermediate_size);
   // Every original tensor comes back with the same dtype, shape and bytes.
   auto raw = [](const std::string& d) {
     std::map<std::string, std::pair<std::string, std::string>> m;  // name -> (dtype+shape, bytes)
@@ -126,7 +131,9 @@ TEST_P(HfArch, RoundTripIsBitExactAndReshardedLoadMatches) {
   fs::remove_all(base);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, HfArch, ::testing::Values("llama2", "llama3", "mistral", "qwen2", "qwen3", "gpt2"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfArch,
+                         ::testing::Values("llama2", "llama3", "mistral", "qwen2", "qwen3", "gpt2", "mixtral",
+                                           "qwen2_moe", "qwen3_moe"));
 
 TEST(HfConfig, BothTransformersStylesReadAndWrite) {
   // llama3's fixture is 4.x style (rope_theta, rope_scaling, torch_dtype); the others 5.x.

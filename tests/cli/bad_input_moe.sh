@@ -86,6 +86,8 @@ expect_error "mixture-of-experts layers with linear biases need --expert-tensor-
   pretrain "${MOE[@]}" --tensor-model-parallel-size 2 --sequence-parallel
 expect_error "mixture-of-experts layers with --tensor-model-parallel-size 2 need --sequence-parallel" \
   pretrain "${MOE[@]}" --tensor-model-parallel-size 2 --disable-bias-linear
+expect_error "--num-experts with --tensor-model-parallel-size 2: mixture-of-experts layers under tensor parallelism are not implemented yet" \
+  pretrain "${MOE[@]}" --tensor-model-parallel-size 2 --disable-bias-linear --sequence-parallel
 expect_error "--num-experts (4) must be divisible by --expert-model-parallel-size (3)" \
   pretrain "${MOE[@]}" --expert-model-parallel-size 3
 expect_error "--expert-tensor-parallel-size (1) x --expert-model-parallel-size (4) must divide the 2 ranks of a pipeline stage" \
@@ -93,6 +95,22 @@ expect_error "--expert-tensor-parallel-size (1) x --expert-model-parallel-size (
 expect_error "--expert-model-parallel-size 2: expert parallelism is not implemented yet" \
   pretrain "${MOE[@]}" "${CK[@]}" --expert-model-parallel-size 2
 unset WORLD_SIZE RANK LOCAL_RANK MASTER_ADDR MASTER_PORT MT_STORE_SECRET
+
+# --load HF_DIR: the experts come from config.json; flags that say otherwise are named.
+FIX=$2/tests/checkpoint/fixtures
+HF=(--seq-length 8 --micro-batch-size 2 --train-iters 2 --lr 1e-4 --mock-data --eval-iters 0 --no-progress-bar
+    --device cpu --tokenizer-type NullTokenizer --vocab-size 99)
+expect_error "--num-experts 8 conflicts with $FIX/qwen2_moe/config.json (num_experts / num_local_experts = 4)" \
+  pretrain "${HF[@]}" --load "$FIX/qwen2_moe" --num-experts 8
+expect_error "--moe-layer-freq conflicts with $FIX/qwen2_moe/config.json (decoder_sparse_step / mlp_only_layers)" \
+  pretrain "${HF[@]}" --load "$FIX/qwen2_moe" --moe-layer-freq 1
+expect_error "--moe-router-pre-softmax conflicts with $FIX/mixtral/config.json" \
+  pretrain "${HF[@]}" --load "$FIX/mixtral" --moe-router-pre-softmax
+expect_error "--num-experts conflicts with $FIX/llama2/config.json (a dense model); drop the flag, or add --moe-use-upcycling" \
+  pretrain "${HF[@]}" --load "$FIX/llama2" --num-experts 8
+# A dense checkpoint under MoE flags: the first tensor it lacks is named, with the flags to check.
+expect_error "tensor 'decoder.layers.0.mlp.router.weight' is missing from checkpoint '$TMP/ck/iter_0000002' (a checkpoint of another model shape? check --num-layers, --swiglu, --untie-embeddings-and-output-weights, --add-qkv-bias, --num-experts, --moe-layer-freq)" \
+  pretrain "${MOE[@]}" --tokenizer-type NullTokenizer --load "$TMP/ck"
 
 check "the checkpoint is untouched by the failing runs" [ "$(tree_sum "$TMP/ck")" = "$before" ]
 finish

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "support/error_of.h"
 #include "model/config.h"
+#include "model/gpt_model.h"
 
 namespace mt::model {
 namespace {
@@ -125,6 +126,16 @@ TEST(ConfigMoE, ParametersCountedByHand) {
   EXPECT_EQ(d.num_active_parameters(), d.num_parameters());
 }
 
+TEST(ConfigMoE, CountMatchesTheParametersTheModelRegisters) {
+  for (bool biases : {false, true}) {
+    TransformerConfig c = tiny_moe();
+    c.add_bias_linear = c.add_qkv_bias = biases;  // expert and shared-expert biases counted too
+    c.finalize();
+    GPTModel m(c);
+    EXPECT_EQ(m.params().numel(), c.num_parameters()) << biases;
+  }
+}
+
 TEST(ConfigMoE, DefaultsAndEveryLayerPattern) {
   TransformerConfig c = tiny_moe();
   c.moe.moe_ffn_hidden_size = 0;
@@ -176,6 +187,7 @@ TEST(ConfigMoE, MegatronsRulesNameTheFlag) {
             "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
   EXPECT_EQ(moe_error([](MoEConfig& m) { m.shared_expert_intermediate_size = 0; }),
             "--moe-shared-expert-gate needs a shared expert (--moe-shared-expert-intermediate-size)");
+  EXPECT_EQ(moe_error([](MoEConfig& m) { m.layer_pattern = {true, true}; }), "");  // all: kept as every layer
   EXPECT_NE(moe_error([](MoEConfig& m) { m.moe_ffn_hidden_size = -3; })
                 .find("--moe-ffn-hidden-size: value out of range"),
             std::string::npos);
