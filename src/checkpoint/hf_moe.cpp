@@ -109,6 +109,9 @@ void read_hf_moe(const JsonFields& f, HfSpec& s) {
   const char* key = f.has("num_local_experts") ? "num_local_experts" : "num_experts";
   m.num_experts = f.integer_or(key, d.experts, 1, kMaxExperts);
   m.topk = f.integer_or("num_experts_per_tok", d.topk, 1, m.num_experts);
+  if (m.topk > m.num_experts)  // the default when absent: transformers would fail in torch.topk
+    fail("{}: num_experts_per_tok is missing, and transformers' default for {} ({}) exceeds the {} experts; set it",
+         f.where(), s.arch, m.topk, m.num_experts);
   m.aux_loss_coeff = f.number_or("router_aux_loss_coef", 0.001, 0, 1e6);
   m.score_function = "softmax";
   if (s.arch == "mixtral") {

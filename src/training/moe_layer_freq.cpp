@@ -86,7 +86,9 @@ class Parser {
         too_long(at);
       std::vector<int64_t> out;
       out.reserve(list.items.size() * static_cast<size_t>(times));
-      for (int64_t k = 0; k < times; ++k) out.insert(out.end(), list.items.begin(), list.items.end());
+      // An empty list stays empty however often it repeats (4294967296*[] must not loop).
+      for (int64_t k = 0; k < times && !list.items.empty(); ++k)
+        out.insert(out.end(), list.items.begin(), list.items.end());
       v.is_list = true;
       v.items = std::move(out);
     }

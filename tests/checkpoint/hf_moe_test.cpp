@@ -82,6 +82,10 @@ TEST(HfMoEConfig, QwenLayerRuleIsTransformers) {
   EXPECT_NE(error_of([&] { checkpoint::parse_hf_config(j, "X/config.json"); }).find("decoder_sparse_step"),
             std::string::npos);
   j["decoder_sparse_step"] = 1;
+  j.erase("num_experts_per_tok");  // transformers' default (8) is more than the 4 experts (fuzz finding)
+  EXPECT_EQ(error_of([&] { checkpoint::parse_hf_config(j, "X/config.json"); }),
+            "X/config.json: num_experts_per_tok is missing, and transformers' default for qwen3_moe (8) exceeds the 4 "
+            "experts; set it");
   j["num_experts_per_tok"] = 5;
   EXPECT_NE(error_of([&] { checkpoint::parse_hf_config(j, "X/config.json"); })
                 .find("num_experts_per_tok must be an integer between 1 and 4"),

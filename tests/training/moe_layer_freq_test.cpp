@@ -73,6 +73,8 @@ TEST(MoELayerFreq, HostileSizesAreBounded) {
   EXPECT_NE(parse_error(std::string(100000, '(')).find("nests too deeply"), std::string::npos);
   EXPECT_NE(parse_error(std::string(100000, '[')).find("nests too deeply"), std::string::npos);
   EXPECT_EQ(parse_moe_layer_freq("[1]*65536").pattern.size(), 65536u);
+  // An empty list repeated 2^32 times is refused at once (fuzz finding: it looped 2^32 times).
+  EXPECT_NE(parse_error("4294967296*[]*4294967296+[]").find("is empty"), std::string::npos);
 }
 
 }  // namespace
