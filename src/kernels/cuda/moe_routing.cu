@@ -645,14 +645,25 @@ T* router_data(const Tensor& t, DType d, int64_t n, int64_t E, const char* what)
   return cuda_data<T>(t, d, n * E, what);
 }
 
+// The router's logits [n, E], checked against the spec (and, with B > 0, whole sequences of a
+// batch of B).
+struct Logits {
+  const float* data;
+  int64_t n, E;
+};
+Logits router_logits(const Tensor& logits, const RouterSpec& spec, const char* what, int64_t B = 0) {
+  MT_CHECK(logits.ndim() == 2, "{}: logits {} are not [tokens, experts]", what, logits.shape_str());
+  const int64_t n = logits.dim(0), E = logits.dim(1);
+  cuda::check_spec(spec, E);
+  MT_CHECK(B == 0 || (B >= 1 && n % B == 0), "{}: {} tokens are not whole sequences of a batch of {}", what, n, B);
+  return {router_data<float>(logits, DType::F32, n, E, what), n, E};
+}
+
 }  // namespace
 
 void moe_route(const Tensor& logits, const Tensor* expert_bias, const RouterSpec& spec, Tensor& probs,
                Tensor& selected) {
-  MT_CHECK(logits.ndim() == 2, "moe_route: logits {} are not [tokens, experts]", logits.shape_str());
-  const int64_t n = logits.dim(0), E = logits.dim(1);
-  cuda::check_spec(spec, E);
-  const float* l = router_data<float>(logits, DType::F32, n, E, "moe_route (logits)");
+  const auto [l, n, E] = router_logits(logits, spec, "moe_route");
   const float* bias =
       expert_bias ? cuda_data<float>(*expert_bias, DType::F32, E, "moe_route (expert bias)") : nullptr;
   probs = Tensor::empty({n, E}, DType::F32, Device::CUDA);
@@ -661,10 +672,7 @@ void moe_route(const Tensor& logits, const Tensor* expert_bias, const RouterSpec
 }
 
 Tensor moe_route_backward(const Tensor& logits, const Tensor& selected, const Tensor& dprobs, const RouterSpec& spec) {
-  MT_CHECK(logits.ndim() == 2, "moe_route_backward: logits {} are not [tokens, experts]", logits.shape_str());
-  const int64_t n = logits.dim(0), E = logits.dim(1);
-  cuda::check_spec(spec, E);
-  const float* l = router_data<float>(logits, DType::F32, n, E, "moe_route_backward (logits)");
+  const auto [l, n, E] = router_logits(logits, spec, "moe_route_backward");
   const int32_t* sel = router_data<int32_t>(selected, DType::I32, n, E, "moe_route_backward (selected)");
   const float* dp = router_data<float>(dprobs, DType::F32, n, E, "moe_route_backward (dprobs)");
   Tensor dl = Tensor::empty({n, E}, DType::F32, Device::CUDA);
@@ -674,11 +682,7 @@ Tensor moe_route_backward(const Tensor& logits, const Tensor& selected, const Te
 
 void moe_aux_stats(const Tensor& logits, const RouterSpec& spec, int64_t B, Tensor& score_sums, Tensor& counts,
                    Tensor& z_sum) {
-  MT_CHECK(logits.ndim() == 2, "moe_aux_stats: logits {} are not [tokens, experts]", logits.shape_str());
-  const int64_t n = logits.dim(0), E = logits.dim(1);
-  cuda::check_spec(spec, E);
-  MT_CHECK(B >= 1 && n % B == 0, "moe_aux_stats: {} tokens are not whole sequences of a batch of {}", n, B);
-  const float* l = router_data<float>(logits, DType::F32, n, E, "moe_aux_stats (logits)");
+  const auto [l, n, E] = router_logits(logits, spec, "moe_aux_stats", B);
   score_sums = Tensor::empty({B, E}, DType::F32, Device::CUDA);
   counts = Tensor::empty({B, E}, DType::F32, Device::CUDA);
   z_sum = Tensor::empty({1}, DType::F32, Device::CUDA);
@@ -688,11 +692,7 @@ void moe_aux_stats(const Tensor& logits, const RouterSpec& spec, int64_t B, Tens
 
 void moe_aux_backward(const Tensor& logits, const RouterSpec& spec, int64_t B, const Tensor& coef, float z_coef,
                       Tensor& dlogits) {
-  MT_CHECK(logits.ndim() == 2, "moe_aux_backward: logits {} are not [tokens, experts]", logits.shape_str());
-  const int64_t n = logits.dim(0), E = logits.dim(1);
-  cuda::check_spec(spec, E);
-  MT_CHECK(B >= 1 && n % B == 0, "moe_aux_backward: {} tokens are not whole sequences of a batch of {}", n, B);
-  const float* l = router_data<float>(logits, DType::F32, n, E, "moe_aux_backward (logits)");
+  const auto [l, n, E] = router_logits(logits, spec, "moe_aux_backward", B);
   const float* g = cuda_data<float>(coef, DType::F32, B * E, "moe_aux_backward (coef)");
   float* dl = router_data<float>(dlogits, DType::F32, n, E, "moe_aux_backward (dlogits)");
   cuda::aux_backward(l, spec, n, B, g, z_coef, dl, compute_stream());
