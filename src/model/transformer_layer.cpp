@@ -59,6 +59,7 @@ struct RecomputeGroup {
     rc.tp_rng = tp_rng ? &tr : nullptr;
     rc.times = ctx.times;
     rc.hooks = ctx.hooks;  // before_use: the parameters are read again
+    rc.moe_aux_grad_scale = ctx.moe_aux_grad_scale;  // the rebuilt routers' aux gradient weight
     saved.resize(layers.size());
     Tensor x = std::move(input);
     for (size_t j = 0; j < layers.size(); ++j) x = layers[j]->forward_layer(x, S, B, saved[j], rc);

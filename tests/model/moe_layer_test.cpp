@@ -142,7 +142,11 @@ TEST(MoELayer, RecomputedActivationOrLayerGivesTheSameGradients) {
     c.moe.aux_loss_coeff = 0.1;
     c.moe.z_loss_coeff = 0.01;
     c.moe.shared_expert_intermediate_size = 8;
-    if (!modules.empty()) {
+    if (modules == std::vector<std::string>{"full"}) {
+      c.recompute_granularity = "full";  // whole layers rebuilt from their input
+      c.recompute_method = "uniform";
+      c.recompute_num_layers = 2;
+    } else if (!modules.empty()) {
       c.recompute_granularity = "selective";
       c.recompute_modules = modules;
     }
@@ -151,6 +155,7 @@ TEST(MoELayer, RecomputedActivationOrLayerGivesTheSameGradients) {
     PassContext ctx;
     MoELossSums aux;
     ctx.moe_losses = &aux;
+    ctx.moe_aux_grad_scale = 0.5f;  // the rebuilt forward must weigh the aux losses alike
     GPTModel::Saved s;
     auto r = m.forward(b, s, ctx);
     *saved = TransformerLayer::saved_bytes(s.layers[0]);
@@ -163,6 +168,8 @@ TEST(MoELayer, RecomputedActivationOrLayerGivesTheSameGradients) {
   const auto g0 = grads({}, &plain);
   EXPECT_EQ(grads({"core_attn", "moe_act"}, &act), g0);
   EXPECT_EQ(grads({"moe"}, &layer), g0);
+  size_t full = 0;
+  EXPECT_EQ(grads({"full"}, &full), g0);
   EXPECT_LT(act, plain);
   EXPECT_LT(layer, act);
 }
