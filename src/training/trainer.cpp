@@ -5,9 +5,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/device.h"
-#ifdef MT_HAVE_CUDA
-#include "kernels/cuda/ops_cuda.h"
-#endif
 
 namespace mt {
 
@@ -55,14 +52,10 @@ void Trainer::setup_pipeline() {
 
 // --device cuda moves the parameters and grads to the GPU (the step runner's optimizer then makes
 // its state there); the host keeps the loop. The run picked the device and made its GPU context
-// in pretrain.
+// (and set the attention backend) in pretrain.
 void Trainer::setup_device() {
   if (args_.device != "cuda") return;
   ops::gpu_context();  // fails if the run made none
-#ifdef MT_HAVE_CUDA
-  cuda::set_attention_backend(cuda::attention_backend_from_name(args_.attention_backend));
-  cuda::set_attention_deterministic(!args_.nondeterministic_attention);
-#endif
   model_->to_device(Device::CUDA);
   time_ops_ = args_.timing_log_level >= 1;
   if (time_ops_) op_times_.set_device(Device::CUDA);
