@@ -365,6 +365,48 @@ std::vector<Case> cases() {
                  const double sq = grad_norm_squared(f32(d, {5000}, 55), {{4000, 5000}, {0, 1000}, {1000, 2500}});
                  return Outputs{Tensor::from_vector(std::vector<float>{static_cast<float>(sq)}, {1})};
                }});
+  c.push_back({"clip_grads_unscale_and_check", 1e-6, [=](Device d) {
+                 Tensor g = f32(d, {5000}, 56);
+                 clip_grads(g, {{0, 1000}, {3000, 5000}}, 40.0, 10.0);  // factor 1/4 on the ranges
+                 Tensor u = f32(d, {5000}, 57);
+                 std::vector<float> bad = test::random_vec<float>(5000, 58);
+                 bad[4500] = INFINITY;
+                 Tensor b = f32(d, bad, {5000});
+                 const std::vector<float> found = {float(unscale_and_check(u, {{100, 4000}}, 0.25f)),
+                                                   float(unscale_and_check(b, {{0, 4000}}, 0.5f)),
+                                                   float(unscale_and_check(b, {{4000, 5000}}, 0.5f))};
+                 return Outputs{g, u, b.flat_range(0, {4000}), Tensor::from_vector(found, {3})};
+               }});
+  // Hyper-parameters that are fp32 values already, where both devices round alike (ops.def).
+  const std::vector<DecaySegment> segments = {{0, 3000, true}, {3000, 3500, false}, {3500, 5000, true}};
+  c.push_back({"adamw_step", 1e-6, [=](Device d) {
+                 Tensor p = f32(d, {5000}, 60), m = f32(d, test::random_vec<float>(5000, 61, -0.01, 0.01), {5000});
+                 Tensor v = f32(d, test::random_vec<float>(5000, 62, 0, 1e-4), {5000});
+                 const HalfCopy copy{Tensor::zeros({5000}, DType::BF16, d), DType::BF16};
+                 AdamWStep h;
+                 h.lr = 1.0 / 128;
+                 h.weight_decay = 0.25;
+                 h.beta1 = 0.875;
+                 h.beta2 = 1.0 - 1.0 / 128;
+                 h.eps = 1.0 / (1 << 20);
+                 h.step = 3;
+                 adamw_step(p, f32(d, {5000}, 63), m, v, segments, h, copy);
+                 return Outputs{p, m, v, copy.out};
+               }});
+  c.push_back({"sgd_step", 1e-6, [=](Device d) {
+                 Tensor p = f32(d, {5000}, 64), buf = Tensor::zeros({5000}, DType::F32, d);
+                 const Tensor g = f32(d, {5000}, 65);
+                 const HalfCopy copy{Tensor::zeros({5000}, DType::F16, d), DType::F16};
+                 SGDStep h;
+                 h.lr = 0.125;
+                 h.weight_decay = 0.0625;
+                 h.momentum = 0.875;
+                 h.first = true;  // the momentum buffer starts as the first direction, then accumulates
+                 sgd_step(p, g, &buf, segments, h, copy);
+                 h.first = false;
+                 sgd_step(p, g, &buf, segments, h, copy);
+                 return Outputs{p, buf, copy.out};
+               }});
   add_moe_cases(c);
   return c;
 }
