@@ -15,7 +15,7 @@
 //
 // Autotuning (on by default; MT_GEMM_TUNE=0 turns it off, MT_GEMM_TUNE=verbose prints one line
 // per tuned shape to stderr). The heuristic's first choice is an estimate and need not be the
-// fastest kernel, so the first call of each plan times every candidate on the call's real inputs
+// fastest kernel, so the first call of each plan (up to kMaxTunedPlans) times every candidate on the call's real inputs
 // (one stream synchronisation per shape, in the first training step) and keeps the fastest. Different kernels may sum in a different order, and the project promises
 // bit-identical results run to run and with tuning off, so a candidate is only eligible when
 // its output is bit-identical (a 64-bit digest of every output element) to the heuristic
@@ -86,6 +86,11 @@ struct Plan {
   int chosen = -1;               // index into cands once tuned (or given up on); -1 before
   int deferrals = 0;
 };
+
+// How many plans a process tunes: the dense model's shapes are a few dozen; the MoE experts' row
+// counts change with the routing, so their shapes keep coming and each would cost a tuning pass
+// (a stream sync and ~tens of ms). Past the cap, new plans keep the heuristic's default.
+constexpr int kMaxTunedPlans = 128;
 
 // Key: m, n, k, lda, ldb, ldc, transa, transb, a/b type, c/d type, epilogue, alignments of A, B,
 // D and the bias, and of a separate C (0 when C is D): a residual GEMM gets its own plan, tuned
@@ -239,6 +244,7 @@ struct Gemm::Impl {
   std::mutex mu;
   TuneMode tune = tune_mode_from_env();
   int tuned_plans = 0;
+  int tune_attempts = 0;  // tune_plan calls (deferred ones included): bounded by kMaxTunedPlans
 
   ~Impl() {
     for (auto& [k, p] : plans) {
@@ -284,7 +290,8 @@ struct Gemm::Impl {
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     const Call call{transa, transb, m, n, k, lda, ldb, ldd, A, B, C, D, beta, ab_type, d_type};
     int use = 0;
-    if (tune.on) use = p.chosen >= 0 ? p.chosen : tune_plan(p, call, s);
+    if (tune.on && p.chosen < 0 && tune_attempts >= kMaxTunedPlans) p.chosen = 0;
+    if (tune.on) use = p.chosen >= 0 ? p.chosen : (++tune_attempts, tune_plan(p, call, s));
     MT_CUBLAS_CHECK(run(p, p.cands[use], call, D, s));
   }
 

@@ -12,6 +12,7 @@ void GroupedExperts::build(ParamStore& ps, const std::string& prefix, const Tran
   local_ffn = c.moe.moe_ffn_hidden_size;
   swiglu = c.swiglu;
   openai_gelu = c.openai_gelu;
+  recompute_act = c.recomputes("moe_act");
   const int64_t fc1_out = swiglu ? 2 * local_ffn : local_ffn;
   fc1.resize(static_cast<size_t>(count));
   fc2.resize(static_cast<size_t>(count));
@@ -83,10 +84,16 @@ Tensor GroupedExperts::forward(const Tensor& xp, const std::vector<int64_t>& cou
   }
   Tensor y = Tensor::empty({n, hidden}, xp.dtype(), xp.device());
   expert_gemms(fc2, s.a, y, counts, ctx);
+  if (recompute_act) s.a = Tensor();  // [rows, moe_ffn] per layer: rebuilt from h in backward
   return y;
 }
 
 Tensor GroupedExperts::backward(const Tensor& dyp, Saved& s, PassContext& ctx) const {
+  if (!s.a.defined()) {
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+    s.a = s.xp.dim(0) > 0 ? (swiglu ? ops::swiglu_forward(s.h) : ops::gelu_forward(s.h, openai_gelu))
+                          : Tensor::empty({0, local_ffn}, s.xp.dtype(), s.xp.device());
+  }
   const Tensor da = expert_gemms_backward(fc2, dyp, s.a, s.counts, ctx);
   Tensor dh;
   {

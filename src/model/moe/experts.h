@@ -12,10 +12,11 @@ struct GroupedExperts {
   int64_t first_expert = 0, num_local = 0;  // this rank holds experts [first, first + num_local)
   int64_t local_ffn = 0;                    // moe_ffn_hidden_size (per expert-TP rank)
   bool swiglu = false, openai_gelu = false;
+  bool recompute_act = false;  // --recompute-modules moe_act: backward recomputes the activation
   std::vector<Linear> fc1, fc2;
 
   struct Saved {
-    Tensor xp, h, a;              // dispatch rows, fc1 output, activation output
+    Tensor xp, h, a;              // dispatch rows, fc1 output, activation output (not kept under moe_act)
     std::vector<int64_t> counts;  // rows per local expert
   };
   void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, int64_t first, int64_t count);

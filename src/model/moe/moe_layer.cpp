@@ -35,7 +35,7 @@ Tensor MoELayer::forward(const Tensor& x, int64_t B, Saved& s, PassContext& ctx)
     const Tensor c = counts_d.to_device(Device::CPU);
     counts.assign(c.data<int32_t>(), c.data<int32_t>() + c.numel());
   }
-  router.record_dispatch(counts, ctx);
+  router.finish_forward(counts, s.router, ctx);
   const int64_t rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   Tensor xp;
   {
