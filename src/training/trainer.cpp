@@ -38,7 +38,10 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   log_ = std::make_unique<IterationLog>(lo, args_.model, pg_);
 }
 
-void Trainer::setup_data_parallel() { ddp_ = std::make_unique<parallel::DataParallel>(pg_.dp, ddp_options(args_)); }
+void Trainer::setup_data_parallel() {
+  // MoE experts' gradients reduce over the expert-data-parallel group (parallel/grid.h).
+  ddp_ = std::make_unique<parallel::DataParallel>(pg_.dp, ddp_options(args_), pg_.edp);
+}
 
 void Trainer::setup_model() {
   // This rank's pipeline part: its layer chunks, the embedding on the first stage, the head on the last.
@@ -46,7 +49,7 @@ void Trainer::setup_model() {
   model::PipelinePart part{layout.chunks(pg_.pp->rank()), pg_.pp->rank() == 0, pg_.pp->rank() == pg_.pp->size() - 1};
   model_ = std::make_unique<model::GPTModel>(
       args_.model, model::ModelOptions{pg_.tp.get(), args_.sequence_parallel, ddp_->layout_fn(), std::move(part),
-                                       args_.tp_comm_overlap});
+                                       args_.tp_comm_overlap, {pg_.ep.get(), pg_.etp.get(), pg_.tp_ep.get()}});
 }
 
 void Trainer::setup_pipeline() {

@@ -157,14 +157,17 @@ inline void require_close(const GradDiff& d, int rank, double rel = 2e-6) {
 
 // Trains `steps` steps on this rank and returns the per-step losses. After step 1 the reference
 // run (ref empty) writes its full gradients by name to out.grads; any other layout compares its
-// own shards with them (require_close with `rel`). `after_step(i)` adds per-step checks.
+// own shards with them (require_close with `rel`). `after_step(i)` adds per-step checks;
+// `grad_norms` (if given) gets each step's global grad norm.
 inline std::vector<double> train_checking_step1(Trainer& t, int steps, int rank, const std::string& out,
                                                 const std::string& ref, double rel = 2e-6,
-                                                const std::function<void(int)>& after_step = {}) {
+                                                const std::function<void(int)>& after_step = {},
+                                                std::vector<double>* grad_norms = nullptr) {
   std::vector<double> losses;
   for (int i = 0; i < steps; ++i) {
     const auto r = t.train_step();
     losses.push_back(r.loss_sum / r.tokens);
+    if (grad_norms) grad_norms->push_back(r.grad_norm);
     if (after_step) after_step(i);
     if (i != 0) continue;
     if (ref.empty()) {
