@@ -92,9 +92,12 @@ void Trainer::setup_step_runner() {
     for (auto [lo, hi] : ddp_->owned_ranges()) owned += hi - lo;
     const double per = args_.optimizer.type == "adam" ? 8.0 : 4.0;  // fp32 moments per element
     const auto& ps = model_->params();
-    log_info("distributed optimizer: this rank's optimizer state covers {} of {} elements (1/{}): {:.2f} MiB instead "
+    const std::string split = ddp_->has_expert_buckets() ? fmt::format("dense over DP {}, experts over expert DP {}",
+                                                                       pg_.dp->size(), pg_.edp->size())
+                                                           : fmt::format("1/{}", pg_.dp->size());
+    log_info("distributed optimizer: this rank's optimizer state covers {} of {} elements ({}): {:.2f} MiB instead "
              "of {:.2f} MiB",
-             owned, ps.numel(), pg_.dp->size(), static_cast<double>(owned) * per / 1048576.0,
+             owned, ps.numel(), split, static_cast<double>(owned) * per / 1048576.0,
              static_cast<double>(ps.numel()) * per / 1048576.0);
   }
 }

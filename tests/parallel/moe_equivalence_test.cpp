@@ -1,7 +1,9 @@
 // Expert parallelism trains the same MoE model to the same losses as one rank: a tiny Llama whose
 // MLPs are MoE blocks (8 experts, top-2, load-balancing loss on, dropless, fp32) under EP 2 and 4
 // with both token dispatchers, and EP composed with data parallelism and the distributed
-// optimizer, tensor + sequence parallelism (expert TP 1 and = TP), and pipeline parallelism.
+// optimizer, tensor + sequence parallelism (expert TP 1 and = TP), and pipeline parallelism; and
+// a second shape with a gated shared expert, sigmoid routing with DeepSeek-V3's expert bias
+// (moved after each step from the token counts of every rank) and the z-loss.
 // As in equivalence_test.cpp: the per-step losses match the single-rank run (1e-5 relative) and
 // after the first step every gradient element a rank holds (its experts by their global names,
 // its TP/ETP shards, its owned slices) matches the single-rank gradient. Ranks are forked
@@ -27,6 +29,7 @@ struct Layout {
   bool sp = false, dist_opt = false, overlap_grad = false;
   int64_t bucket = 0;
   std::string dispatcher = "allgather";
+  bool rich = false;  // the second shape: shared expert and its gate, expert bias, z-loss
 };
 
 Arguments make_args(const Layout& l) {
@@ -47,6 +50,14 @@ Arguments make_args(const Layout& l) {
   moe.moe_ffn_hidden_size = 16;
   moe.aux_loss_coeff = 1e-2;
   moe.token_dispatcher = l.dispatcher;
+  if (l.rich) {
+    moe.shared_expert_intermediate_size = 24;
+    moe.shared_expert_gate = true;
+    moe.score_function = "sigmoid";
+    moe.enable_expert_bias = true;
+    moe.bias_update_rate = 1e-2;  // large enough to move the routing within the run
+    moe.z_loss_coeff = 1e-3;
+  }
   // Micro-batches of 2 in every layout: the load-balancing loss is per micro-batch.
   testing::set_short_run(a, kSteps, 2, 3e-3f, 3e-4);
   a.world_size = l.world;
@@ -89,11 +100,12 @@ void train_rank(comm::World& w, const Layout& l, const std::string& out, const s
   }
 }
 
-const std::string& reference() {
-  static std::string path;
+const std::string& reference(bool rich) {
+  static std::string paths[2];
+  std::string& path = paths[rich];
   if (path.empty()) {
-    std::string out = tmp_dir() + "/ref";
-    auto res = testing::run_ranks(1, [&](comm::World& w) { train_rank(w, Layout{}, out, ""); });
+    std::string out = tmp_dir() + (rich ? "/ref_rich" : "/ref");
+    auto res = testing::run_ranks(1, [&](comm::World& w) { train_rank(w, Layout{.rich = rich}, out, ""); });
     if (res.size() != 1 || res[0].exit_code != 0) throw Error("reference run failed: " + res[0].stderr_text);
     path = out;
   }
@@ -101,7 +113,7 @@ const std::string& reference() {
 }
 
 void expect_same_as_single_rank(const Layout& l) {
-  const std::string ref = reference();
+  const std::string ref = reference(l.rich);
   const std::string out = tmp_dir() + "/run";
   std::remove((out + ".loss").c_str());
   testing::RankOptions o;
@@ -111,9 +123,9 @@ void expect_same_as_single_rank(const Layout& l) {
   double worst = 0;
   std::vector<double> want;
   ASSERT_NO_FATAL_FAILURE(testing::expect_losses_match(ref, out, kSteps, 1e-5, 0.0, "single rank", worst, want));
-  std::printf("[ layout ] world %d tp %d pp %d ep %d etp %d %s%s%s: max relative loss difference over %d steps %.2e\n",
+  std::printf("[ layout ] world %d tp %d pp %d ep %d etp %d %s%s%s%s: max relative loss difference over %d steps %.2e\n",
               l.world, l.tp, l.pp, l.ep, l.etp, l.dispatcher.c_str(), l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
-              kSteps, worst);
+              l.rich ? " shared-expert+bias+z-loss" : "", kSteps, worst);
 }
 
 TEST(MoEEquivalence, EP2AllGather) { expect_same_as_single_rank({.world = 2, .ep = 2}); }
@@ -150,6 +162,16 @@ TEST(MoEEquivalence, EP2xTP2SequenceParallelExpertTP2DistributedOptimizer) {
 TEST(MoEEquivalence, EP2xPP2) { expect_same_as_single_rank({.world = 4, .pp = 2, .ep = 2}); }
 TEST(MoEEquivalence, EP2xPP2AllToAllDistributedOptimizer) {
   expect_same_as_single_rank({.world = 4, .pp = 2, .ep = 2, .dist_opt = true, .dispatcher = "alltoall"});
+}
+// The second shape: the expert bias moves with the step's token counts summed over every rank
+// that routed them (allgather: each gathered group counted once), the gated shared expert is
+// dense (TP-split, its gate's gradient summed over the sequence shards).
+TEST(MoEEquivalence, SharedExpertBiasZLossEP2) { expect_same_as_single_rank({.world = 2, .ep = 2, .rich = true}); }
+TEST(MoEEquivalence, SharedExpertBiasZLossEP2AllToAll) {
+  expect_same_as_single_rank({.world = 2, .ep = 2, .dispatcher = "alltoall", .rich = true});
+}
+TEST(MoEEquivalence, SharedExpertBiasZLossEP2xTP2SequenceParallel) {
+  expect_same_as_single_rank({.world = 4, .tp = 2, .ep = 2, .etp = 2, .sp = true, .rich = true});
 }
 
 }  // namespace
