@@ -155,6 +155,12 @@ TEST(MoEEquivalence, EP2xTP2SequenceParallelExpertTP1) {
 TEST(MoEEquivalence, EP2xTP2SequenceParallelExpertTP1AllToAll) {
   expect_same_as_single_rank({.world = 4, .tp = 2, .ep = 2, .sp = true, .dispatcher = "alltoall"});
 }
+TEST(MoEEquivalence, TP2SequenceParallelExpertTP2AllToAll) {
+  expect_same_as_single_rank({.world = 2, .tp = 2, .etp = 2, .sp = true, .dispatcher = "alltoall"});
+}
+TEST(MoEEquivalence, EP2xTP2SequenceParallelExpertTP2AllToAll) {
+  expect_same_as_single_rank({.world = 4, .tp = 2, .ep = 2, .etp = 2, .sp = true, .dispatcher = "alltoall"});
+}
 TEST(MoEEquivalence, EP2xTP2SequenceParallelExpertTP2DistributedOptimizer) {
   expect_same_as_single_rank({.world = 4, .tp = 2, .ep = 2, .etp = 2, .sp = true, .dist_opt = true, .bucket = 3000});
 }
@@ -172,6 +178,10 @@ TEST(MoEEquivalence, SharedExpertBiasZLossEP2AllToAll) {
 }
 TEST(MoEEquivalence, SharedExpertBiasZLossEP2xTP2SequenceParallel) {
   expect_same_as_single_rank({.world = 4, .tp = 2, .ep = 2, .etp = 2, .sp = true, .rich = true});
+}
+TEST(MoEEquivalence, SharedExpertBiasZLossEP2xTP2SequenceParallelAllToAll) {
+  expect_same_as_single_rank(
+      {.world = 4, .tp = 2, .ep = 2, .etp = 2, .sp = true, .dispatcher = "alltoall", .rich = true});
 }
 
 }  // namespace

@@ -200,9 +200,34 @@ Tensor exchange_rows(const Tensor& in, const std::vector<int64_t>& send_rows, co
   return out;
 }
 
+// Expert TP under alltoall (Megatron's): the members of an ETP group received different tokens
+// from their EP exchanges, and each runs its shard of fc1/fc2 on all of them. Rows in, gathered
+// over ETP (rows[i] from member i, at block i): an all-to-all-v that sends this member's block
+// to every member, from one copy per member.
+Tensor gather_rows_v(const Tensor& in, const std::vector<int64_t>& rows, comm::Communicator& c) {
+  const int64_t n = in.dim(0), members = c.size();
+  Tensor copies = Tensor::empty({members * n, in.dim(1)}, in.dtype(), in.device());
+  if (n > 0)
+    for (int64_t i = 0; i < members; ++i) copies.slice(i * n, n).copy_from(in);
+  return exchange_rows(copies, std::vector<int64_t>(rows.size(), n), rows, c);
+}
+
+// Partial sums out, the reverse: member i gets the sum over members of their block i (blocks of
+// rows[i] rows), added in member order so every rank sums alike.
+Tensor reduce_scatter_rows_v(const Tensor& in, const std::vector<int64_t>& rows, comm::Communicator& c) {
+  const int64_t n = rows[static_cast<size_t>(c.rank())];
+  const Tensor parts = exchange_rows(in, rows, std::vector<int64_t>(rows.size(), n), c);
+  Tensor out = Tensor::empty({n, in.dim(1)}, in.dtype(), in.device());
+  if (n == 0) return out;
+  out.copy_from(parts.slice(0, n));
+  for (int64_t i = 1; i < c.size(); ++i) ops::add_inplace(out, parts.slice(i * n, n));
+  return out;
+}
+
 class AllToAllDispatcher final : public TokenDispatcher {
  public:
-  AllToAllDispatcher(comm::Communicator* ep, int64_t local) : ep_(spans_ranks(ep) ? ep : nullptr), local_(local) {}
+  AllToAllDispatcher(comm::Communicator* ep, comm::Communicator* etp, int64_t local)
+      : ep_(spans_ranks(ep) ? ep : nullptr), etp_(spans_ranks(etp) ? etp : nullptr), local_(local) {}
 
   Tensor dispatch(const Tensor& x, const Tensor& probs, const Tensor& map, Saved& s, std::vector<int64_t>& counts,
                   std::vector<int32_t>& routed, PassContext& ctx) const override {
@@ -216,29 +241,41 @@ class AllToAllDispatcher final : public TokenDispatcher {
       s.rows = sum(all);
       xp = ops::moe_permute(x, s.token_rows, s.rows);
     }
-    if (!ep_) {
+    if (!ep_ && !etp_) {
       counts = all;
       return xp;
     }
     ScopedOpTimer t(ctx.times, &OpTimes::communication);
-    const int64_t G = ep_->size();
-    // How many rows each member sends to each of this rank's experts: exchanged on the host (the
-    // plan's counts are there already), the second and last host-side value of the layer's
-    // forward; the backward reuses both.
-    std::vector<int32_t> send(all.begin(), all.end()), recv(all.size());
-    ep_->all_to_all(send.data(), recv.data(), static_cast<size_t>(local_), comm::DataType::I32);
+    // How many rows each EP member sends to each of this rank's experts, exchanged on the host
+    // (where the plan's counts are already): with the ETP gather below, the host-side values of
+    // the layer's forward besides the plan's counts; the backward reuses them all.
     s.send_chunks = all;
-    s.recv_chunks.assign(recv.begin(), recv.end());
+    s.recv_chunks = all;
+    if (ep_) {
+      std::vector<int32_t> send(all.begin(), all.end()), recv(all.size());
+      ep_->all_to_all(send.data(), recv.data(), static_cast<size_t>(local_), comm::DataType::I32);
+      s.recv_chunks.assign(recv.begin(), recv.end());
+    }
+    if (etp_) {  // every ETP member's received chunks, member after member
+      const std::vector<int32_t> mine(s.recv_chunks.begin(), s.recv_chunks.end());
+      std::vector<int32_t> every(mine.size() * static_cast<size_t>(etp_->size()));
+      etp_->all_gather(mine.data(), every.data(), mine.size(), comm::DataType::I32);
+      s.recv_chunks.assign(every.begin(), every.end());
+    }
+    const int64_t sources = sources_of(s);
     counts.assign(static_cast<size_t>(local_), 0);
-    for (int64_t src = 0; src < G; ++src)
-      for (int64_t e = 0; e < local_; ++e) counts[static_cast<size_t>(e)] += s.recv_chunks[static_cast<size_t>(src * local_ + e)];
-    const Tensor xr = exchange_rows(xp, per_member(s.send_chunks, G), per_member(s.recv_chunks, G), *ep_);
-    return transpose_chunks(xr, s.recv_chunks, G, local_);  // (source, expert) -> (expert, source)
+    for (int64_t src = 0; src < sources; ++src)
+      for (int64_t e = 0; e < local_; ++e)
+        counts[static_cast<size_t>(e)] += s.recv_chunks[static_cast<size_t>(src * local_ + e)];
+    return sorted(from_sources(xp, s), s);  // (ETP member, EP member, expert) -> (expert, ...)
   }
 
   Tensor combine(const Tensor& yp, Saved& s, PassContext& ctx) const override {
     s.yp = yp;
-    if (ep_) s.yp = to_sources(yp, s, ctx);
+    if (ep_ || etp_) {
+      ScopedOpTimer t(ctx.times, &OpTimes::communication);
+      s.yp = to_sources(unsorted(yp, s), s);
+    }
     ScopedOpTimer t(ctx.times, &OpTimes::unpermute);
     return ops::moe_unpermute(s.yp, s.token_rows, s.probs);
   }
@@ -250,15 +287,17 @@ class AllToAllDispatcher final : public TokenDispatcher {
       dyp = ops::moe_unpermute_backward(dy, s.yp, s.token_rows, s.probs, dprobs);
       s.yp = Tensor();
     }
-    if (!ep_) return dyp;
+    if (!ep_ && !etp_) return dyp;
     ScopedOpTimer t(ctx.times, &OpTimes::communication);
-    const int64_t G = ep_->size();
-    const Tensor r = exchange_rows(dyp, per_member(s.send_chunks, G), per_member(s.recv_chunks, G), *ep_);
-    return transpose_chunks(r, s.recv_chunks, G, local_);
+    return sorted(from_sources(dyp, s), s);
   }
 
   Tensor dispatch_backward(const Tensor& dxp, Saved& s, PassContext& ctx) const override {
-    const Tensor back = ep_ ? to_sources(dxp, s, ctx) : dxp;
+    Tensor back = dxp;
+    if (ep_ || etp_) {
+      ScopedOpTimer t(ctx.times, &OpTimes::communication);
+      back = to_sources(unsorted(dxp, s), s);
+    }
     Tensor dx;
     {
       ScopedOpTimer t(ctx.times, &OpTimes::permute);
@@ -269,17 +308,43 @@ class AllToAllDispatcher final : public TokenDispatcher {
   }
 
  private:
-  // Expert-major rows of this rank's experts -> back to the members whose tokens they are, in
-  // the order each sent them (its plan's expert-major rows).
-  Tensor to_sources(const Tensor& rows, const Saved& s, PassContext& ctx) const {
-    ScopedOpTimer t(ctx.times, &OpTimes::communication);
-    const int64_t G = ep_->size();
-    const Tensor bysrc = transpose_chunks(rows, transposed(s.recv_chunks, G, local_), local_, G);
-    return exchange_rows(bysrc, per_member(s.recv_chunks, G), per_member(s.send_chunks, G), *ep_);
+  int64_t ep_size() const { return ep_ ? ep_->size() : 1; }
+  int64_t etp_size() const { return etp_ ? etp_->size() : 1; }
+  // Chunk sources of the sorted rows: (ETP member, EP member) pairs.
+  int64_t sources_of(const Saved& s) const { return static_cast<int64_t>(s.recv_chunks.size()) / local_; }
+  // Rows each ETP member received from its EP exchange.
+  std::vector<int64_t> etp_rows(const Saved& s) const { return per_member(s.recv_chunks, etp_size()); }
+  // This rank's own EP exchange: rows per (EP member, expert) it received.
+  std::vector<int64_t> ep_recv(const Saved& s) const {
+    const size_t n = static_cast<size_t>(ep_size() * local_), at = etp_ ? static_cast<size_t>(etp_->rank()) * n : 0;
+    return {s.recv_chunks.begin() + static_cast<std::ptrdiff_t>(at),
+            s.recv_chunks.begin() + static_cast<std::ptrdiff_t>(at + n)};
+  }
+  // This rank's expert-major rows (all experts) -> the rows of its experts from every source,
+  // in (ETP member, EP member, expert) order.
+  Tensor from_sources(const Tensor& xp, const Saved& s) const {
+    const Tensor r = ep_ ? exchange_rows(xp, per_member(s.send_chunks, ep_size()), per_member(ep_recv(s), ep_size()), *ep_)
+                         : xp;
+    return etp_ ? gather_rows_v(r, etp_rows(s), *etp_) : r;
+  }
+  // The reverse: rows in (ETP member, EP member, expert) order, partial over ETP -> summed over
+  // ETP and back to the EP members whose tokens they are, in their plans' row order.
+  Tensor to_sources(const Tensor& rows, const Saved& s) const {
+    const Tensor r = etp_ ? reduce_scatter_rows_v(rows, etp_rows(s), *etp_) : rows;
+    return ep_ ? exchange_rows(r, per_member(ep_recv(s), ep_size()), per_member(s.send_chunks, ep_size()), *ep_) : r;
+  }
+  // (source, expert) chunks -> (expert, source) and back (Megatron's sort_chunks_by_idxs).
+  Tensor sorted(const Tensor& rows, const Saved& s) const {
+    return transpose_chunks(rows, s.recv_chunks, sources_of(s), local_);
+  }
+  Tensor unsorted(const Tensor& rows, const Saved& s) const {
+    const int64_t src = sources_of(s);
+    return transpose_chunks(rows, transposed(s.recv_chunks, src, local_), local_, src);
   }
 
-  comm::Communicator* ep_;  // null: a group of one
-  int64_t local_;           // experts per member
+  comm::Communicator* ep_;   // null: a group of one
+  comm::Communicator* etp_;  // null: experts whole
+  int64_t local_;            // experts per EP member
 };
 
 }  // namespace
@@ -291,10 +356,7 @@ std::shared_ptr<const TokenDispatcher> make_token_dispatcher(const std::string& 
   const int64_t local = num_experts / G, first = ep.ep_rank() * local;
   if (type == "allgather") return std::make_shared<AllGatherDispatcher>(ep.tp_ep, first, local);
   MT_CHECK(type == "alltoall", "unknown token dispatcher '{}'", type);
-  // Expert TP under alltoall would also gather each expert's rows over ETP (Megatron does); the
-  // arguments refuse that combination for now.
-  MT_CHECK(ep.etp_size() == 1, "the alltoall token dispatcher with expert tensor parallelism is not built");
-  return std::make_shared<AllToAllDispatcher>(ep.ep, local);
+  return std::make_shared<AllToAllDispatcher>(ep.ep, ep.etp, local);
 }
 
 }  // namespace mt::model

@@ -7,9 +7,11 @@
 //              partial output and reduce-scatters it back: the sum adds the other EP ranks'
 //              experts and, under expert TP, the partial fc2 sums. Backward mirrors it.
 //   alltoall   Each rank permutes its own tokens expert-major and sends every expert's rows to the
-//              EP rank that holds it (all-to-all-v after an exchange of the row counts), sorts the
-//              received chunks from (source rank, local expert) into expert-major order
-//              (Megatron's sort_chunks_by_idxs), and after the experts undoes it all in reverse.
+//              EP rank that holds it (all-to-all-v after an exchange of the row counts); under
+//              expert TP the ETP members then gather each other's received rows (each runs its
+//              fc1/fc2 shard on all of them, and the partial outputs are summed back); the chunks
+//              are sorted from (source, local expert) into expert-major order (Megatron's
+//              sort_chunks_by_idxs), and after the experts it all runs in reverse.
 // In a group of one both are the single-rank path: plan, permute, experts, unpermute.
 #include <memory>
 #include <string>
@@ -43,8 +45,9 @@ class TokenDispatcher {
     int64_t rows = 0;   // rows of the plan, all experts
     // allgather: the local experts' rows [first_row, first_row + local_rows) of the plan.
     int64_t first_row = 0, local_rows = 0;
-    // alltoall: rows per (EP rank, local expert) this rank sends (E, its plan's counts) and
-    // receives (EP x local, from each source rank in turn).
+    // alltoall: rows per (EP member, local expert) this rank sends (E: its plan's counts), and
+    // per (ETP member, EP member, local expert) the rows the ETP group received (ETP x EP x local;
+    // without expert TP just this rank's).
     std::vector<int64_t> send_chunks, recv_chunks;
   };
   virtual ~TokenDispatcher() = default;
