@@ -35,13 +35,7 @@ struct Layout {
 Arguments make_args(const Layout& l) {
   Arguments a;
   auto& m = a.model;
-  m.num_layers = 2;
-  m.hidden_size = 32;
-  m.num_attention_heads = 8;
-  m.seq_length = 16;
-  m.ffn_hidden_size = 64;
-  m.attention_dropout = 0.f;
-  m.hidden_dropout = 0.f;
+  testing::set_layout_model(a, 2);
   testing::set_query_groups(a, 4);
   test::use_llama_blocks(m);
   auto& moe = m.moe;
@@ -100,29 +94,13 @@ void train_rank(comm::World& w, const Layout& l, const std::string& out, const s
   }
 }
 
-const std::string& reference(bool rich) {
-  static std::string paths[2];
-  std::string& path = paths[rich];
-  if (path.empty()) {
-    std::string out = tmp_dir() + (rich ? "/ref_rich" : "/ref");
-    auto res = testing::run_ranks(1, [&](comm::World& w) { train_rank(w, Layout{.rich = rich}, out, ""); });
-    if (res.size() != 1 || res[0].exit_code != 0) throw Error("reference run failed: " + res[0].stderr_text);
-    path = out;
-  }
-  return path;
-}
-
 void expect_same_as_single_rank(const Layout& l) {
-  const std::string ref = reference(l.rich);
-  const std::string out = tmp_dir() + "/run";
-  std::remove((out + ".loss").c_str());
-  testing::RankOptions o;
-  o.env = {{"OMP_NUM_THREADS", "1"}};
-  auto res = testing::run_ranks(l.world, [&](comm::World& w) { train_rank(w, l, out, ref); }, o);
-  ASSERT_NO_FATAL_FAILURE(testing::expect_ranks_ok(res, l.world));
+  auto train = [](const Layout& layout) {
+    return [layout](comm::World& w, const std::string& out, const std::string& ref) { train_rank(w, layout, out, ref); };
+  };
+  const std::string& ref = testing::reference_run(tmp_dir() + (l.rich ? "/ref_rich" : "/ref"), train({.rich = l.rich}));
   double worst = 0;
-  std::vector<double> want;
-  ASSERT_NO_FATAL_FAILURE(testing::expect_losses_match(ref, out, kSteps, 1e-5, 0.0, "single rank", worst, want));
+  ASSERT_NO_FATAL_FAILURE(testing::expect_layout_matches(ref, tmp_dir() + "/run", l.world, kSteps, train(l), worst));
   std::printf("[ layout ] world %d tp %d pp %d ep %d etp %d %s%s%s%s: max relative loss difference over %d steps %.2e\n",
               l.world, l.tp, l.pp, l.ep, l.etp, l.dispatcher.c_str(), l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
               l.rich ? " shared-expert+bias+z-loss" : "", kSteps, worst);
