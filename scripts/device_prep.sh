@@ -86,4 +86,9 @@ timeout 240 "$B/bin/cuda_ops_bench" ${MT_BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; 
 grep -v '^{' "$OUT/bench.txt" | tail -32
 RUN
 chmod +x "$C/device_run.sh"
+# The PyTorch anchors of DESIGN.md's benchmarks, run in the same device call for ratios.
+if [ -d ../shared/bench ]; then
+  mkdir -p "$C/anchors"
+  cp ../shared/bench/*.py "$C/anchors/"
+fi
 du -sh "$C"

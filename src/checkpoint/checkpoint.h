@@ -74,22 +74,16 @@ struct RankInfo {
   comm::Communicator* comm = nullptr;  // every rank (null: a single process)
 };
 
-// One optimizer state array of this rank: elements [lo, hi) of the flat parameter buffer.
-struct StateArray {
-  std::string name;  // exp_avg, exp_avg_sq, momentum_buffer, ...
-  int64_t lo = 0, hi = 0;
-  float* data = nullptr;
-};
-// The optimizer's state as flat ranges. `ranges` are the buffer ranges the optimizer covers, in
-// the order its state() lists them (the whole buffer, or the distributed optimizer's owned
-// slices); `sharded` says the state is this rank's share only (the distributed optimizer).
+// The optimizer's state as this rank holds it: optim::Optimizer::state(), tensors over flat
+// ranges [lo, hi) of the parameter buffer, on the optimizer's device (saves copy them to the host,
+// loads fill them through a host copy, as for the parameters); `sharded` says the state is this
+// rank's share only (the distributed optimizer).
 struct OptimizerState {
-  std::vector<StateArray> arrays;
+  std::vector<optim::StateTensor> arrays;
   bool sharded = false;
   int64_t steps = 0;
 };
-OptimizerState optimizer_state(optim::Optimizer& opt, const std::vector<std::pair<int64_t, int64_t>>& ranges,
-                               bool sharded);
+OptimizerState optimizer_state(optim::Optimizer& opt, bool sharded);
 
 struct SaveOptions {
   bool async = false;              // --async-save

@@ -254,7 +254,10 @@ TrainingState load_checkpoint(const std::string& load, int64_t it, const RankInf
   if (opt && opts.load_optim) {
     if (!st.has_optimizer)
       fail("'{}' has no optimizer state (saved with --no-save-optim); use --no-load-optim or --finetune", dir.string());
-    for (const auto& a : opt->arrays)
+    for (auto& a : opt->arrays) {
+      // State on the GPU is filled through a host copy, as the parameters are.
+      const bool host_state = a.value.device() == Device::CPU;
+      Tensor host_value = host_state ? a.value : a.value.to_device(Device::CPU);
       for (auto& p : params.params()) {
         const int64_t x0 = std::max(a.lo, p.offset) - p.offset, x1 = std::min(a.hi, p.offset + p.numel()) - p.offset;
         if (x0 >= x1) continue;
@@ -263,8 +266,10 @@ TrainingState load_checkpoint(const std::string& load, int64_t it, const RankInf
           fail("checkpoint '{}' has no optimizer state '{}' for '{}' (saved with another --optimizer?); use "
                "--no-load-optim to start the optimizer afresh",
                dir.string(), a.name, p.name);
-        fill(src, name, p.full_shape, local_boxes(p), x0, x1, a.data + (p.offset + x0 - a.lo));
+        fill(src, name, p.full_shape, local_boxes(p), x0, x1, host_value.data<float>() + (p.offset + x0 - a.lo));
       }
+      if (!host_state) a.value.copy_from(host_value);
+    }
     opt->steps = st.optimizer_steps;
   }
 
@@ -295,7 +300,7 @@ TrainingState load_checkpoint(const std::string& load, int64_t it, const RankInf
 TrainingState load_checkpoint(const std::string& load, int64_t it, model::ParamStore& params,
                               optim::Optimizer* optimizer, const LoadOptions& opts) {
   std::optional<OptimizerState> os;
-  if (optimizer) os = optimizer_state(*optimizer, {{0, params.numel()}}, false);
+  if (optimizer) os = optimizer_state(*optimizer, false);
   TrainingState st = load_checkpoint(load, it, RankInfo{}, params, os ? &*os : nullptr, opts);
   if (optimizer && opts.load_optim) optimizer->set_step_count(st.optimizer_steps);
   return st;

@@ -52,25 +52,15 @@ struct Saver::Job {
   double t0 = 0;
 };
 
-OptimizerState optimizer_state(optim::Optimizer& opt, const std::vector<std::pair<int64_t, int64_t>>& ranges,
-                               bool sharded) {
+OptimizerState optimizer_state(optim::Optimizer& opt, bool sharded) {
   OptimizerState s;
   s.sharded = sharded;
   s.steps = opt.step_count();
-  auto st = opt.state();
-  if (st.empty()) return s;
-  // state() lists each covered range's arrays in turn (one range unless sharded).
-  MT_CHECK(!ranges.empty() && st.size() % ranges.size() == 0, "optimizer state of {} arrays over {} ranges",
-           st.size(), ranges.size());
-  const size_t per = st.size() / ranges.size();
-  for (size_t r = 0; r < ranges.size(); ++r)
-    for (size_t k = 0; k < per; ++k) {
-      auto& [name, vec] = st[r * per + k];
-      auto [lo, hi] = ranges[r];
-      MT_CHECK(static_cast<int64_t>(vec->size()) == hi - lo, "optimizer state {} holds {} elements for range [{}, {})",
-               name, vec->size(), lo, hi);
-      s.arrays.push_back({name, lo, hi, vec->data()});
-    }
+  s.arrays = opt.state();
+  for (const auto& a : s.arrays)
+    MT_CHECK(a.value.dtype() == DType::F32 && a.value.numel() == a.hi - a.lo,
+             "optimizer state {} holds {} {} elements for range [{}, {})", a.name, a.value.numel(),
+             dtype_name(a.value.dtype()), a.lo, a.hi);
   return s;
 }
 
@@ -134,7 +124,7 @@ void plan(const RankInfo& ri, const model::ParamStore& params, const float* main
     if (opt && !opt->sharded)
       for (const auto& a : opt->arrays)
         whole(file("optimizer" + suffix), experts, a.name + "/",
-              [&a](const model::Param& p) { return a.data + (p.offset - a.lo); });
+              [&a](const model::Param& p) { return a.value.data<float>() + (p.offset - a.lo); });
   }
   if (opt && opt->sharded) {
     // The distributed optimizer: this rank's flat slices of each local shard.
@@ -151,7 +141,7 @@ void plan(const RankInfo& ri, const model::ParamStore& params, const float* main
           const int64_t e = s + boxes[k].numel(), y0 = std::max(x0, s), y1 = std::min(x1, e);
           if (y0 < y1) {
             Piece pc{f.name, fmt::format("{}/{}#{}@{}", a.name, p.name, k, y0 - s), boxes[k], y0 - s, y1 - s};
-            add_piece(f, a.name + "/" + p.name, p.full_shape, pc, a.data + (p.offset + y0 - a.lo));
+            add_piece(f, a.name + "/" + p.name, p.full_shape, pc, a.value.data<float>() + (p.offset + y0 - a.lo));
           }
           s = e;
         }
@@ -316,6 +306,15 @@ void Saver::save(const std::string& dir, const TrainingState& st, model::ParamSt
     job->staged.push_back(params.main_buffer().to_device(Device::CPU).to_vector());
     main = job->staged.back().data();
   }
+  // Optimizer state on the GPU: written from host copies too (they live until the files are
+  // written, or until an async save's stage() has copied them).
+  std::optional<OptimizerState> host_opt;
+  if (opt && std::any_of(opt->arrays.begin(), opt->arrays.end(),
+                         [](const optim::StateTensor& a) { return a.value.device() != Device::CPU; })) {
+    host_opt = *opt;
+    for (auto& a : host_opt->arrays) a.value = a.value.to_device(Device::CPU);
+    opt = &*host_opt;
+  }
   plan(ri_, params, main, opt, *job);
   if (st.has_rng)
     job->sidecar["rng"] = {{"rank", ri_.rank},       {"tp_rank", ri_.tp_rank},      {"pp_rank", ri_.pp_rank},
@@ -398,7 +397,7 @@ void save_checkpoint(const std::string& save, const TrainingState& state, model:
                      optim::Optimizer* optimizer) {
   Saver s(RankInfo{});
   std::optional<OptimizerState> os;
-  if (optimizer) os = optimizer_state(*optimizer, {{0, params.numel()}}, false);
+  if (optimizer) os = optimizer_state(*optimizer, false);
   s.save(save, state, params, os ? &*os : nullptr, {});
 }
 

@@ -35,6 +35,44 @@ enum class ReduceOp : uint8_t { Sum, Max };
 enum class ReduceType : uint8_t { F32, F64 };
 using ShardReduce = std::function<void(void* data, size_t count, ReduceType type, ReduceOp op)>;
 
+// ---- What the optimizer ops of ops.def take.
+// [begin, end) ranges of a flat fp32 buffer (the part of the model's grad buffer a rank steps on).
+using FlatRanges = std::vector<std::pair<int64_t, int64_t>>;
+
+// A flat range of an optimizer's buffer and whether its elements take weight decay;
+// optim::make_segments builds them sorted, disjoint and covering the buffer.
+struct DecaySegment {
+  int64_t begin = 0, end = 0;
+  bool weight_decay = true;
+};
+
+// One AdamW update's scalars as torch holds them (Python floats): lr and weight decay from the
+// schedule; the betas and eps as the decimals the flags gave (optim/hyper.h); step counts updates,
+// this one included (1 on the first).
+struct AdamWStep {
+  double lr = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  int64_t step = 1;
+};
+
+// One SGD update (torch.optim.SGD as Megatron sets it up): `first` makes the momentum buffer a
+// copy of this step's direction (torch creates it lazily on the first step).
+struct SGDStep {
+  double lr = 0, weight_decay = 0, momentum = 0;
+  bool first = false;
+};
+
+// The compute copy of the parameters (--bf16, --fp16) that an update refreshes in the same pass:
+// `out` (numel of the parameters) receives the updated values rounded to `half` (BF16 or F16),
+// stored in that type (the GPU's copy) or as fp32 numbers (`out` of dtype F32: the CPU's
+// emulation of half storage). `out` undefined: there is no copy to write.
+struct HalfCopy {
+  Tensor out;
+  DType half = DType::BF16;
+  bool defined() const { return out.defined(); }
+  // The copy of parameters [start, start + n), for an update of part of the buffer.
+  HalfCopy part(int64_t start, int64_t n) const { return defined() ? HalfCopy{out.flat_range(start, {n}), half} : HalfCopy{}; }
+};
+
 #define MT_DEFAULT(v) = v
 #define MT_OP(result, name, on, params, args) result name params;
 #include "kernels/ops.def"

@@ -81,7 +81,7 @@ void SelfAttention::build(ParamStore& ps, const std::string& prefix, const Trans
   cfg = c;
   rope = r;
   tp = t;
-  recompute_core = c.recompute_selective();
+  recompute_core = c.recomputes("core_attn");
   // Whole query groups go to each TP rank; linear_qkv packs per group [q heads; k; v], so a
   // rank's groups are one contiguous block of its rows, and its heads a contiguous block of
   // linear_proj's input columns.

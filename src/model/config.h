@@ -3,6 +3,7 @@
 // training layer. validate() turns impossible combinations into one clear error.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/moe/moe_config.h"
 
@@ -69,6 +70,9 @@ struct TransformerConfig {
   std::string recompute_granularity;  // "" (off) | full | selective
   std::string recompute_method;       // "" | uniform | block (full only)
   int64_t recompute_num_layers = 0;   // N (full only)
+  // Selective recomputation's modules (--recompute-modules): core_attn (the attention core),
+  // moe_act (the routed experts' activation), moe (the whole MoE layer: it keeps its input only).
+  std::vector<std::string> recompute_modules = {"core_attn"};
   MoEConfig moe;                      // mixture of experts (model/moe/); num_experts 0: dense
 
   int64_t head_dim() const { return kv_channels; }
@@ -82,6 +86,12 @@ struct TransformerConfig {
   bool rmsnorm() const { return normalization == "RMSNorm"; }
   bool recompute_full() const { return recompute_granularity == "full"; }
   bool recompute_selective() const { return recompute_granularity == "selective"; }
+  bool recomputes(const std::string& module) const {
+    if (!recompute_selective()) return false;
+    for (const auto& m : recompute_modules)
+      if (m == module) return true;
+    return false;
+  }
 
   // Fills defaults that depend on other fields, then validates; throws mt::Error naming the flag.
   // Sizes are range-checked before any default is derived from them.

@@ -59,6 +59,7 @@ struct RecomputeGroup {
     rc.tp_rng = tp_rng ? &tr : nullptr;
     rc.times = ctx.times;
     rc.hooks = ctx.hooks;  // before_use: the parameters are read again
+    rc.moe_aux_grad_scale = ctx.moe_aux_grad_scale;  // the rebuilt routers' aux gradient weight
     saved.resize(layers.size());
     Tensor x = std::move(input);
     for (size_t j = 0; j < layers.size(); ++j) x = layers[j]->forward_layer(x, S, B, saved[j], rc);
@@ -128,7 +129,17 @@ Tensor TransformerLayer::forward_layer(const Tensor& x, int64_t S, int64_t B, Sa
     s.d2 = {};
     return mlp.forward(hn, s.mlp, ctx, &h);
   }
-  Tensor y = mlp_drop.forward(is_moe ? moe.forward(hn, B, s.moe, ctx) : mlp.forward(hn, s.mlp, ctx), s.d2, ctx);
+  Tensor m;
+  if (!is_moe) {
+    m = mlp.forward(hn, s.mlp, ctx);
+  } else if (cfg.recomputes("moe")) {
+    MoELayer::Saved scratch;  // freed here: backward re-runs the layer from its input
+    m = moe.forward(hn, B, scratch, ctx);
+    s.moe_input = hn;
+  } else {
+    m = moe.forward(hn, B, s.moe, ctx);
+  }
+  Tensor y = mlp_drop.forward(m, s.d2, ctx);
   {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::add_inplace(y, h);
@@ -141,6 +152,13 @@ Tensor TransformerLayer::backward_layer(const Tensor& dy, int64_t S, int64_t B, 
   // dy flows to h directly (residual) and through mlp_drop -> mlp -> pre_mlp_norm.
   // The residual gradients (dy into dh, dh into dx) are added inside the norms' backward.
   const Tensor dm = mlp_drop.backward(dy, s.d2, ctx.times);
+  if (s.moe_input.defined()) {
+    // The MoE layer's recomputation: the same routing (deterministic), no statistics recorded.
+    PassContext rc = ctx;
+    rc.moe_losses = nullptr;
+    moe.forward(s.moe_input, B, s.moe, rc);
+    s.moe_input = Tensor();
+  }
   Tensor dh = pre_mlp_norm.backward(is_moe ? moe.backward(dm, s.moe, ctx) : mlp.backward(dm, s.mlp, ctx), s.n2, ctx, &dy);
   // fp16 stores the residual stream's gradient in fp16 too: where a too-large loss scale
   // overflows (and a too-small one underflows), which is what loss scaling is about. bf16's

@@ -31,6 +31,7 @@ struct TransformerLayer {
     SelfAttention::Saved attn;
     MLP::Saved mlp;
     MoELayer::Saved moe;
+    Tensor moe_input;  // --recompute-modules moe: the MoE layer's input, all it keeps
     Dropout::Saved d1, d2;
     std::shared_ptr<RecomputeGroup> group;  // full recomputation: everything else is empty
     size_t group_index = 0;                 // this layer's place in the group

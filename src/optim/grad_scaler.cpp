@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "optim/segments.h"
 
 namespace mt::optim {
 
@@ -58,19 +57,6 @@ void GradScaler::load_state(const GradScalerState& s) {
   scale_ = s.scale;
   growth_tracker_ = s.growth_tracker;
   hysteresis_tracker_ = s.hysteresis_tracker;
-}
-
-bool unscale_and_check(float* grads, int64_t n, float inv_scale) {
-  int found = 0;
-#pragma omp parallel for schedule(static) reduction(| : found) if (n > kParallelThreshold)
-  for (int64_t i = 0; i < n; ++i) {
-    // Scaling by a positive finite factor keeps inf/nan non-finite, so checking the result
-    // catches bad inputs and also an overflow caused by unscaling with a scale below 1.
-    const float g = grads[i] * inv_scale;
-    found |= !std::isfinite(g);
-    grads[i] = g;
-  }
-  return found != 0;
 }
 
 }  // namespace mt::optim

@@ -4,7 +4,7 @@
 // --hysteresis; growth x2, backoff x0.5). bf16 and fp32 runs use no scaler.
 //
 // Per step: unscale the main grads with inv_scale() while looking for inf/nan
-// (unscale_and_check()), skip the optimizer step if any were found, then update(found_inf).
+// (ops::unscale_and_check), skip the optimizer step if any were found, then update(found_inf).
 // Every data-parallel rank must pass the same found_inf (all-reduced) to stay in step.
 #include <cstdint>
 
@@ -49,10 +49,5 @@ class GradScaler {
   int64_t growth_interval_ = 0, hysteresis_ = 0;
   int64_t growth_tracker_ = 0, hysteresis_tracker_ = 0;
 };
-
-// grads *= inv_scale; returns true if any result is inf or nan, as
-// torch._amp_foreach_non_finite_check_and_unscale_ (which checks the inputs; checking the
-// outputs also catches overflow when a --min-loss-scale below 1 makes inv_scale > 1).
-bool unscale_and_check(float* grads, int64_t n, float inv_scale);
 
 }  // namespace mt::optim

@@ -26,10 +26,11 @@ void validate(const OptimizerConfig& cfg) {
 }
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> spans) {
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> spans,
+                                          Device device) {
   validate(cfg);
-  if (cfg.type == "adam") return std::make_unique<AdamW>(cfg, numel, std::move(spans));
-  return std::make_unique<SGD>(cfg, numel, std::move(spans));
+  if (cfg.type == "adam") return std::make_unique<AdamW>(cfg, numel, std::move(spans), device);
+  return std::make_unique<SGD>(cfg, numel, std::move(spans), device);
 }
 
 }  // namespace mt::optim

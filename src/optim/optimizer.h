@@ -1,12 +1,16 @@
 #pragma once
-// Optimizers over the model's flat fp32 main params and main grads (one contiguous buffer
-// each, DESIGN.md). A ParamSpan tells which ranges get weight decay (Megatron: no decay on
-// biases and norm weights, i.e. on 1-D params).
+// Optimizers over the model's flat fp32 main params and main grads (one contiguous buffer each,
+// DESIGN.md), on the device of that buffer: the update is an op (ops::adamw_step, ops::sgd_step)
+// and the state is a set of fp32 tensors beside the params, so one class serves the CPU and the
+// GPU. A ParamSpan tells which ranges get weight decay (Megatron: no decay on biases and norm
+// weights, i.e. on 1-D params).
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
+
+#include "core/tensor.h"
+#include "kernels/ops.h"
 
 namespace mt::optim {
 
@@ -24,26 +28,36 @@ struct OptimizerConfig {
   float sgd_momentum = 0.9f;
 };
 
+// One state tensor of an optimizer: fp32 values for elements [lo, hi) of the flat buffer it
+// steps (its `value` is [hi - lo]), on that buffer's device.
+struct StateTensor {
+  std::string name;  // exp_avg, exp_avg_sq, momentum_buffer
+  int64_t lo = 0, hi = 0;
+  Tensor value;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // One update of params[0:numel) from grads, with this step's lr and weight decay.
-  virtual void step(float* params, const float* grads, float lr, float weight_decay) = 0;
-  // State tensors for checkpoints: name -> fp32 array of numel (e.g. "exp_avg", "exp_avg_sq"),
-  // plus the step count.
-  virtual std::vector<std::pair<std::string, std::vector<float>*>> state() = 0;
+  // One update of `params` from `grads` (fp32 tensors of the buffer's numel, on the device the
+  // optimizer was made for) with this step's lr and weight decay (the schedule's values), writing
+  // the compute copy `copy` (ops::HalfCopy; none in fp32 runs) in the same pass.
+  virtual void step(Tensor& params, const Tensor& grads, double lr, double weight_decay,
+                    const ops::HalfCopy& copy) = 0;
+  // The state apart from the step count, the one interface checkpoints read and write it through
+  // on either device: the optimizer's own tensors, in place, so a write changes the next step. A
+  // reader on the host copies them where they live on a device (Tensor::to_device / copy_from),
+  // as it does the parameters. Each covered range's tensors in turn, in buffer order.
+  virtual std::vector<StateTensor> state() = 0;
   virtual int64_t step_count() const = 0;
   virtual void set_step_count(int64_t n) = 0;
 };
 
-// AdamW (optim/adamw.h) or SGD (optim/sgd.h) over a flat buffer of numel. Spans must not
-// overlap; elements outside every span get weight decay. Throws mt::Error naming the flag
-// for invalid settings (--optimizer, --adam-beta1, ...).
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> spans);
-
-// Global L2 norm of grads (fp64 accumulation, fixed order: thread-count independent).
-double grad_norm_squared(const float* grads, int64_t n);
-// Scales grads by min(1, max_norm / (norm + 1e-6)) as Megatron's clip_grad_norm does.
-void clip_grads(float* grads, int64_t n, double total_norm, double max_norm);
+// AdamW (optim/adamw.h) or SGD (optim/sgd.h) over a flat buffer of numel on `device` (where the
+// params it will step live), its state zeroed there. Spans must not overlap; elements outside
+// every span get weight decay. Throws mt::Error naming the flag for invalid settings
+// (--optimizer, --adam-beta1, ...).
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> spans,
+                                          Device device);
 
 }  // namespace mt::optim

@@ -1,10 +1,8 @@
 #pragma once
 // SGD as torch.optim.SGD with the settings Megatron passes (--optimizer sgd): momentum
 // from --sgd-momentum, no dampening, no Nesterov, and L2 weight decay folded into the
-// gradient (g + wd*p), not decoupled.
+// gradient (g + wd*p), not decoupled. The update is ops::sgd_step, on the buffer's device.
 #include <cstdint>
-#include <string>
-#include <utility>
 #include <vector>
 
 #include "optim/optimizer.h"
@@ -14,18 +12,17 @@ namespace mt::optim {
 
 class SGD final : public Optimizer {
  public:
-  SGD(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> spans);
-  void step(float* params, const float* grads, float lr, float weight_decay) override;
+  SGD(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> spans, Device device);
+  void step(Tensor& params, const Tensor& grads, double lr, double weight_decay, const ops::HalfCopy& copy) override;
   // "momentum_buffer" when momentum != 0; torch keeps no state otherwise.
-  std::vector<std::pair<std::string, std::vector<float>*>> state() override;
+  std::vector<StateTensor> state() override;
   int64_t step_count() const override { return step_; }
   void set_step_count(int64_t n) override { step_ = n; }
 
  private:
   double momentum_;
-  int64_t numel_;
   std::vector<Segment> segments_;
-  std::vector<float> momentum_buffer_;
+  Tensor momentum_buffer_;  // undefined without momentum
   int64_t step_ = 0;
 };
 

@@ -168,22 +168,32 @@ std::vector<optim::ParamSpan> spans_within(const std::vector<optim::ParamSpan>& 
 
 namespace {
 // Adam (or SGD) on a set of disjoint flat ranges, each with its own state: the distributed
-// optimizer's shard. Elementwise updates make this identical to stepping the full buffer.
+// optimizer's shard, on either device. Elementwise updates make this identical to stepping the
+// full buffer.
 class ShardedOptimizer final : public optim::Optimizer {
  public:
   ShardedOptimizer(const optim::OptimizerConfig& cfg, const std::vector<std::pair<int64_t, int64_t>>& ranges,
-                   const std::vector<optim::ParamSpan>& spans) {
-    for (auto [lo, hi] : ranges) parts_.push_back({lo, hi, optim::make_optimizer(cfg, hi - lo, spans_within(spans, lo, hi))});
+                   const std::vector<optim::ParamSpan>& spans, Device device) {
+    for (auto [lo, hi] : ranges)
+      parts_.push_back({lo, hi, optim::make_optimizer(cfg, hi - lo, spans_within(spans, lo, hi), device)});
   }
-  void step(float* params, const float* grads, float lr, float wd) override {
-    for (auto& p : parts_) p.opt->step(params + p.lo, grads + p.lo, lr, wd);
+  void step(Tensor& params, const Tensor& grads, double lr, double wd, const ops::HalfCopy& copy) override {
+    for (auto& p : parts_) {
+      const int64_t n = p.hi - p.lo;
+      Tensor part = params.flat_range(p.lo, {n});
+      p.opt->step(part, grads.flat_range(p.lo, {n}), lr, wd, copy.part(p.lo, n));
+    }
   }
-  // Each owned range's arrays in turn, in owned_ranges() order (each array covers its range):
-  // checkpoints store them per global tensor slice (checkpoint::optimizer_state).
-  std::vector<std::pair<std::string, std::vector<float>*>> state() override {
-    std::vector<std::pair<std::string, std::vector<float>*>> out;
+  // Each owned range's tensors in turn, in owned_ranges() order, placed at their range: checkpoints
+  // store them per global tensor slice (checkpoint::optimizer_state).
+  std::vector<optim::StateTensor> state() override {
+    std::vector<optim::StateTensor> out;
     for (auto& p : parts_)
-      for (auto& s : p.opt->state()) out.push_back(s);
+      for (auto& s : p.opt->state()) {
+        s.lo += p.lo;
+        s.hi += p.lo;
+        out.push_back(std::move(s));
+      }
     return out;
   }
   int64_t step_count() const override { return parts_.empty() ? 0 : parts_.front().opt->step_count(); }
@@ -201,8 +211,8 @@ class ShardedOptimizer final : public optim::Optimizer {
 }  // namespace
 
 std::unique_ptr<optim::Optimizer> DataParallel::make_optimizer(const optim::OptimizerConfig& cfg) const {
-  if (!sharded()) return optim::make_optimizer(cfg, ps_->numel(), ps_->spans());
-  return std::make_unique<ShardedOptimizer>(cfg, owned_ranges(), ps_->spans());
+  if (!sharded()) return optim::make_optimizer(cfg, ps_->numel(), ps_->spans(), ps_->device());
+  return std::make_unique<ShardedOptimizer>(cfg, owned_ranges(), ps_->spans(), ps_->device());
 }
 
 void DataParallel::start_param_gather() {

@@ -66,7 +66,8 @@ class DataParallel final : public model::ParamHooks {
   // This rank's optimizer slices: one [begin, end) per bucket (the whole buckets without the
   // distributed optimizer).
   std::vector<std::pair<int64_t, int64_t>> owned_ranges() const;
-  // The optimizer over owned_ranges() (with the distributed optimizer; otherwise the full buffer).
+  // The optimizer over owned_ranges() (with the distributed optimizer; otherwise the full buffer),
+  // on the device of the attached parameters.
   std::unique_ptr<optim::Optimizer> make_optimizer(const optim::OptimizerConfig& cfg) const;
   // After the optimizer step: all-gather updated parameters (distributed optimizer only).
   void start_param_gather();

@@ -91,7 +91,8 @@ void register_model_flags(FlagParser& p, ModelArgs& a, ModelAliases& r) {
   for (const char* f : {"--fp8-format", "--fp8-recipe", "--fp8-amax-history-len"})
     p.unsupported(f, "FP8 arrives with the CUDA backend");
   p.unsupported("--distribute-saved-activations", "saved activations are not split over TP ranks yet");
-  p.unsupported("--recompute-modules", "selective recomputation always recomputes the attention core (core_attn)");
+  p.list("--recompute-modules", &m.recompute_modules,
+         "selective recomputation's modules: core_attn (default), moe_act, moe");
   for (const char* f : {"--apply-layernorm-1p", "--apply-residual-connection-post-layernorm"})
     p.unsupported(f, "not implemented yet");
 }
@@ -138,6 +139,15 @@ void finish_model_args(Arguments& a, int64_t tokenizer_vocab_size) {
 // Megatron's activation-recomputation rules, after the pipeline split is known (N is bounded
 // by the layers a pipeline stage holds).
 void validate_recompute_args(Arguments& a) {
+  for (const auto& mod : a.model.recompute_modules) {
+    if (mod == "core_attn" || mod == "moe_act" || mod == "moe") continue;
+    if (mod == "layernorm" || mod == "mla_up_proj" || mod == "mlp" || mod == "shared_experts")
+      fail("--recompute-modules {}: megatron.cpp recomputes core_attn, moe_act and moe; '{}' is not implemented yet",
+           mod, mod);
+    fail("--recompute-modules got '{}'; expected core_attn, moe_act or moe", mod);
+  }
+  if (a.was_given("--recompute-modules") && a.model.recompute_granularity != "selective")
+    fail("--recompute-modules needs --recompute-granularity selective");
   auto& m = a.model;
   const std::string& g = m.recompute_granularity;
   if (g.empty()) {

@@ -21,6 +21,7 @@
 #include "training/memory_check.h"
 #include "training/trainer.h"
 #ifdef MT_HAVE_CUDA
+#include "kernels/cuda/ops_cuda.h"
 #include "kernels/device.h"
 #endif
 
@@ -80,13 +81,16 @@ void resolve_device(Arguments& a) {
 #ifdef MT_HAVE_CUDA
 // Several GPU ranks: each takes the GPU of its local rank (CUDA_VISIBLE_DEVICES applies) and
 // talks NCCL on device buffers. The run holds the context `gpu` until everything on it is gone.
-comm::DeviceComm pick_gpu(const comm::DistEnv& env, std::optional<ops::GpuContext>& gpu) {
+// The attention flags set the CUDA backend's attention policy (process-wide) for the run.
+comm::DeviceComm pick_gpu(const comm::DistEnv& env, const Arguments& a, std::optional<ops::GpuContext>& gpu) {
   const int n = ops::gpu_count();
   if (env.local_world_size > n)
     fail("--device cuda: {} ranks on this node but {} GPU(s) visible; start one rank per GPU (--nproc-per-node {}) "
          "or check CUDA_VISIBLE_DEVICES",
          env.local_world_size, n, n);
   gpu.emplace(env.local_rank);
+  cuda::set_attention_backend(cuda::attention_backend_from_name(a.attention_backend));
+  cuda::set_attention_deterministic(!a.nondeterministic_attention);
   return comm::DeviceComm{env.world_size > 1, gpu->compute_stream(), env.local_rank};
 }
 #endif
@@ -147,7 +151,7 @@ int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEn
   comm::DeviceComm dev;
 #ifdef MT_HAVE_CUDA
   std::optional<ops::GpuContext> gpu;  // outlives the world and the trainer below
-  if (a.device == "cuda") dev = pick_gpu(env, gpu);
+  if (a.device == "cuda") dev = pick_gpu(env, a, gpu);
 #endif
   comm::World world(env, std::chrono::minutes(a.distributed_timeout_minutes), dev);
   parallel::RankGrid grid(env.world_size, static_cast<int>(a.tensor_model_parallel_size),

@@ -3,98 +3,23 @@
 #include <cmath>
 #include <limits>
 
-#include "core/error.h"
 #include "core/log.h"
-#ifdef MT_HAVE_CUDA
-#include "kernels/cuda/optimizer.h"
-#endif
+#include "kernels/ops.h"
 
 namespace mt {
 
-// ---------------------------------------------------------------------------------------------
-// GPU optimizer (--device cuda): the one place the step knows the device. AdamW and the fp16
-// unscale run as ops::gpu calls over this rank's optimizer ranges; checkpoints see the state
-// through the host optimizer's arrays. When the CUDA AdamW becomes an optim::Optimizer (issue
-// #16, item 1), this block goes and apply_update has one path.
-#ifdef MT_HAVE_CUDA
-struct StepRunner::DeviceOptimizer {
-  // One AdamW per optimizer range (the whole buffer, or the owned slices with the distributed
-  // optimizer), in optimizer_ranges() order.
-  struct Part {
-    int64_t lo = 0, hi = 0;
-    std::unique_ptr<ops::gpu::AdamW> opt;
-  };
-  std::vector<Part> parts;
-
-  DeviceOptimizer(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& ranges,
-                  const optim::OptimizerConfig& o) {
-    for (auto [lo, hi] : ranges)
-      parts.push_back({lo, hi,
-                       std::make_unique<ops::gpu::AdamW>(hi - lo, parallel::spans_within(ps.spans(), lo, hi), o.adam_beta1,
-                                                         o.adam_beta2, o.adam_eps, ps.model_buffer().dtype())});
+namespace {
+// The compute copy that the optimizer step refreshes: the bf16 (fp16) copy of the parameters, or
+// none in fp32 runs, whose model reads the main params.
+ops::HalfCopy compute_copy(model::ParamStore& ps) {
+  switch (ps.half()) {
+    case model::Half::BF16: return {ps.model_buffer(), DType::BF16};
+    case model::Half::FP16: return {ps.model_buffer(), DType::F16};
+    case model::Half::None: break;
   }
-
-  static bool unscale_and_check(float* grads, const std::vector<std::pair<int64_t, int64_t>>& ranges, float inv) {
-    return ops::gpu::unscale_and_check(grads, ranges, inv);  // one device flag, read once
-  }
-
-  // Clips and steps; returns the optimizer's step count.
-  int64_t clip_and_step(model::ParamStore& ps, double grad_norm, double max_norm, double lr, double wd) {
-    float* grads = ps.grad_buffer().data<float>();
-    if (max_norm > 0) ops::gpu::clip_grads(grads, ps.numel(), grad_norm, max_norm);
-    // The update also writes the bf16 (fp16) compute copy of the owned ranges: no separate sync pass.
-    float* main = ps.main_buffer().data<float>();
-    uint16_t* model16 = ps.model_buffer().data<uint16_t>();
-    for (auto& part : parts) part.opt->step(main + part.lo, grads + part.lo, model16 + part.lo, lr, wd);
-    return parts.front().opt->step_count();
-  }
-
-  // The host optimizer's arrays of one kind, one per part.
-  std::vector<std::vector<float>*> host_arrays(optim::Optimizer& host, const char* name) const {
-    std::vector<std::vector<float>*> out;
-    for (auto& [n, v] : host.state())
-      if (n == name) out.push_back(v);
-    MT_CHECK(out.size() == parts.size(), "internal: the host optimizer has {} '{}' arrays for {} GPU optimizer ranges",
-             out.size(), name, parts.size());
-    return out;
-  }
-
-  void to_host(optim::Optimizer& host) const {
-    auto m = host_arrays(host, "exp_avg");
-    auto v = host_arrays(host, "exp_avg_sq");
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const size_t bytes = static_cast<size_t>(parts[i].hi - parts[i].lo) * 4;
-      device_copy(m[i]->data(), Device::CPU, parts[i].opt->exp_avg(), Device::CUDA, bytes);
-      device_copy(v[i]->data(), Device::CPU, parts[i].opt->exp_avg_sq(), Device::CUDA, bytes);
-    }
-    host.set_step_count(parts.front().opt->step_count());
-  }
-
-  void from_host(optim::Optimizer& host) {
-    auto m = host_arrays(host, "exp_avg");
-    auto v = host_arrays(host, "exp_avg_sq");
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const size_t bytes = static_cast<size_t>(parts[i].hi - parts[i].lo) * 4;
-      device_copy(parts[i].opt->exp_avg(), Device::CUDA, m[i]->data(), Device::CPU, bytes);
-      device_copy(parts[i].opt->exp_avg_sq(), Device::CUDA, v[i]->data(), Device::CPU, bytes);
-      parts[i].opt->set_step_count(host.step_count());
-    }
-  }
-};
-#else
-// Built without CUDA: never made (device_opt_ stays null), so these are never called.
-struct StepRunner::DeviceOptimizer {
-  DeviceOptimizer(model::ParamStore&, const std::vector<std::pair<int64_t, int64_t>>&,
-                  const optim::OptimizerConfig&) {
-    fail("--device cuda: this build has no CUDA backend");
-  }
-  static bool unscale_and_check(float*, const std::vector<std::pair<int64_t, int64_t>>&, float) { return false; }
-  int64_t clip_and_step(model::ParamStore&, double, double, double, double) { return 0; }
-  void to_host(optim::Optimizer&) const {}
-  void from_host(optim::Optimizer&) {}
-};
-#endif
-// ---------------------------------------------------------------------------------------------
+  return {};
+}
+}  // namespace
 
 StepRunner::StepRunner(StepOptions o, const parallel::ProcessGroups& pg, model::GPTModel& model,
                        parallel::DataParallel& ddp, parallel::PipelineRunner& pipeline,
@@ -106,13 +31,8 @@ StepRunner::StepRunner(StepOptions o, const parallel::ProcessGroups& pg, model::
       pipeline_(pipeline),
       schedule_(schedule),
       dropout_rng_(dropout_rng),
-      tp_rng_(tp_rng) {
-  if (opt_.device_optimizer) {
-    device_opt_ = std::make_unique<DeviceOptimizer>(model_.params(), optimizer_ranges(), opt_.optimizer);
-  } else {
-    optimizer_ = ddp_.make_optimizer(opt_.optimizer);
-  }
-}
+      tp_rng_(tp_rng),
+      optimizer_(ddp_.make_optimizer(opt_.optimizer)) {}
 
 StepRunner::~StepRunner() = default;
 
@@ -259,15 +179,7 @@ bool StepRunner::unscale_and_check(optim::GradScaler& scaler) {
   // Megatron's fp16 optimizer: unscale the grads this rank steps on (its owned slices with the
   // distributed optimizer), look for inf/nan, and agree over the model- and data-parallel
   // ranks, so every rank skips or steps alike; the scaler backs off or grows from the verdict.
-  auto& ps = model_.params();
-  float* grads = ps.grad_buffer().data<float>();
-  const float inv = scaler.inv_scale();
-  int64_t found = 0;
-  if (ps.grad_buffer().device() == Device::CUDA) {
-    found = DeviceOptimizer::unscale_and_check(grads, optimizer_ranges(), inv) ? 1 : 0;
-  } else {
-    for (auto [lo, hi] : optimizer_ranges()) found |= optim::unscale_and_check(grads + lo, hi - lo, inv) ? 1 : 0;
-  }
+  int64_t found = ops::unscale_and_check(model_.params().grad_buffer(), optimizer_ranges(), scaler.inv_scale()) ? 1 : 0;
   pg_.mp->all_reduce(&found, 1, comm::ReduceOp::Max);
   pg_.dp->all_reduce(&found, 1, comm::ReduceOp::Max);
   scaler.update(found != 0);
@@ -277,18 +189,13 @@ bool StepRunner::unscale_and_check(optim::GradScaler& scaler) {
 void StepRunner::clip_and_step(double grad_norm, checkpoint::TrainingState& state) {
   auto& ps = model_.params();
   const int64_t steps = state.scheduler_samples;  // the scheduler counts samples of updates
-  if (device_opt_) {
-    state.optimizer_steps = device_opt_->clip_and_step(ps, grad_norm, opt_.clip_grad, schedule_.lr(steps),
-                                                       schedule_.weight_decay(steps));
-    if (ddp_.sharded()) ddp_.start_param_gather();  // the other ranks' slices
-    return;
-  }
-  float* grads = ps.grad_buffer().data<float>();
-  if (opt_.clip_grad > 0) optim::clip_grads(grads, ps.numel(), grad_norm, opt_.clip_grad);
-  optimizer_->step(ps.main_buffer().data<float>(), grads, static_cast<float>(schedule_.lr(steps)),
-                   static_cast<float>(schedule_.weight_decay(steps)));
-  if (ddp_.sharded()) ddp_.start_param_gather();  // refreshes the compute copy per bucket
-  else ps.sync_model_from_main();
+  if (opt_.clip_grad > 0) ops::clip_grads(ps.grad_buffer(), optimizer_ranges(), grad_norm, opt_.clip_grad);
+  // The update writes the compute copy in the same pass; with the distributed optimizer the
+  // parameter all-gather refreshes it instead, bucket by bucket, once the other slices are in.
+  const bool gather = ddp_.sharded();
+  optimizer_->step(ps.main_buffer(), ps.grad_buffer(), schedule_.lr(steps), schedule_.weight_decay(steps),
+                   gather ? ops::HalfCopy{} : compute_copy(ps));
+  if (gather) ddp_.start_param_gather();
   state.optimizer_steps = optimizer_->step_count();
 }
 
@@ -296,19 +203,6 @@ optim::GradScaler* StepRunner::grad_scaler() {
   if (!opt_.loss_scaling) return nullptr;
   if (!grad_scaler_) grad_scaler_ = std::make_unique<optim::GradScaler>(*opt_.loss_scaling);
   return grad_scaler_.get();
-}
-
-optim::Optimizer& StepRunner::host_optimizer() {
-  if (!optimizer_) optimizer_ = ddp_.make_optimizer(opt_.optimizer);
-  return *optimizer_;
-}
-
-void StepRunner::optimizer_state_to_host() {
-  if (device_opt_) device_opt_->to_host(host_optimizer());
-}
-
-void StepRunner::optimizer_state_from_host() {
-  if (device_opt_) device_opt_->from_host(host_optimizer());
 }
 
 std::vector<std::pair<int64_t, int64_t>> StepRunner::optimizer_ranges() const {

@@ -52,7 +52,6 @@ struct StepOptions {
   optim::OptimizerConfig optimizer;                     // weight_decay: the schedule's start value
   double clip_grad = 1.0;                               // 0: no clipping
   std::optional<optim::GradScalerConfig> loss_scaling;  // --fp16
-  bool device_optimizer = false;                        // --device cuda: AdamW on the device
 };
 
 class StepRunner {
@@ -67,17 +66,12 @@ class StepRunner {
 
   // --fp16: the loss scaler (made on first use); null otherwise.
   optim::GradScaler* grad_scaler();
-  // The optimizer state as checkpoints see it: the host optimizer's arrays over
-  // optimizer_ranges(). On the GPU they are a staging copy, made on first use and filled by
-  // optimizer_state_to_host (before a save) / read by optimizer_state_from_host (after a load).
-  optim::Optimizer& host_optimizer();
-  void optimizer_state_to_host();
-  void optimizer_state_from_host();
-  std::vector<std::pair<int64_t, int64_t>> optimizer_ranges() const;
+  // The optimizer over this rank's optimizer ranges, on the parameters' device (its state is what
+  // checkpoints save: Optimizer::state()).
+  optim::Optimizer& optimizer() { return *optimizer_; }
   // Dropout streams: this stage's, and Megatron's model-parallel one (seed + 2718 + TP rank).
   RngState& dropout_rng() { return dropout_rng_; }
   RngState& tp_rng() { return tp_rng_; }
-  bool on_device() const { return device_opt_ != nullptr; }
 
  private:
   model::LossSums forward_backward(const std::vector<model::Batch>& batches, model::OpTimes* times);
@@ -89,6 +83,9 @@ class StepRunner {
   void apply_update(StepResult& r, checkpoint::TrainingState& state, model::OpTimes* times);
   bool unscale_and_check(optim::GradScaler& scaler);
   void clip_and_step(double grad_norm, checkpoint::TrainingState& state);
+  // The flat ranges this rank steps on: its owned slices with the distributed optimizer, else the
+  // whole buffer.
+  std::vector<std::pair<int64_t, int64_t>> optimizer_ranges() const;
 
   StepOptions opt_;
   const parallel::ProcessGroups& pg_;
@@ -98,11 +95,8 @@ class StepRunner {
   const optim::LRSchedule& schedule_;
   RngState dropout_rng_, tp_rng_;
   model::MoELossSums moe_losses_;  // this step's, summed by the MoE layers' training forwards
-  std::unique_ptr<optim::Optimizer> optimizer_;  // see host_optimizer()
+  std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::GradScaler> grad_scaler_;
-  // --device cuda: AdamW on the device (step_runner.cpp, the one MT_HAVE_CUDA block).
-  struct DeviceOptimizer;
-  std::unique_ptr<DeviceOptimizer> device_opt_;
 };
 
 }  // namespace mt

@@ -4,11 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#ifdef MT_HAVE_CUDA
-#include "kernels/cuda/ops_cuda.h"
-#include "kernels/cuda/optimizer.h"
 #include "kernels/device.h"
-#endif
 
 namespace mt {
 
@@ -57,19 +53,15 @@ void Trainer::setup_pipeline() {
   ddp_->attach(model_->params());
 }
 
-// Where the run picks its device: --device cuda moves the parameters, grads and (in the step
-// runner) the AdamW state to the GPU; the host keeps the loop.
+// --device cuda moves the parameters and grads to the GPU (the step runner's optimizer then makes
+// its state there); the host keeps the loop. The run picked the device and made its GPU context
+// (and set the attention backend) in pretrain.
 void Trainer::setup_device() {
   if (args_.device != "cuda") return;
-#ifdef MT_HAVE_CUDA
-  if (args_.optimizer.type != "adam") fail("--device cuda supports --optimizer adam only for now");
-  ops::gpu_context();  // made where the run picked its device (pretrain): fails if it did not
-  cuda::set_attention_backend(cuda::attention_backend_from_name(args_.attention_backend));
-  cuda::set_attention_deterministic(!args_.nondeterministic_attention);
+  ops::gpu_context();  // fails if the run made none
   model_->to_device(Device::CUDA);
   time_ops_ = args_.timing_log_level >= 1;
   if (time_ops_) op_times_.set_device(Device::CUDA);
-#endif
 }
 
 void Trainer::setup_schedule() { schedule_ = std::make_unique<optim::LRSchedule>(schedule_config(args_, args_)); }
@@ -81,7 +73,6 @@ void Trainer::setup_step_runner() {
   so.optimizer.weight_decay = static_cast<float>(args_.start_weight_decay);
   so.clip_grad = args_.clip_grad;
   if (args_.model.fp16) so.loss_scaling = args_.grad_scaler;
-  so.device_optimizer = args_.device == "cuda";
   // Megatron seeds each pipeline stage's dropout with seed + 100 x stage, so stages that draw
   // the same offsets still get different masks.
   const uint64_t stage_seed = args_.seed + 100 * static_cast<uint64_t>(pg_.pp->rank());
@@ -232,11 +223,10 @@ int Trainer::run() {
     log_->validation("validation", evaluate(*valid_, state_.consumed_valid_samples, args_.eval_iters), state_.iteration);
   if (!args_.save.empty() && (args_.save_interval == 0 || state_.iteration % args_.save_interval != 0)) save();
   saver_->wait();  // exit only after an async save completed
-#ifdef MT_HAVE_CUDA
-  if (step_->on_device())
-    log_info("peak GPU memory: {:.2f} GiB ({})",
-             static_cast<double>(ops::gpu_context().peak_memory_bytes()) / (1 << 30), ops::gpu_context().name());
-#endif
+  if (model_->params().device() != Device::CPU) {
+    const ops::GpuContext& gpu = ops::gpu_context();
+    log_info("peak GPU memory: {:.2f} GiB ({})", static_cast<double>(gpu.peak_memory_bytes()) / (1 << 30), gpu.name());
+  }
   if (time_ops_) log_->op_breakdown(op_times_, train_time_);
   return 0;
 }

@@ -33,8 +33,6 @@ checkpoint::RankInfo Trainer::rank_info() const {
 
 void Trainer::save() {
   const auto t0 = std::chrono::steady_clock::now();
-  // GPU AdamW state goes through the host optimizer's arrays, so the format is the CPU one.
-  if (!args_.no_save_optim) step_->optimizer_state_to_host();
   ddp_->finish_param_gather();
   checkpoint::TrainingState st = state_;
   st.has_rng = !args_.no_save_rng;
@@ -45,8 +43,7 @@ void Trainer::save() {
   st.args = checkpoint::model_args_to_json(args_.model, args_.tokenizer);
   if (auto* gs = grad_scaler()) st.grad_scaler = gs->state();
   std::optional<checkpoint::OptimizerState> os;
-  if (!args_.no_save_optim)
-    os = checkpoint::optimizer_state(step_->host_optimizer(), step_->optimizer_ranges(), ddp_->sharded());
+  if (!args_.no_save_optim) os = checkpoint::optimizer_state(step_->optimizer(), ddp_->sharded());
   const checkpoint::SaveOptions o = save_options(args_);
   saver_->save(args_.save, st, model_->params(), os ? &*os : nullptr, o);
   // What an async save costs the training loop: the copies to host memory before writing starts.
@@ -76,13 +73,9 @@ void Trainer::maybe_load() {
   o.load_rng = !args_.no_load_rng && !args_.finetune && !release;
   o.orig_vocab_size = args_.model.orig_vocab_size;
   std::optional<checkpoint::OptimizerState> os;
-  if (o.load_optim)
-    os = checkpoint::optimizer_state(step_->host_optimizer(), step_->optimizer_ranges(), ddp_->sharded());
+  if (o.load_optim) os = checkpoint::optimizer_state(step_->optimizer(), ddp_->sharded());
   auto st = checkpoint::load_checkpoint(args_.load, *it, rank_info(), model_->params(), os ? &*os : nullptr, o);
-  if (o.load_optim) {
-    step_->host_optimizer().set_step_count(st.optimizer_steps);
-    step_->optimizer_state_from_host();
-  }
+  if (o.load_optim) step_->optimizer().set_step_count(st.optimizer_steps);
   if (args_.finetune || release) {
     log_info("loaded weights from {} {} ({}: starting at iteration 0)", args_.load,
              release ? "release/" : fmt::format("iteration {}", *it),

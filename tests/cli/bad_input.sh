@@ -47,6 +47,9 @@ expect_error "--recompute-method is not supported with --recompute-granularity s
 expect_error "--recompute-num-layers is not supported with --recompute-granularity selective" pretrain "${BASE[@]}" --recompute-granularity selective --recompute-num-layers 1
 expect_error "--recompute-method and --recompute-num-layers need --recompute-granularity full" pretrain "${BASE[@]}" --recompute-method uniform --recompute-num-layers 1
 expect_error "--recompute-activations means --recompute-granularity selective" pretrain "${BASE[@]}" --recompute-activations --recompute-granularity full
+expect_error "--recompute-modules needs --recompute-granularity selective" pretrain "${BASE[@]}" --recompute-modules moe_act
+expect_error "--recompute-modules got 'attn'; expected core_attn, moe_act or moe" pretrain "${BASE[@]}" --recompute-granularity selective --recompute-modules core_attn attn
+expect_error "--recompute-modules mlp: megatron.cpp recomputes core_attn, moe_act and moe; 'mlp' is not implemented yet" pretrain "${BASE[@]}" --recompute-granularity selective --recompute-modules mlp
 expect_error "--fp16 and --bf16 cannot be used together" pretrain "${BASE[@]}" --fp16 --bf16
 expect_error "--loss-scale needs --fp16" pretrain "${BASE[@]}" --loss-scale 1024
 expect_error "--initial-loss-scale needs --fp16" pretrain "${BASE[@]}" --bf16 --initial-loss-scale 65536

@@ -34,12 +34,176 @@ Tensor ids(Device d, const std::vector<int32_t>& v) {
   return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to_device(d);
 }
 std::vector<float> host(const Tensor& t) { return t.to_device(Device::CPU).to_vector(); }
+// fp16 on the GPU (the --fp16 storage), the same bf16-exact values in fp32 on the CPU.
+Tensor act16(Device d, const Shape& s, uint64_t seed) {
+  const Tensor t = act(Device::CPU, s, seed);
+  return d == Device::CPU ? t : t.to(DType::F16).to_device(d);
+}
+Tensor i32(Device d, const std::vector<int32_t>& v, const Shape& s) { return Tensor::from_vector(v, s).to_device(d); }
+
+// ---- MoE inputs.
+// Router logits [n, E] (E coprime with 5): each row a permutation of a grid of step 0.3 to 0.5,
+// shifted by up to 0.5, so a row's values lie at least 0.3 apart (no near-ties: both devices
+// choose the same experts, also through softmax and sigmoid, which keep the order).
+Tensor router_logits(Device d, int64_t n, int64_t E, uint64_t seed) {
+  const std::vector<float> step = test::random_vec<float>(n, seed, 0.3, 0.5);
+  const std::vector<float> shift = test::random_vec<float>(n, seed + 1, -0.5, 0.5);
+  std::vector<float> v(n * E);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t e = 0; e < E; ++e)
+      v[t * E + e] = step[t] * (static_cast<float>((5 * e + 7 * t) % E) - 0.5f * E) + shift[t];
+  return f32(d, v, {n, E});
+}
+// A routing map [n, E] made on the host: token t goes to expert t^2 % E (uneven loads: experts
+// 0, 1 and 4 of 8 take most tokens) and to one of the next three; each token to two experts.
+std::vector<int32_t> moe_map(int64_t n, int64_t E) {
+  std::vector<int32_t> m(n * E, 0);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t e1 = t * t % E;
+    m[t * E + e1] = 1;
+    m[t * E + (e1 + 1 + t % 3) % E] = 1;
+  }
+  return m;
+}
+// Distinct probs in (0.05, 1) where the map is 1, 0 elsewhere (the same bits on both devices).
+std::vector<float> moe_probs(const std::vector<int32_t>& map, uint64_t seed) {
+  std::vector<float> p = test::random_vec<float>(map.size(), seed, 0.05, 1.0);
+  for (size_t i = 0; i < p.size(); ++i)
+    if (!map[i]) p[i] = 0.f;
+  return p;
+}
 
 struct Case {
   std::string name;
-  double tol;  // relative L2 error of each output
+  double tol;  // relative L2 error of each output (I32 outputs must be equal)
   std::function<Outputs(Device)> run;
 };
+
+// ---- Mixture of experts. Router tensors are f32 on both devices; the I32 outputs (choices,
+// maps, dispatch rows, counts) must agree exactly.
+void add_moe_cases(std::vector<Case>& c) {
+  using Score = RouterSpec::Score;
+  using test::router_spec;
+  const int64_t T = 64, E = 8, B = 2;
+  c.push_back({"moe_route_softmax", 1e-4, [=](Device d) {
+                 const Tensor l = router_logits(d, T, E, 60), dprobs = f32(d, {T, E}, 61);
+                 const RouterSpec top2 = router_spec(E, 2);
+                 RouterSpec pre = router_spec(E, 3);
+                 pre.pre_softmax = true;
+                 pre.scaling = 2.5f;
+                 Tensor p, s, p2, s2;
+                 moe_route(l, nullptr, top2, p, s);
+                 moe_route(l, nullptr, pre, p2, s2);
+                 return Outputs{p,  s,  moe_route_backward(l, s, dprobs, top2),
+                                p2, s2, moe_route_backward(l, s2, dprobs, pre)};
+               }});
+  // Expert bias +1 on expert 2 (always chosen), -1 on expert 5 (never): it moves the choice by
+  // more than any gap between sigmoids, so no near-ties.
+  c.push_back({"moe_route_sigmoid", 1e-4, [=](Device d) {
+                 const Tensor l = router_logits(d, T, E, 62), dprobs = f32(d, {T, E}, 63);
+                 const Tensor bias = f32(d, std::vector<float>{0, 0, 1, 0, 0, -1, 0, 0}, {E});
+                 const RouterSpec k2 = router_spec(E, 2, Score::Sigmoid), k1 = router_spec(E, 1, Score::Sigmoid);
+                 RouterSpec grouped = router_spec(E, 2, Score::Sigmoid);  // 4 groups of 2, the best 2 groups
+                 grouped.num_groups = 4;
+                 grouped.group_topk = 2;
+                 Tensor p, s, p1, s1, pg, sg;
+                 moe_route(l, &bias, k2, p, s);
+                 moe_route(l, nullptr, k1, p1, s1);
+                 moe_route(l, &bias, grouped, pg, sg);
+                 return Outputs{p,  s,  moe_route_backward(l, s, dprobs, k2),
+                                p1, s1, moe_route_backward(l, s1, dprobs, k1),
+                                pg, sg, moe_route_backward(l, sg, dprobs, grouped)};
+               }});
+  // Sinkhorn with tol 0: both devices run the same number of rounds.
+  c.push_back({"moe_route_sinkhorn", 1e-4, [=](Device d) {
+                 const Tensor l = router_logits(d, T, E, 64), dprobs = f32(d, {T, E}, 65);
+                 Outputs out;
+                 for (int64_t k : {1, 2}) {
+                   RouterSpec sp = router_spec(E, k);
+                   sp.sinkhorn = true;
+                   sp.sinkhorn_tol = 0.f;
+                   sp.max_sinkhorn_iters = 40;
+                   Tensor p, s;
+                   moe_route(l, nullptr, sp, p, s);
+                   out.insert(out.end(), {p, s, moe_route_backward(l, s, dprobs, sp)});
+                 }
+                 return out;
+               }});
+  c.push_back({"moe_aux", 1e-4, [=](Device d) {
+                 const Tensor l = router_logits(d, T, E, 66), coef = f32(d, {B, E}, 67);
+                 Outputs out;
+                 for (Score score : {Score::Softmax, Score::Sigmoid}) {
+                   const RouterSpec sp = router_spec(E, 2, score);
+                   Tensor sums, counts, z, dl = f32(d, {T, E}, 68);
+                   moe_aux_stats(l, sp, B, sums, counts, z);
+                   moe_aux_backward(l, sp, B, coef, 0.37f, dl);
+                   out.insert(out.end(), {sums, counts, z, dl});
+                 }
+                 return out;
+               }});
+  const std::vector<int32_t> map = moe_map(T, E);
+  const std::vector<float> probs = moe_probs(map, 69);
+  // Dropping by prob and by position (capacity 10 of up to 32 tokens), and padding to 12.
+  c.push_back({"moe_capacity", 1e-6, [=](Device d) {
+                 Outputs out;
+                 for (int mode = 0; mode < 3; ++mode) {
+                   Tensor p = f32(d, probs, {T, E});
+                   const Tensor m = moe_capacity(p, i32(d, map, {T, E}), mode == 2 ? 12 : 10, mode == 1, mode == 2);
+                   out.insert(out.end(), {m, p});
+                 }
+                 return out;
+               }});
+  // Several chunks of tokens (the GPU's scan) and a map with holes (after dropping).
+  c.push_back({"moe_dispatch_plan", 1e-6, [=](Device d) {
+                 const int64_t n = 700, e = 6;
+                 Tensor counts, counts2, p = f32(d, probs, {T, E});
+                 const Tensor rows = moe_dispatch_plan(i32(d, moe_map(n, e), {n, e}), counts);
+                 const Tensor dropped = moe_capacity(p, i32(d, map, {T, E}), 10, false, false);
+                 const Tensor rows2 = moe_dispatch_plan(dropped, counts2);
+                 return Outputs{rows, counts, rows2, counts2};
+               }});
+  // The permutation family on the plan of the host map: bf16 and fp16 with 16-byte vectors, bf16
+  // with an odd hidden size (scalar path), f32.
+  struct Io {
+    const char* name;
+    int64_t h;
+    double tol;
+    Tensor (*make)(Device, const Shape&, uint64_t);
+  };
+  const Io ios[] = {
+      {"moe_permute_bf16", 64, 1e-2, [](Device d, const Shape& s, uint64_t seed) { return act(d, s, seed); }},
+      {"moe_permute_bf16_odd_h", 36, 1e-2, [](Device d, const Shape& s, uint64_t seed) { return act(d, s, seed); }},
+      {"moe_permute_f16", 64, 1e-2, act16},
+      {"moe_permute_f32", 37, 1e-5, [](Device d, const Shape& s, uint64_t seed) { return f32(d, s, seed); }},
+  };
+  for (const Io& io : ios)
+    c.push_back({io.name, io.tol, [=](Device d) {
+                   Tensor counts, dprobs;
+                   const Tensor rows = moe_dispatch_plan(i32(d, map, {T, E}), counts);
+                   const int64_t R = 2 * T;  // two experts per token
+                   const Tensor pr = f32(d, probs, {T, E});
+                   const Tensor x = io.make(d, {T, io.h}, 70), yp = io.make(d, {R, io.h}, 71);
+                   const Tensor dy = io.make(d, {T, io.h}, 72);
+                   const Tensor dyp = moe_unpermute_backward(dy, yp, rows, pr, dprobs);
+                   return Outputs{moe_permute(x, rows, R), moe_permute_backward(yp, rows), moe_unpermute(yp, rows, pr),
+                                  dyp, dprobs};
+                 }});
+  // The shared expert's gate, f32 or in the activations' type.
+  c.push_back({"sigmoid_gate_rows", 1e-2, [=](Device d) {
+                 const Tensor x = act(d, {T, 64}, 73), dy = act(d, {T, 64}, 74);
+                 const Tensor gate = f32(d, {T, 1}, 75), gate_half = act(d, {T, 1}, 76, -3, 3);
+                 Tensor dgate, dgate2;
+                 const Tensor dx = sigmoid_gate_rows_backward(dy, x, gate, dgate);
+                 const Tensor dx2 = sigmoid_gate_rows_backward(dy, x, gate_half, dgate2);
+                 return Outputs{sigmoid_gate_rows(x, gate), dx, dgate, sigmoid_gate_rows(x, gate_half), dx2, dgate2};
+               }});
+  c.push_back({"sigmoid_gate_rows_f32", 1e-5, [=](Device d) {
+                 const Tensor x = f32(d, {T, 37}, 77), dy = f32(d, {T, 37}, 78), gate = f32(d, {T, 1}, 79);
+                 Tensor dgate;
+                 const Tensor dx = sigmoid_gate_rows_backward(dy, x, gate, dgate);
+                 return Outputs{sigmoid_gate_rows(x, gate), dx, dgate};
+               }});
+}
 
 std::vector<Case> cases() {
   const int64_t rows = 64, in = 96, out = 80, S = 16, B = 2, G = 2, qpg = 2, D = 64, V = 1000;
@@ -201,6 +365,49 @@ std::vector<Case> cases() {
                  const double sq = grad_norm_squared(f32(d, {5000}, 55), {{4000, 5000}, {0, 1000}, {1000, 2500}});
                  return Outputs{Tensor::from_vector(std::vector<float>{static_cast<float>(sq)}, {1})};
                }});
+  c.push_back({"clip_grads_unscale_and_check", 1e-6, [=](Device d) {
+                 Tensor g = f32(d, {5000}, 56);
+                 clip_grads(g, {{0, 1000}, {3000, 5000}}, 40.0, 10.0);  // factor 1/4 on the ranges
+                 Tensor u = f32(d, {5000}, 57);
+                 std::vector<float> bad = test::random_vec<float>(5000, 58);
+                 bad[4500] = INFINITY;
+                 Tensor b = f32(d, bad, {5000});
+                 const std::vector<float> found = {float(unscale_and_check(u, {{100, 4000}}, 0.25f)),
+                                                   float(unscale_and_check(b, {{0, 4000}}, 0.5f)),
+                                                   float(unscale_and_check(b, {{4000, 5000}}, 0.5f))};
+                 return Outputs{g, u, b.flat_range(0, {4000}), Tensor::from_vector(found, {3})};
+               }});
+  // Hyper-parameters that are fp32 values already, where both devices round alike (ops.def).
+  const std::vector<DecaySegment> segments = {{0, 3000, true}, {3000, 3500, false}, {3500, 5000, true}};
+  c.push_back({"adamw_step", 1e-6, [=](Device d) {
+                 Tensor p = f32(d, {5000}, 60), m = f32(d, test::random_vec<float>(5000, 61, -0.01, 0.01), {5000});
+                 Tensor v = f32(d, test::random_vec<float>(5000, 62, 0, 1e-4), {5000});
+                 const HalfCopy copy{Tensor::zeros({5000}, DType::BF16, d), DType::BF16};
+                 AdamWStep h;
+                 h.lr = 1.0 / 128;
+                 h.weight_decay = 0.25;
+                 h.beta1 = 0.875;
+                 h.beta2 = 1.0 - 1.0 / 128;
+                 h.eps = 1.0 / (1 << 20);
+                 h.step = 3;
+                 adamw_step(p, f32(d, {5000}, 63), m, v, segments, h, copy);
+                 return Outputs{p, m, v, copy.out};
+               }});
+  c.push_back({"sgd_step", 1e-6, [=](Device d) {
+                 Tensor p = f32(d, {5000}, 64), buf = Tensor::zeros({5000}, DType::F32, d);
+                 const Tensor g = f32(d, {5000}, 65);
+                 const HalfCopy copy{Tensor::zeros({5000}, DType::F16, d), DType::F16};
+                 SGDStep h;
+                 h.lr = 0.125;
+                 h.weight_decay = 0.0625;
+                 h.momentum = 0.875;
+                 h.first = true;  // the momentum buffer starts as the first direction, then accumulates
+                 sgd_step(p, g, &buf, segments, h, copy);
+                 h.first = false;
+                 sgd_step(p, g, &buf, segments, h, copy);
+                 return Outputs{p, buf, copy.out};
+               }});
+  add_moe_cases(c);
   return c;
 }
 
@@ -214,6 +421,13 @@ TEST(GpuBackendOps, EveryOpMatchesTheCpu) {
     for (size_t i = 0; i < got.size(); ++i) {
       const std::vector<float> g = host(got[i]), w = host(want[i]);
       ASSERT_EQ(g.size(), w.size()) << "output " << i;
+      if (want[i].dtype() == DType::I32) {  // choices, maps, rows: exactly the CPU's
+        ASSERT_EQ(got[i].dtype(), DType::I32) << "output " << i;
+        const double e = test::max_abs_diff(g, w);
+        std::printf("%-28s output %zu: max |diff| %g\n", c.name.c_str(), i, e);
+        EXPECT_EQ(e, 0.0) << "output " << i;
+        continue;
+      }
       const double e = test::rel_l2(g, w);
       std::printf("%-28s output %zu: rel L2 %.2e\n", c.name.c_str(), i, e);
       EXPECT_LT(e, c.tol) << "output " << i;

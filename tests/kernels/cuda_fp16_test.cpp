@@ -18,7 +18,6 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/layout.h"
 #include "kernels/cuda/ops_cuda.h"
-#include "kernels/cuda/optimizer.h"
 #include "kernels/ops.h"
 #include "support/gpu.h"
 #include "test_util.h"
@@ -368,15 +367,16 @@ TEST_F(GpuFp16, UnscaleAndCheckFindsInfAndNan) {
   EXPECT_EQ(run(1, 3, -inf, inv), 1);             // -inf in a one-block span
   EXPECT_EQ(run(0, 100, 3e38f, 1024.f), 1);       // overflow by unscaling (a loss scale below 1)
   EXPECT_EQ(run(-1, 0, 0.f, 1.f), 0);
-  // Through the Tensor-level entry the trainer calls (ranges of one flat buffer, one host read).
+  // Through the op the trainer calls (ranges of one flat buffer, one host read).
   test::gpu();
   std::vector<float> flat = random_vec<float>(90000, 3);
-  DeviceBuffer<float> gflat(flat);
-  EXPECT_FALSE(mt::ops::gpu::unscale_and_check(gflat.get(), {{0, 40000}, {40000, 90000}}, inv));
+  auto up = [](const std::vector<float>& h) { return Tensor::from_vector(h, {90000}).to_device(Device::CUDA); };
+  Tensor gflat = up(flat);
+  EXPECT_FALSE(mt::ops::unscale_and_check(gflat, {{0, 40000}, {40000, 90000}}, inv));
   flat[89999] = nan;
-  DeviceBuffer<float> gbad(flat);
-  EXPECT_FALSE(mt::ops::gpu::unscale_and_check(gbad.get(), {{0, 40000}}, inv));  // outside the ranges
-  EXPECT_TRUE(mt::ops::gpu::unscale_and_check(gbad.get(), {{0, 40000}, {40000, 90000}}, inv));
+  Tensor gbad = up(flat);
+  EXPECT_FALSE(mt::ops::unscale_and_check(gbad, {{0, 40000}}, inv));  // outside the ranges
+  EXPECT_TRUE(mt::ops::unscale_and_check(gbad, {{0, 40000}, {40000, 90000}}, inv));
 }
 
 // ---- attention through the Tensor-level wrapper: fp16 tensors run the generic fp32 kernels on

@@ -433,7 +433,7 @@ TEST(GpuElementwise, CastAndMixedAddVectorAndScalarPathsAgree) {
 }
 
 // ---- optimizer
-// optim/adamw.cpp's update, restated (the GPU must match it bit for bit).
+// kernels/cpu/optimizer.cpp's AdamW update, restated (the GPU must match it bit for bit).
 void adamw_ref(std::vector<float>& p, const std::vector<float>& g, std::vector<float>& m, std::vector<float>& v,
                bool decay, const AdamWHyper& h) {
   const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));

@@ -15,14 +15,6 @@ namespace {
 
 using Spec = ops::RouterSpec;
 
-Spec spec(int64_t E, int64_t k, Spec::Score s = Spec::Score::Softmax) {
-  Spec sp;
-  sp.num_experts = E;
-  sp.topk = k;
-  sp.score = s;
-  return sp;
-}
-
 std::vector<int32_t> route(const std::vector<double>& l, const Spec& sp, std::vector<double>& probs,
                            const float* bias = nullptr) {
   const int64_t n = static_cast<int64_t>(l.size()) / sp.num_experts;
@@ -35,7 +27,7 @@ std::vector<int32_t> route(const std::vector<double>& l, const Spec& sp, std::ve
 TEST(MoERoute, SoftmaxOverTheTopKLogits) {
   // Token 0: logits 1, 3, 2, 0 -> experts 1 and 2, softmax over (3, 2).
   std::vector<double> l = {1, 3, 2, 0}, p;
-  auto sel = route(l, spec(4, 2), p);
+  auto sel = route(l, test::router_spec(4, 2), p);
   EXPECT_EQ(sel, (std::vector<int32_t>{0, 1, 1, 0}));
   const double e = std::exp(1.0);
   EXPECT_NEAR(p[1], e / (e + 1), 1e-12);
@@ -45,7 +37,7 @@ TEST(MoERoute, SoftmaxOverTheTopKLogits) {
 
 TEST(MoERoute, PreSoftmaxKeepsTheFullSoftmaxWeights) {
   std::vector<double> l = {1, 3, 2, 0}, p;
-  Spec sp = spec(4, 2);
+  Spec sp = test::router_spec(4, 2);
   sp.pre_softmax = true;
   route(l, sp, p);
   double z = 0;
@@ -57,7 +49,7 @@ TEST(MoERoute, PreSoftmaxKeepsTheFullSoftmaxWeights) {
 TEST(MoERoute, SigmoidWithExpertBiasMovesTheChoiceNotTheWeights) {
   std::vector<double> l = {0.5, 0.4, -1.0, 0.1}, p;
   const float bias[4] = {0.f, 0.f, 1.f, 0.f};  // expert 2 wins the choice through its bias
-  auto sel = route(l, spec(4, 2, Spec::Score::Sigmoid), p, bias);
+  auto sel = route(l, test::router_spec(4, 2, Spec::Score::Sigmoid), p, bias);
   EXPECT_EQ(sel, (std::vector<int32_t>{1, 0, 1, 0}));
   auto sg = [](double x) { return 1 / (1 + std::exp(-x)); };
   const double z = sg(0.5) + sg(-1.0) + 1e-20;
@@ -69,7 +61,7 @@ TEST(MoERoute, GroupLimitedRoutingStaysInTheBestGroups) {
   // 8 experts in 4 groups of 2, top-2 from 2 groups, each group scored by its best expert.
   // Group sums: g0 = 5, g1 = 4.5, g2 = 6, g3 = 1 -> groups 2 and 0; expert 3 (4.5) is out.
   std::vector<double> l = {5, 0, 4.5, 4.4, 6, 0, 1, 0}, p;
-  Spec sp = spec(8, 2);
+  Spec sp = test::router_spec(8, 2);
   sp.num_groups = 4;
   sp.group_topk = 2;
   auto sel = route(l, sp, p);
@@ -78,7 +70,7 @@ TEST(MoERoute, GroupLimitedRoutingStaysInTheBestGroups) {
 
 TEST(MoERoute, ScalingFactorMultipliesTheWeights) {
   std::vector<double> l = {1, 3, 2, 0}, p, q;
-  Spec sp = spec(4, 2);
+  Spec sp = test::router_spec(4, 2);
   route(l, sp, p);
   sp.scaling = 2.5f;
   route(l, sp, q);
@@ -88,7 +80,7 @@ TEST(MoERoute, ScalingFactorMultipliesTheWeights) {
 TEST(MoERoute, SinkhornBalancesTheChoice) {
   // Every token prefers expert 0; Sinkhorn's balanced scores spread them over both experts.
   std::vector<double> l = {2.0, 0.0, 2.1, 0.0, 1.9, 0.0, 2.2, 0.0}, p;
-  Spec sp = spec(2, 1);
+  Spec sp = test::router_spec(2, 1);
   sp.sinkhorn = true;
   auto sel = route(l, sp, p);
   int c0 = 0;
@@ -108,21 +100,21 @@ TEST(MoERoute, GradientsMatchFiniteDifferences) {
     Spec sp;
   };
   std::vector<Mode> modes;
-  modes.push_back({"softmax", spec(6, 2)});
-  Spec pre = spec(6, 2);
+  modes.push_back({"softmax", test::router_spec(6, 2)});
+  Spec pre = test::router_spec(6, 2);
   pre.pre_softmax = true;
   modes.push_back({"pre_softmax", pre});
-  modes.push_back({"sigmoid_k2", spec(6, 2, Spec::Score::Sigmoid)});
-  modes.push_back({"sigmoid_k1", spec(6, 1, Spec::Score::Sigmoid)});
-  Spec scaled = spec(6, 3);
+  modes.push_back({"sigmoid_k2", test::router_spec(6, 2, Spec::Score::Sigmoid)});
+  modes.push_back({"sigmoid_k1", test::router_spec(6, 1, Spec::Score::Sigmoid)});
+  Spec scaled = test::router_spec(6, 3);
   scaled.scaling = 1.7f;
   modes.push_back({"softmax_scaled", scaled});
-  Spec grouped = spec(6, 2, Spec::Score::Sigmoid);
+  Spec grouped = test::router_spec(6, 2, Spec::Score::Sigmoid);
   grouped.num_groups = 3;
   grouped.group_topk = 2;
   modes.push_back({"sigmoid_grouped", grouped});
   for (int64_t k : {1, 2}) {
-    Spec sk = spec(6, k);
+    Spec sk = test::router_spec(6, k);
     sk.sinkhorn = true;
     modes.push_back({k == 1 ? "sinkhorn_k1" : "sinkhorn_k2", sk});
   }
@@ -150,7 +142,7 @@ TEST(MoERoute, GradientsMatchFiniteDifferences) {
 TEST(MoEAux, GradientsMatchFiniteDifferences) {
   for (auto score : {Spec::Score::Softmax, Spec::Score::Sigmoid}) {
     const int64_t E = 4, n = 6, B = 2;
-    Spec sp = spec(E, 2, score);
+    Spec sp = test::router_spec(E, 2, score);
     std::vector<double> l = test::random_vec(n * E, 21, -2, 2), coef = test::random_vec(B * E, 22);
     const double z = 0.37;
     std::vector<double> dl(l.size(), 0.0);
@@ -170,7 +162,7 @@ TEST(MoEAux, StatsCountEachSequencesTopK) {
   const int64_t E = 3, n = 4, B = 2;
   std::vector<double> l = {3, 2, 0, 0, 3, 2, 3, 0, 2, 2, 0, 3}, sums(B * E), counts(B * E);
   double z = 0;
-  cpu::moe_aux_stats(l.data(), spec(E, 2), n, B, sums.data(), counts.data(), &z);
+  cpu::moe_aux_stats(l.data(), test::router_spec(E, 2), n, B, sums.data(), counts.data(), &z);
   EXPECT_EQ(counts, (std::vector<double>{2, 1, 1, 1, 1, 2}));  // b0: t0 {0,1}, t2 {0,2}; b1: t1 {1,2}, t3 {2,0}
   double sum = 0;
   for (int b = 0; b < B; ++b)

@@ -12,8 +12,20 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/moe_routing.h"
 
 namespace mt::test {
+
+// An MoE router of E experts choosing k (kernels/moe_routing.h), its other settings at their
+// defaults.
+inline ops::RouterSpec router_spec(int64_t E, int64_t k,
+                                   ops::RouterSpec::Score score = ops::RouterSpec::Score::Softmax) {
+  ops::RouterSpec sp;
+  sp.num_experts = E;
+  sp.topk = k;
+  sp.score = score;
+  return sp;
+}
 
 // v with every value rounded to bf16 (the inputs a bf16 kernel and its fp32 reference share).
 inline std::vector<float> rounded(std::vector<float> v) {

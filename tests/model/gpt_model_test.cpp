@@ -154,7 +154,7 @@ TEST(GPTModel, TinyModelOverfitsFixedBatch) {
   optim::OptimizerConfig oc;
   oc.lr = 1e-2f;
   oc.weight_decay = 0.f;
-  auto opt = optim::make_optimizer(oc, m.params().numel(), m.params().spans());
+  auto opt = optim::make_optimizer(oc, m.params().numel(), m.params().spans(), Device::CPU);
   double first = 0, last = 0;
   for (int it = 0; it < 150; ++it) {
     PassContext ctx;
@@ -162,7 +162,7 @@ TEST(GPTModel, TinyModelOverfitsFixedBatch) {
     auto r = m.forward(b, s, ctx);
     m.params().zero_grad();
     m.backward(s, static_cast<float>(1.0 / r.tokens), ctx);
-    opt->step(m.params().main_buffer().data<float>(), m.params().grad_buffer().data<float>(), 1e-2f, 0.f);
+    opt->step(m.params().main_buffer(), m.params().grad_buffer(), 1e-2f, 0.f, {});
     m.params().sync_model_from_main();
     if (it == 0) first = r.loss_sum / r.tokens;
     last = r.loss_sum / r.tokens;

@@ -135,6 +135,45 @@ TEST(MoELayer, TokenDroppingKeepsGradientsRight) {
   check_grads(c, false);
 }
 
+// --recompute-modules moe_act / moe: the same gradients, bit for bit, keeping less.
+TEST(MoELayer, RecomputedActivationOrLayerGivesTheSameGradients) {
+  auto grads = [](const std::vector<std::string>& modules, size_t* saved) {
+    TransformerConfig c = tiny_moe();
+    c.moe.aux_loss_coeff = 0.1;
+    c.moe.z_loss_coeff = 0.01;
+    c.moe.shared_expert_intermediate_size = 8;
+    if (modules == std::vector<std::string>{"full"}) {
+      c.recompute_granularity = "full";  // whole layers rebuilt from their input
+      c.recompute_method = "uniform";
+      c.recompute_num_layers = 2;
+    } else if (!modules.empty()) {
+      c.recompute_granularity = "selective";
+      c.recompute_modules = modules;
+    }
+    GPTModel m(c);
+    Batch b = test::random_batch(2, c.seq_length, c.orig_vocab_size, 3);
+    PassContext ctx;
+    MoELossSums aux;
+    ctx.moe_losses = &aux;
+    ctx.moe_aux_grad_scale = 0.5f;  // the rebuilt forward must weigh the aux losses alike
+    GPTModel::Saved s;
+    auto r = m.forward(b, s, ctx);
+    *saved = TransformerLayer::saved_bytes(s.layers[0]);
+    m.params().zero_grad();
+    m.backward(s, static_cast<float>(1.0 / r.tokens), ctx);
+    m.params().zero_unwritten_grads();
+    return m.params().grad_buffer().to_vector();
+  };
+  size_t plain = 0, act = 0, layer = 0;
+  const auto g0 = grads({}, &plain);
+  EXPECT_EQ(grads({"core_attn", "moe_act"}, &act), g0);
+  EXPECT_EQ(grads({"moe"}, &layer), g0);
+  size_t full = 0;
+  EXPECT_EQ(grads({"full"}, &full), g0);
+  EXPECT_LT(act, plain);
+  EXPECT_LT(layer, act);
+}
+
 TEST(MoELayer, ExpertBiasMovesTowardBalance) {
   TransformerConfig c = tiny_moe(4, 1);
   c.moe.score_function = "sigmoid";

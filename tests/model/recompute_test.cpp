@@ -56,7 +56,7 @@ TrainRun train(const TransformerConfig& c, int steps = 3) {
   GPTModel m(c);
   optim::OptimizerConfig oc;
   oc.lr = 1e-2f;
-  auto opt = optim::make_optimizer(oc, m.params().numel(), m.params().spans());
+  auto opt = optim::make_optimizer(oc, m.params().numel(), m.params().spans(), Device::CPU);
   RngState rng{77, 0}, tp_rng{78, 0};
   TrainRun r;
   for (int step = 0; step < steps; ++step) {
@@ -76,7 +76,7 @@ TrainRun train(const TransformerConfig& c, int steps = 3) {
     r.losses.push_back(l0.loss_sum);
     r.losses.push_back(l1.loss_sum);
     r.grads.push_back(m.params().grad_buffer().to_vector());
-    opt->step(m.params().main_buffer().data<float>(), m.params().grad_buffer().data<float>(), 1e-2f, 0.f);
+    opt->step(m.params().main_buffer(), m.params().grad_buffer(), 1e-2f, 0.f, {});
     m.params().sync_model_from_main();
   }
   return r;

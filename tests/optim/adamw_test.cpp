@@ -13,6 +13,7 @@ namespace {
 
 using testing::expect_close;
 using testing::expect_error;
+using testing::vec;
 
 struct RefAdamW {
   double b1, b2, eps;
@@ -38,11 +39,12 @@ TEST(AdamW, ThreeStepsMatchFormulaWithDecayMask) {
   cfg.adam_eps = 1e-8f;
   // [0,2) decayed by span, [2,4) exempt, [4,6) uncovered (so decayed).
   std::vector<ParamSpan> spans = {{2, 2, false}, {0, 2, true}};
-  auto opt = make_optimizer(cfg, 6, spans);
+  auto opt = make_optimizer(cfg, 6, spans, Device::CPU);
 
-  std::vector<float> p = {0.5f, -1.0f, 2.0f, 0.25f, -0.75f, 1.5f};
+  const std::vector<float> p0 = {0.5f, -1.0f, 2.0f, 0.25f, -0.75f, 1.5f};
+  Tensor p = vec(p0);
   RefAdamW ref{0.9, 0.95, 1e-8, {}, std::vector<double>(6, 0.0), std::vector<double>(6, 0.0)};
-  ref.p.assign(p.begin(), p.end());
+  ref.p.assign(p0.begin(), p0.end());
 
   const std::vector<std::vector<float>> grads = {
       {0.1f, -0.2f, 0.3f, 1e-3f, -0.5f, 0.0f},
@@ -52,19 +54,24 @@ TEST(AdamW, ThreeStepsMatchFormulaWithDecayMask) {
   const float wd = 0.1f;
   const std::vector<double> wd_mask = {wd, wd, 0, 0, wd, wd};
   for (int s = 0; s < 3; ++s) {
-    opt->step(p.data(), grads[s].data(), lrs[s], wd);
+    opt->step(p, vec(grads[s]), lrs[s], wd, {});
     ref.step(std::vector<double>(grads[s].begin(), grads[s].end()), lrs[s], wd_mask);
   }
   EXPECT_EQ(opt->step_count(), 3);
-  for (size_t i = 0; i < p.size(); ++i) expect_close(p[i], ref.p[i]);
+  for (int64_t i = 0; i < p.numel(); ++i) expect_close(p.data<float>()[i], ref.p[i]);
 
   auto st = opt->state();
   ASSERT_EQ(st.size(), 2u);
-  EXPECT_EQ(st[0].first, "exp_avg");
-  EXPECT_EQ(st[1].first, "exp_avg_sq");
-  for (size_t i = 0; i < p.size(); ++i) {
-    expect_close((*st[0].second)[i], ref.m[i]);
-    expect_close((*st[1].second)[i], ref.v[i], 1e-5);
+  EXPECT_EQ(st[0].name, "exp_avg");
+  EXPECT_EQ(st[1].name, "exp_avg_sq");
+  for (const auto& s : st) {
+    EXPECT_EQ(s.lo, 0);
+    EXPECT_EQ(s.hi, 6);
+    EXPECT_EQ(s.value.device(), Device::CPU);
+  }
+  for (size_t i = 0; i < p0.size(); ++i) {
+    expect_close(st[0].value.data<float>()[i], ref.m[i]);
+    expect_close(st[1].value.data<float>()[i], ref.v[i], 1e-5);
   }
 }
 
@@ -72,38 +79,40 @@ TEST(AdamW, FirstStepMovesEachParamByLr) {
   // With bias correction, step 1 gives mhat/sqrt(vhat) = sign(g): every param moves by lr
   // (eps aside), the classic check that the step count enters the correction.
   OptimizerConfig cfg;
-  auto opt = make_optimizer(cfg, 3, {});
-  std::vector<float> p = {1.0f, 1.0f, 1.0f};
-  const std::vector<float> g = {3.0f, -0.01f, 100.0f};
-  opt->step(p.data(), g.data(), 0.1f, 0.0f);
-  expect_close(p[0], 0.9);
-  expect_close(p[1], 1.1);
-  expect_close(p[2], 0.9);
+  auto opt = make_optimizer(cfg, 3, {}, Device::CPU);
+  Tensor p = vec({1.0f, 1.0f, 1.0f});
+  opt->step(p, vec({3.0f, -0.01f, 100.0f}), 0.1f, 0.0f, {});
+  expect_close(p.data<float>()[0], 0.9);
+  expect_close(p.data<float>()[1], 1.1);
+  expect_close(p.data<float>()[2], 0.9);
 }
 
 TEST(AdamW, RestoredStateContinuesBitIdentically) {
   OptimizerConfig cfg;
   const int64_t n = 1000;
-  std::vector<float> p(n), p2;
+  std::vector<float> p0(n);
   std::vector<std::vector<float>> g(4, std::vector<float>(n));
   for (int64_t i = 0; i < n; ++i) {
-    p[i] = std::sin(0.1f * static_cast<float>(i));
+    p0[i] = std::sin(0.1f * static_cast<float>(i));
     for (int s = 0; s < 4; ++s) g[s][i] = std::cos(0.37f * static_cast<float>(i * (s + 1)));
   }
-  auto a = make_optimizer(cfg, n, {{0, 500, true}, {500, 500, false}});
-  for (int s = 0; s < 2; ++s) a->step(p.data(), g[s].data(), 1e-3f, 0.1f);
-  p2 = p;
+  Tensor p = vec(p0);
+  auto a = make_optimizer(cfg, n, {{0, 500, true}, {500, 500, false}}, Device::CPU);
+  for (int s = 0; s < 2; ++s) a->step(p, vec(g[s]), 1e-3f, 0.1f, {});
+  Tensor p2 = p.clone();
 
-  auto b = make_optimizer(cfg, n, {{0, 500, true}, {500, 500, false}});
+  // Through the state interface: the saved values written into a fresh optimizer's tensors.
+  auto b = make_optimizer(cfg, n, {{0, 500, true}, {500, 500, false}}, Device::CPU);
   auto sa = a->state(), sb = b->state();
-  for (size_t k = 0; k < sa.size(); ++k) *sb[k].second = *sa[k].second;
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t k = 0; k < sa.size(); ++k) sb[k].value.copy_from(sa[k].value);
   b->set_step_count(a->step_count());
 
   for (int s = 2; s < 4; ++s) {
-    a->step(p.data(), g[s].data(), 1e-3f, 0.1f);
-    b->step(p2.data(), g[s].data(), 1e-3f, 0.1f);
+    a->step(p, vec(g[s]), 1e-3f, 0.1f, {});
+    b->step(p2, vec(g[s]), 1e-3f, 0.1f, {});
   }
-  EXPECT_EQ(p, p2);
+  EXPECT_EQ(p.to_vector(), p2.to_vector());
 }
 
 TEST(AdamW, ResultIndependentOfThreadCount) {
@@ -116,10 +125,10 @@ TEST(AdamW, ResultIndependentOfThreadCount) {
   const std::vector<ParamSpan> spans = {{1000, 4096, false}, {300000, 77777, false}};
   auto run = [&](int threads) {
     omp_set_num_threads(threads);
-    auto opt = make_optimizer(OptimizerConfig{}, n, spans);
-    std::vector<float> p = p0;
-    for (int s = 0; s < 2; ++s) opt->step(p.data(), g.data(), 1e-3f, 0.05f);
-    return p;
+    auto opt = make_optimizer(OptimizerConfig{}, n, spans, Device::CPU);
+    Tensor p = vec(p0);
+    for (int s = 0; s < 2; ++s) opt->step(p, vec(g), 1e-3f, 0.05f, {});
+    return p.to_vector();
   };
   const int saved = omp_get_max_threads();
   const auto one = run(1), two = run(2);
@@ -130,28 +139,28 @@ TEST(AdamW, ResultIndependentOfThreadCount) {
 TEST(Optimizer, ValidationNamesTheFlag) {
   OptimizerConfig cfg;
   cfg.type = "lamb";
-  expect_error([&] { make_optimizer(cfg, 4, {}); }, "--optimizer");
+  expect_error([&] { make_optimizer(cfg, 4, {}, Device::CPU); }, "--optimizer");
   cfg = {};
   cfg.adam_beta1 = 1.0f;
-  expect_error([&] { make_optimizer(cfg, 4, {}); }, "--adam-beta1");
+  expect_error([&] { make_optimizer(cfg, 4, {}, Device::CPU); }, "--adam-beta1");
   cfg = {};
   cfg.adam_beta2 = -0.1f;
-  expect_error([&] { make_optimizer(cfg, 4, {}); }, "--adam-beta2");
+  expect_error([&] { make_optimizer(cfg, 4, {}, Device::CPU); }, "--adam-beta2");
   cfg = {};
   cfg.adam_eps = -1e-8f;
-  expect_error([&] { make_optimizer(cfg, 4, {}); }, "--adam-eps");
+  expect_error([&] { make_optimizer(cfg, 4, {}, Device::CPU); }, "--adam-eps");
   cfg = {};
   cfg.weight_decay = -0.1f;
-  expect_error([&] { make_optimizer(cfg, 4, {}); }, "--weight-decay");
+  expect_error([&] { make_optimizer(cfg, 4, {}, Device::CPU); }, "--weight-decay");
   cfg = {};
   cfg.type = "sgd";
   cfg.sgd_momentum = -0.5f;
-  expect_error([&] { make_optimizer(cfg, 4, {}); }, "--sgd-momentum");
+  expect_error([&] { make_optimizer(cfg, 4, {}, Device::CPU); }, "--sgd-momentum");
 }
 
 TEST(Optimizer, OverlappingSpansAreRejected) {
-  EXPECT_THROW(make_optimizer(OptimizerConfig{}, 10, {{0, 5, true}, {4, 2, false}}), mt::Error);
-  EXPECT_THROW(make_optimizer(OptimizerConfig{}, 10, {{8, 5, true}}), mt::Error);
+  EXPECT_THROW(make_optimizer(OptimizerConfig{}, 10, {{0, 5, true}, {4, 2, false}}, Device::CPU), mt::Error);
+  EXPECT_THROW(make_optimizer(OptimizerConfig{}, 10, {{8, 5, true}}, Device::CPU), mt::Error);
 }
 
 }  // namespace

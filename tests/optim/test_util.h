@@ -6,8 +6,10 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
+#include "core/tensor.h"
 
 namespace mt::optim::testing {
 
@@ -27,5 +29,8 @@ inline void expect_error(const std::function<void()>& fn, const std::string& nee
 inline void expect_close(float actual, double expected, double rel = 2e-6) {
   EXPECT_NEAR(actual, expected, rel * std::max(1.0, std::abs(expected)));
 }
+
+// A CPU tensor [n] of the values (the optimizers step tensors on their device).
+inline Tensor vec(const std::vector<float>& v) { return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}); }
 
 }  // namespace mt::optim::testing

@@ -3,41 +3,14 @@
 // a stand-in that only reports its size and rank.
 #include <gtest/gtest.h>
 
-#include "comm/local_communicator.h"
 #include "model/gpt_model.h"
 #include "parallel/ddp.h"
+#include "parallel/size_only_comm.h"
 
 namespace mt::parallel {
 namespace {
 
-class SizeOnly final : public comm::Communicator {
- public:
-  SizeOnly(int rank, int size) : rank_(rank), size_(size), ranks_(static_cast<size_t>(size)) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  const std::vector<int>& world_ranks() const override { return ranks_; }
-  const std::string& name() const override { return name_; }
-  comm::WorkHandle all_reduce_async(void*, size_t, comm::DataType, comm::ReduceOp) override { return none(); }
-  comm::WorkHandle reduce_scatter_async(const void*, void*, size_t, comm::DataType, comm::ReduceOp) override {
-    return none();
-  }
-  comm::WorkHandle all_gather_async(const void*, void*, size_t, comm::DataType) override { return none(); }
-  comm::WorkHandle broadcast_async(void*, size_t, comm::DataType, int) override { return none(); }
-  comm::WorkHandle all_to_all_async(const void*, void*, size_t, comm::DataType) override { return none(); }
-  comm::WorkHandle all_to_all_v_async(const void*, const std::vector<size_t>&, void*, const std::vector<size_t>&,
-                                      comm::DataType) override {
-    return none();
-  }
-  comm::WorkHandle send_async(const void*, size_t, comm::DataType, int) override { return none(); }
-  comm::WorkHandle recv_async(void*, size_t, comm::DataType, int) override { return none(); }
-  comm::WorkHandle barrier_async() override { return none(); }
-
- private:
-  static comm::WorkHandle none() { throw Error("no communication in this test"); }
-  int rank_, size_;
-  std::vector<int> ranks_;
-  std::string name_ = "dp";
-};
+using mt::testing::SizeOnly;
 
 model::TransformerConfig tiny() {
   model::TransformerConfig c;

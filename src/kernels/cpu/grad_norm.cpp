@@ -5,14 +5,14 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/threads.h"
 #include "kernels/op_backends.h"
 
 namespace mt::cpu {
 namespace {
 
 constexpr int64_t kChunk = 1 << 16;
-constexpr int kLanes = 8;                                 // independent accumulators so the inner loop can vectorise
-constexpr int64_t kParallelThreshold = int64_t{1} << 15;  // below this many elements one thread sums
+constexpr int kLanes = 8;  // independent accumulators so the inner loop can vectorise
 
 double chunk_sum_squares(const float* x, int64_t n) {
   double acc[kLanes] = {};
@@ -52,7 +52,7 @@ double sum_squares(const float* x, int64_t n) {
 
 namespace mt::ops::host {
 
-double grad_norm_squared(const Tensor& grads, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+double grad_norm_squared(const Tensor& grads, const FlatRanges& ranges) {
   check_vector(grads, Device::CPU, DType::F32, grads.numel(), "grad_norm_squared");
   const float* g = grads.data<float>();
   double sq = 0;

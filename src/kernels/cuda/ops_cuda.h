@@ -258,9 +258,9 @@ void scale_inplace(T* y, float a, int64_t n, cudaStream_t s);
 template <typename TI, typename TO>
 void cast(const TI* x, TO* y, int64_t n, cudaStream_t s);
 
-// ---- Optimizer. AdamW as optim/adamw.cpp (torch's AdamW): decoupled decay, bias correction,
-// fp32 moments, the same fp32 operations in the same order without FMA contraction, so the
-// update equals the CPU's bit for bit. Multi-tensor: one launch covers up to 32 tensors of any
+// ---- Optimizer. AdamW as kernels/cpu/optimizer.cpp (torch's AdamW): decoupled decay, bias
+// correction, fp32 moments, the same fp32 operations in the same order without FMA contraction, so
+// the update equals the CPU's bit for bit. Multi-tensor: one launch covers up to 24 tensors of any
 // size; longer lists take several launches. param_bf16 (optional) receives the rounded update.
 struct AdamWTensor {
   float* param = nullptr;
@@ -277,6 +277,23 @@ struct AdamWHyper {
   int64_t step = 1;  // 1-based step count after increment (as the CPU's step_)
 };
 void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h, cudaStream_t s);
+// SGD as kernels/cpu/optimizer.cpp (torch's SGD as Megatron sets it up), bit for bit in the same
+// way: d = g + wd*p (decayed tensors), b = first ? d : b*momentum + d (with a momentum buffer),
+// p += -lr*b. The compute copies as AdamW's.
+struct SGDTensor {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* momentum_buffer = nullptr;  // null: no momentum
+  bf16* param_bf16 = nullptr;
+  f16* param_f16 = nullptr;
+  int64_t numel = 0;
+  bool weight_decay = true;
+};
+struct SGDHyper {
+  float lr = 0, weight_decay = 0, momentum = 0;
+  bool first = false;  // the momentum buffer starts as this step's d
+};
+void sgd_step(const std::vector<SGDTensor>& tensors, const SGDHyper& h, cudaStream_t s);
 
 // Sum of squares of all elements of a list of fp32 buffers, in fp64, into *out_norm_sq (device
 // pointer): fixed chunks summed by fixed trees, chunk sums added in a fixed order.
@@ -292,7 +309,7 @@ double grad_norm_squared_host(const std::vector<GradSpan>& spans, cudaStream_t s
 void clip_grads(const std::vector<GradSpan>& spans, const double* norm_sq, double max_norm, cudaStream_t s);
 // Loss scaling (--fp16): grads *= inv_scale over every span, and *found_inf (a device int) is set
 // to 1 if any result is inf or nan (never cleared here: the caller zeroes it once per step).
-// The same fp32 product as optim::unscale_and_check on the CPU. No host sync.
+// The same fp32 product as ops::unscale_and_check on the CPU. No host sync.
 void unscale_and_check(const std::vector<GradSpan>& spans, float inv_scale, int32_t* found_inf, cudaStream_t s);
 
 }  // namespace mt::cuda

@@ -1,8 +1,8 @@
-// Multi-tensor optimizer kernels over fp32 main params and grads: AdamW (with an optional bf16
-// or fp16 copy of the updated params), the global grad norm, clipping, and the loss scaler's
-// unscale-and-check. A launch carries a table of
-// up to kMaxTensors tensors in its parameters; block b finds its tensor by the table's prefix of
-// block counts, so one launch covers tensors of any size.
+// Multi-tensor optimizer kernels over fp32 main params and grads: AdamW and SGD (each with an
+// optional bf16 or fp16 copy of the updated params), the global grad norm, clipping, and the loss
+// scaler's unscale-and-check. A launch carries a table of up to kMaxTensors tensors in its
+// parameters; block b finds its tensor by the table's prefix of block counts, so one launch
+// covers tensors of any size.
 #include <cmath>
 
 #include "core/error.h"
@@ -14,18 +14,20 @@ namespace {
 
 constexpr int kMaxTensors = 24;
 constexpr int kThreads = 256;
-constexpr int64_t kAdamChunk = 4096;   // elements per block
-constexpr int64_t kNormChunk = 16384;  // elements per block (per partial sum)
+constexpr int64_t kUpdateChunk = 4096;  // elements per block of an update
+constexpr int64_t kNormChunk = 16384;   // elements per block (per partial sum)
 
-struct AdamBatch {
+// One launch's tensors of an elementwise update: params, grads, up to two state arrays, the
+// compute copy, and one factor per tensor (AdamW's decay factor, SGD's weight decay).
+struct UpdateBatch {
   float* p[kMaxTensors];
   const float* g[kMaxTensors];
-  float* m[kMaxTensors];
-  float* v[kMaxTensors];
+  float* s1[kMaxTensors];  // AdamW's exp_avg, SGD's momentum buffer (or null)
+  float* s2[kMaxTensors];  // AdamW's exp_avg_sq
   void* out[kMaxTensors];  // bf16 or fp16 compute copies (the kernel's TO), or null
   int64_t n[kMaxTensors];
   int64_t block_start[kMaxTensors + 1];
-  float df[kMaxTensors];
+  float f[kMaxTensors];
   int count;
 };
 
@@ -39,22 +41,31 @@ __device__ __forceinline__ int find_tensor(const int64_t* block_start, int count
   return t;
 }
 
-// The CPU's expression, operation for operation, with explicit round-to-nearest intrinsics so
-// the compiler cannot contract into FMAs: the result equals optim/adamw.cpp bit for bit.
-// TO: the compute copy's type (bf16 or fp16); the fp32 update is the same either way.
-template <typename TO>
-__global__ void adamw_kernel(const __grid_constant__ AdamBatch batch, AdamScalars c) {
+// The element range of block b of an update launch, and its tensor.
+struct UpdateBlock {
+  int t;
+  int64_t begin, end;
+};
+__device__ __forceinline__ UpdateBlock update_block(const UpdateBatch& batch) {
   const int64_t b = blockIdx.x;
   const int t = find_tensor(batch.block_start, batch.count, b);
-  const int64_t begin = (b - batch.block_start[t]) * kAdamChunk;
-  const int64_t end = min(batch.n[t], begin + kAdamChunk);
-  float* __restrict__ p = batch.p[t];
-  const float* __restrict__ g = batch.g[t];
-  float* __restrict__ m = batch.m[t];
-  float* __restrict__ v = batch.v[t];
-  TO* __restrict__ out = static_cast<TO*>(batch.out[t]);
-  const float df = batch.df[t];
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+  const int64_t begin = (b - batch.block_start[t]) * kUpdateChunk;
+  return {t, begin, min(batch.n[t], begin + kUpdateChunk)};
+}
+
+// The CPU's expression, operation for operation, with explicit round-to-nearest intrinsics so
+// the compiler cannot contract into FMAs: the result equals kernels/cpu/optimizer.cpp bit for bit.
+// TO: the compute copy's type (bf16 or fp16); the fp32 update is the same either way.
+template <typename TO>
+__global__ void adamw_kernel(const __grid_constant__ UpdateBatch batch, AdamScalars c) {
+  const UpdateBlock k = update_block(batch);
+  float* __restrict__ p = batch.p[k.t];
+  const float* __restrict__ g = batch.g[k.t];
+  float* __restrict__ m = batch.s1[k.t];
+  float* __restrict__ v = batch.s2[k.t];
+  TO* __restrict__ out = static_cast<TO*>(batch.out[k.t]);
+  const float df = batch.f[k.t];
+  for (int64_t i = k.begin + threadIdx.x; i < k.end; i += blockDim.x) {
     const float gi = g[i];
     const float pi = __fmul_rn(p[i], df);
     const float mi = __fadd_rn(__fmul_rn(c.b1, m[i]), __fmul_rn(c.omb1, gi));
@@ -63,6 +74,28 @@ __global__ void adamw_kernel(const __grid_constant__ AdamBatch batch, AdamScalar
     v[i] = vi;
     const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
     const float np = __fsub_rn(pi, __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
+    p[i] = np;
+    if (out) out[i] = from_f<TO>(np);
+  }
+}
+
+// SGD as the CPU's, operation for operation: d = g (+ wd*p), b = first ? d : b*mom + d, p += -lr*b.
+template <typename TO>
+__global__ void sgd_kernel(const __grid_constant__ UpdateBatch batch, float neg_lr, float mom, bool first) {
+  const UpdateBlock k = update_block(batch);
+  float* __restrict__ p = batch.p[k.t];
+  const float* __restrict__ g = batch.g[k.t];
+  float* __restrict__ buf = batch.s1[k.t];
+  TO* __restrict__ out = static_cast<TO*>(batch.out[k.t]);
+  const float wd = batch.f[k.t];
+  for (int64_t i = k.begin + threadIdx.x; i < k.end; i += blockDim.x) {
+    float d = g[i];
+    if (wd != 0.0f) d = __fadd_rn(d, __fmul_rn(wd, p[i]));
+    if (buf) {
+      d = first ? d : __fadd_rn(__fmul_rn(buf[i], mom), d);
+      buf[i] = d;
+    }
+    const float np = __fadd_rn(p[i], __fmul_rn(neg_lr, d));
     p[i] = np;
     if (out) out[i] = from_f<TO>(np);
   }
@@ -154,10 +187,50 @@ void for_norm_batches(const std::vector<GradSpan>& spans, F f) {
   flush();
 }
 
+// Splits the non-empty tensors into launches of at most kMaxTensors: fill(batch, i, tensor) sets
+// slot i's pointers and factor, launch(batch, blocks) runs one launch.
+template <typename T, typename Fill, typename Launch>
+void for_update_batches(const std::vector<T>& tensors, Fill fill, Launch launch) {
+  UpdateBatch batch{};
+  int64_t blocks = 0;
+  auto flush = [&] {
+    if (batch.count == 0) return;
+    batch.block_start[batch.count] = blocks;
+    launch(batch, static_cast<unsigned>(blocks));
+    MT_CUDA_LAUNCH_CHECK();
+    batch = UpdateBatch{};
+    blocks = 0;
+  };
+  for (const T& t : tensors) {
+    if (t.numel <= 0) continue;
+    MT_CHECK(t.param && t.grad, "optimizer step: null pointer in a tensor of {} elements", t.numel);
+    const int i = batch.count;
+    fill(batch, i, t);
+    batch.p[i] = t.param;
+    batch.g[i] = t.grad;
+    batch.out[i] = t.param_f16 ? static_cast<void*>(t.param_f16) : static_cast<void*>(t.param_bf16);
+    batch.n[i] = t.numel;
+    batch.block_start[i] = blocks;
+    blocks += ceil_div(t.numel, kUpdateChunk);
+    if (++batch.count == kMaxTensors) flush();
+  }
+  flush();
+}
+
+// Whether a call writes fp16 compute copies (otherwise bf16 ones, or none): one type per call, as
+// a model is all bf16 or all fp16.
+template <typename T>
+bool f16_copies(const std::vector<T>& tensors, const char* what) {
+  bool f16_out = false, bf16_out = false;
+  for (const T& t : tensors) f16_out |= t.param_f16 != nullptr, bf16_out |= t.param_bf16 != nullptr;
+  MT_CHECK(!(f16_out && bf16_out), "{}: a call writes bf16 or fp16 compute copies, not both", what);
+  return f16_out;
+}
+
 }  // namespace
 
 void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h, cudaStream_t s) {
-  // Per-step scalars in double, rounded once to fp32, exactly as optim/adamw.cpp.
+  // Per-step scalars in double, rounded once to fp32, exactly as kernels/cpu/optimizer.cpp.
   const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
   const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
   AdamScalars c{};
@@ -169,42 +242,38 @@ void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h, cu
   c.omb2 = static_cast<float>(1.0 - h.beta2);
   c.eps = static_cast<float>(h.eps);
   const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+  const bool f16_out = f16_copies(tensors, "adamw_step");
+  for_update_batches(
+      tensors,
+      [&](UpdateBatch& b, int i, const AdamWTensor& t) {
+        MT_CHECK(t.exp_avg && t.exp_avg_sq, "adamw_step: no moments for a tensor of {} elements", t.numel);
+        b.s1[i] = t.exp_avg;
+        b.s2[i] = t.exp_avg_sq;
+        b.f[i] = t.weight_decay ? decay : 1.0f;
+      },
+      [&](const UpdateBatch& b, unsigned blocks) {
+        if (f16_out)
+          adamw_kernel<f16><<<blocks, kThreads, 0, s>>>(b, c);
+        else
+          adamw_kernel<bf16><<<blocks, kThreads, 0, s>>>(b, c);
+      });
+}
 
-  // One compute-copy type per call: a model is all bf16 or all fp16.
-  bool half_out = false, bf16_out = false;
-  for (const AdamWTensor& t : tensors) half_out |= t.param_f16 != nullptr, bf16_out |= t.param_bf16 != nullptr;
-  MT_CHECK(!(half_out && bf16_out), "adamw_step: a call writes bf16 or fp16 compute copies, not both");
-
-  AdamBatch batch{};
-  int64_t blocks = 0;
-  auto flush = [&] {
-    if (batch.count == 0) return;
-    batch.block_start[batch.count] = blocks;
-    if (half_out)
-      adamw_kernel<f16><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(batch, c);
-    else
-      adamw_kernel<bf16><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(batch, c);
-    MT_CUDA_LAUNCH_CHECK();
-    batch = AdamBatch{};
-    blocks = 0;
-  };
-  for (const AdamWTensor& t : tensors) {
-    if (t.numel <= 0) continue;
-    MT_CHECK(t.param && t.grad && t.exp_avg && t.exp_avg_sq, "adamw_step: null pointer in a tensor of {} elements",
-             t.numel);
-    const int i = batch.count;
-    batch.p[i] = t.param;
-    batch.g[i] = t.grad;
-    batch.m[i] = t.exp_avg;
-    batch.v[i] = t.exp_avg_sq;
-    batch.out[i] = half_out ? static_cast<void*>(t.param_f16) : static_cast<void*>(t.param_bf16);
-    batch.n[i] = t.numel;
-    batch.df[i] = t.weight_decay ? decay : 1.0f;
-    batch.block_start[i] = blocks;
-    blocks += ceil_div(t.numel, kAdamChunk);
-    if (++batch.count == kMaxTensors) flush();
-  }
-  flush();
+void sgd_step(const std::vector<SGDTensor>& tensors, const SGDHyper& h, cudaStream_t s) {
+  const bool f16_out = f16_copies(tensors, "sgd_step");
+  for_update_batches(
+      tensors,
+      [&](UpdateBatch& b, int i, const SGDTensor& t) {
+        b.s1[i] = t.momentum_buffer;
+        b.s2[i] = nullptr;
+        b.f[i] = t.weight_decay ? h.weight_decay : 0.0f;
+      },
+      [&](const UpdateBatch& b, unsigned blocks) {
+        if (f16_out)
+          sgd_kernel<f16><<<blocks, kThreads, 0, s>>>(b, -h.lr, h.momentum, h.first);
+        else
+          sgd_kernel<bf16><<<blocks, kThreads, 0, s>>>(b, -h.lr, h.momentum, h.first);
+      });
 }
 
 void grad_norm_squared(const std::vector<GradSpan>& spans, double* out, cudaStream_t s) {

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/tensor_args.h"
 #include "kernels/cuda/vocab_parallel.h"
 #include "kernels/op_backends.h"
 
@@ -230,20 +231,8 @@ __global__ void ce_range_bwd_kernel(const T* logits, const int32_t* __restrict__
 namespace mt::ops::gpu {
 namespace {
 
-using cuda::bf16;
-using cuda::f16;
-
 using cuda::compute_stream;
 
-void check_cuda_tensor(const Tensor& t, DType want, const char* what) {
-  MT_CHECK(t.device() == Device::CUDA && t.dtype() == want, "{}: expected a CUDA {} tensor, got {} {} on {}", what,
-           dtype_name(want), dtype_name(t.dtype()), t.shape_str(), t.device() == Device::CPU ? "the CPU" : "the GPU");
-}
-void check_float_tensor(const Tensor& t, const char* what) {
-  const DType d = t.dtype();
-  MT_CHECK(t.device() == Device::CUDA && (d == DType::BF16 || d == DType::F16 || d == DType::F32),
-           "{}: expected a CUDA bf16, fp16 or f32 tensor, got {} {}", what, dtype_name(t.dtype()), t.shape_str());
-}
 const int32_t* i32(const Tensor& t, int64_t n, const char* what) {
   check_cuda_tensor(t, DType::I32, what);
   MT_CHECK(t.numel() == n, "{}: {} ids/labels for {} rows", what, t.numel(), n);
@@ -253,14 +242,6 @@ const float* f32(const Tensor& t, int64_t n, const char* what) {
   check_cuda_tensor(t, DType::F32, what);
   MT_CHECK(t.numel() == n, "{}: {} values for {} rows", what, t.numel(), n);
   return t.data<float>();
-}
-
-// Calls f with the typed pointer of a bf16, fp16 or f32 tensor.
-template <typename F>
-void with_float_type(const Tensor& t, F&& f) {
-  if (t.dtype() == DType::BF16) f(t.data<bf16>());
-  else if (t.dtype() == DType::F16) f(t.data<f16>());
-  else f(t.data<float>());
 }
 
 template <typename T>

@@ -38,6 +38,7 @@ void GroupedExperts::build(ParamStore& ps, const std::string& prefix, const Tran
   local_ffn = ffn / etp;
   swiglu = c.swiglu;
   openai_gelu = c.openai_gelu;
+  recompute_act = c.recomputes("moe_act");
   const int blocks = swiglu ? 2 : 1;  // fc1 = [gate; up]: each ETP rank holds [gate_r; up_r]
   const TPSplit column = etp > 1 ? TPSplit{0, blocks, r, etp} : TPSplit{};
   const TPSplit row = etp > 1 ? TPSplit{1, 1, r, etp} : TPSplit{};
@@ -110,10 +111,16 @@ Tensor GroupedExperts::forward(const Tensor& xp, const std::vector<int64_t>& cou
   }
   Tensor y = Tensor::empty({n, hidden}, xp.dtype(), xp.device());
   expert_gemms(fc2, s.a, y, counts, ctx);
+  if (recompute_act) s.a = Tensor();  // [rows, moe_ffn] per layer: rebuilt from h in backward
   return y;
 }
 
 Tensor GroupedExperts::backward(const Tensor& dyp, Saved& s, PassContext& ctx) const {
+  if (!s.a.defined()) {
+    ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+    s.a = s.xp.dim(0) > 0 ? (swiglu ? ops::swiglu_forward(s.h) : ops::gelu_forward(s.h, openai_gelu))
+                          : Tensor::empty({0, local_ffn}, s.xp.dtype(), s.xp.device());
+  }
   const Tensor da = expert_gemms_backward(fc2, dyp, s.a, s.counts, ctx);
   Tensor dh;
   {

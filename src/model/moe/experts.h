@@ -13,10 +13,11 @@ struct GroupedExperts {
   int64_t first_expert = 0, num_local = 0;  // this rank holds experts [first, first + num_local)
   int64_t local_ffn = 0;                    // moe_ffn_hidden_size / ETP: this rank's columns
   bool swiglu = false, openai_gelu = false;
+  bool recompute_act = false;  // --recompute-modules moe_act: backward recomputes the activation
   std::vector<Linear> fc1, fc2;
 
   struct Saved {
-    Tensor xp, h, a;              // dispatch rows, fc1 output, activation output
+    Tensor xp, h, a;              // dispatch rows, fc1 output, activation output (not kept under moe_act)
     std::vector<int64_t> counts;  // rows per local expert
   };
   // Under expert TP (ep->etp) each expert's fc1 is column- and fc2 row-split over the ETP group

@@ -34,7 +34,7 @@ Tensor MoELayer::forward(const Tensor& x, int64_t B, Saved& s, PassContext& ctx)
   std::vector<int64_t> counts;
   std::vector<int32_t> routed;
   const Tensor xp = dispatcher->dispatch(x, probs, map, s.dispatch, counts, routed, ctx);
-  router.record_dispatch(routed, ctx);
+  router.finish_forward(routed, s.router, ctx);
   Tensor y = dispatcher->combine(experts.forward(xp, counts, s.experts, ctx), s.dispatch, ctx);
   if (has_shared) {
     Tensor sy = shared.forward(x, s.shared, ctx);

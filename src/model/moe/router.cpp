@@ -70,16 +70,26 @@ void TopKRouter::forward(const Tensor& x, int64_t B, Saved& s, PassContext& ctx,
   s.aux_coef = Tensor();
   s.z_coef = 0.f;
   if (ctx.training && ((moe.uses_aux_loss() && moe.aux_loss_coeff > 0) || moe.z_loss_coeff > 0))
-    load_balancing(s.logits, B, s, ctx);
+    ops::moe_aux_stats(s.logits, spec(true), B, s.stat_sums, s.stat_counts, s.stat_z);
+}
+
+void TopKRouter::finish_forward(const std::vector<int32_t>& counts, Saved& s, PassContext& ctx) const {
+  if (s.stat_sums.defined()) load_balancing(s, ctx);
+  // Training forwards only (recomputation re-runs forward without the loss tracker).
+  if (!expert_bias || !ctx.training || !ctx.moe_losses) return;
+  for (size_t e = 0; e < counts.size(); ++e) tokens_per_expert[e] += counts[e];
 }
 
 // The load-balancing losses (Megatron's switch_load_balancing_loss_func and z_loss_func) from one
 // layer's statistics: their values go to the log, their gradient coefficients to Saved.
-void TopKRouter::load_balancing(const Tensor& logits, int64_t B, Saved& s, PassContext& ctx) const {
-  Tensor sums_d, counts_d, z_d;
-  ops::moe_aux_stats(logits, spec(true), B, sums_d, counts_d, z_d);
-  const std::vector<float> sums = to_host(sums_d), z = to_host(z_d);
-  std::vector<float> counts = to_host(counts_d);
+void TopKRouter::load_balancing(Saved& s, PassContext& ctx) const {
+  const Tensor& logits = s.logits;
+  const int64_t B = s.B;
+  const std::vector<float> sums = to_host(s.stat_sums), z = to_host(s.stat_z);
+  std::vector<float> counts = to_host(s.stat_counts);
+  s.stat_sums = s.stat_counts = s.stat_z = Tensor();
+  // The gradient coefficients carry this pass's aux grad scale (MoEAuxLossAutoScaler's).
+  const double g = ctx.moe_aux_grad_scale;
   // Under SP the TP ranks hold shards of the same sequences: token counts are global over the
   // group, score sums stay local (each rank's share of the loss, which the TP sum completes).
   const int64_t tp_cp = tp && tp->sp() ? tp->size() : 1;
@@ -96,7 +106,7 @@ void TopKRouter::load_balancing(const Tensor& logits, int64_t B, Saved& s, PassC
         double f = 0, P = 0;
         for (int64_t b = 0; b < B; ++b) f += counts[b * E + e], P += sums[b * E + e];
         value += scale * P * f;
-        for (int64_t b = 0; b < B; ++b) coef[b * E + e] = static_cast<float>(scale * f);
+        for (int64_t b = 0; b < B; ++b) coef[b * E + e] = static_cast<float>(g * scale * f);
       }
       if (ctx.moe_losses) ctx.moe_losses->load_balancing += value / c;
     } else {  // seq_aux_loss: the loss per sequence, averaged over the micro-batch's sequences
@@ -104,7 +114,7 @@ void TopKRouter::load_balancing(const Tensor& logits, int64_t B, Saved& s, PassC
       const double scale = c * static_cast<double>(E) / (static_cast<double>(k) * S * S) / static_cast<double>(B);
       for (int64_t i = 0; i < B * E; ++i) {
         value += scale * sums[i] * counts[i];
-        coef[i] = static_cast<float>(scale * counts[i]);
+        coef[i] = static_cast<float>(g * scale * counts[i]);
       }
       if (ctx.moe_losses) ctx.moe_losses->seq_load_balancing += value / c;
     }
@@ -114,15 +124,9 @@ void TopKRouter::load_balancing(const Tensor& logits, int64_t B, Saved& s, PassC
     // Megatron divides the coefficient by the TP x CP size (each rank's z-loss is a mean over its
     // own tokens, averaged over the group rather than summed) and logs z_loss / that coefficient.
     const double cz = moe.z_loss_coeff / static_cast<double>(tp_cp);
-    s.z_coef = static_cast<float>(cz / static_cast<double>(T_local));
+    s.z_coef = static_cast<float>(g * cz / static_cast<double>(T_local));
     if (ctx.moe_losses) ctx.moe_losses->z_loss += static_cast<double>(z[0]) / static_cast<double>(T_local);
   }
-}
-
-void TopKRouter::record_dispatch(const std::vector<int32_t>& counts, const PassContext& ctx) const {
-  // Training forwards only (recomputation re-runs forward without the loss tracker).
-  if (!expert_bias || !ctx.training || !ctx.moe_losses) return;
-  for (size_t e = 0; e < counts.size(); ++e) tokens_per_expert[e] += counts[e];
 }
 
 Tensor TopKRouter::backward(const Tensor& dprobs, Saved& s, PassContext& ctx) const {
@@ -133,14 +137,10 @@ Tensor TopKRouter::backward(const Tensor& dprobs, Saved& s, PassContext& ctx) co
     if (s.aux_coef.defined() || s.z_coef != 0.f) {
       // Megatron's MoEAuxLossAutoScaler: the auxiliary losses' gradient, weighted like a
       // micro-batch's share of the loss (PassContext::moe_aux_grad_scale).
-      Tensor coef = s.aux_coef.defined() ? s.aux_coef : Tensor::zeros({s.B, moe.num_experts}, DType::F32);
-      if (coef.device() != s.logits.device()) coef = coef.to_device(s.logits.device());
-      if (ctx.moe_aux_grad_scale != 1.f) {
-        std::vector<float> host = to_host(coef);
-        for (float& v : host) v *= ctx.moe_aux_grad_scale;
-        coef = ops::upload(host.data(), coef.shape(), DType::F32, s.logits.device());
-      }
-      ops::moe_aux_backward(s.logits, spec(true), s.B, coef, s.z_coef * ctx.moe_aux_grad_scale, dlogits);
+      const Tensor coef = s.aux_coef.defined()
+                              ? s.aux_coef
+                              : Tensor::zeros({s.B, moe.num_experts}, DType::F32).to_device(s.logits.device());
+      ops::moe_aux_backward(s.logits, spec(true), s.B, coef, s.z_coef, dlogits);
     }
   }
   Tensor dl = dlogits;

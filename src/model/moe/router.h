@@ -31,9 +31,11 @@ struct TopKRouter {
   struct Saved {
     Tensor x, logits;       // router input; f32 [T, E]
     Tensor selected, probs;  // I32 / f32 [T, E]
-    Tensor aux_coef;        // f32 [B, E]: d(aux losses)/d(aux score), before the grad scale; empty: none
-    float z_coef = 0.f;     // d(z-loss)/d(sum of lse^2), before the grad scale
+    Tensor aux_coef;        // f32 [B, E]: d(aux losses)/d(aux score), times the aux grad scale; empty: none
+    float z_coef = 0.f;     // d(z-loss)/d(sum of lse^2), times the aux grad scale
     int64_t B = 0;
+    // The load-balancing statistics forward launched (moe_aux_stats), read by finish_forward.
+    Tensor stat_sums, stat_counts, stat_z;
   };
 
   void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, int64_t layer_index,
@@ -42,8 +44,10 @@ struct TopKRouter {
   // probs [T, E] (0 where not routed) and the dispatch map I32 [T, E]. T = S * B tokens in rows
   // t = s*B + b (this rank's sequence shard under SP: S is then the local length).
   void forward(const Tensor& x, int64_t B, Saved& s, PassContext& ctx, Tensor& probs, Tensor& map) const;
-  // Token counts of this forward's dispatch map (host, from the layer's plan), for the bias update.
-  void record_dispatch(const std::vector<int32_t>& counts, const PassContext& ctx) const;
+  // After the layer has read its dispatch counts (the one wait for the device): the
+  // load-balancing losses from the statistics forward launched (already computed by then, so
+  // reading them costs no second wait), and the counts for the expert-bias update.
+  void finish_forward(const std::vector<int32_t>& counts, Saved& s, PassContext& ctx) const;
   // dprobs [T, E] -> dx [T, h]; adds the router weight's gradient.
   Tensor backward(const Tensor& dprobs, Saved& s, PassContext& ctx) const;
   // DeepSeek-V3's loss-free balancing after a step: bias += rate * sign(mean - count) from the
@@ -51,7 +55,7 @@ struct TopKRouter {
   void update_expert_bias(const std::function<void(std::vector<double>&)>& reduce);
 
  private:
-  void load_balancing(const Tensor& logits, int64_t B, Saved& s, PassContext& ctx) const;
+  void load_balancing(Saved& s, PassContext& ctx) const;
 };
 
 }  // namespace mt::model
