@@ -30,6 +30,9 @@ struct Layout {
   int64_t bucket = 0;
   std::string dispatcher = "allgather";
   bool rich = false;  // the second shape: shared expert and its gate, expert bias, z-loss
+  // Recomputation (the same gradients): "moe" (selective: the MoE layer re-runs its dispatch in
+  // backward) or "full" (uniform, one layer per group).
+  std::string recompute = "";
 };
 
 Arguments make_args(const Layout& l) {
@@ -51,6 +54,15 @@ Arguments make_args(const Layout& l) {
     moe.enable_expert_bias = true;
     moe.bias_update_rate = 1e-2;  // large enough to move the routing within the run
     moe.z_loss_coeff = 1e-3;
+  }
+  if (l.recompute == "moe") {
+    m.recompute_granularity = "selective";
+    m.recompute_modules = {"moe"};
+  } else if (l.recompute == "full") {
+    m.recompute_granularity = "full";
+    m.recompute_method = "uniform";
+    m.recompute_num_layers = 1;
+    a.given.push_back("--recompute-num-layers");
   }
   // Micro-batches of 2 in every layout: the load-balancing loss is per micro-batch.
   testing::set_short_run(a, kSteps, 2, 3e-3f, 3e-4);
@@ -147,6 +159,14 @@ TEST(MoEEquivalence, EP2xPP2) { expect_same_as_single_rank({.world = 4, .pp = 2,
 TEST(MoEEquivalence, EP2xPP2AllToAllDistributedOptimizer) {
   expect_same_as_single_rank({.world = 4, .pp = 2, .ep = 2, .dist_opt = true, .dispatcher = "alltoall"});
 }
+// Recomputation re-runs the dispatch (and its collectives) in backward, on every rank alike.
+TEST(MoEEquivalence, EP2AllToAllRecomputeMoE) {
+  expect_same_as_single_rank({.world = 2, .ep = 2, .dispatcher = "alltoall", .recompute = "moe"});
+}
+TEST(MoEEquivalence, EP2xTP2SequenceParallelFullRecompute) {
+  expect_same_as_single_rank({.world = 4, .tp = 2, .ep = 2, .etp = 2, .sp = true, .recompute = "full"});
+}
+
 // The second shape: the expert bias moves with the step's token counts summed over every rank
 // that routed them (allgather: each gathered group counted once), the gated shared expert is
 // dense (TP-split, its gate's gradient summed over the sequence shards).
