@@ -1,5 +1,7 @@
 #include "model/moe/token_dispatcher.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <numeric>
 
 #include "core/error.h"
