@@ -8,11 +8,15 @@
 //   SAVE/iter_0000100/state.json             iteration, consumed samples, scheduler, model args
 //   SAVE/iter_0000100/model[-tpT-ppP].safetensors        fp32 main params, one file per TP x PP
 //                                            rank (written by DP rank 0)
+//   SAVE/iter_0000100/model-epE-tpT-ppP.safetensors      MoE experts (several ranks): one file per
+//                                            EP x expert-TP x PP rank, written by expert-DP rank 0,
+//                                            each expert under its global index
 //   SAVE/iter_0000100/optimizer[-tpT-ppP[-dpD]].safetensors   Adam/SGD state per global tensor
-//                                            slice: per TP x PP rank, or per rank with the
-//                                            distributed optimizer (each its own flat slices)
+//                                            slice: per TP x PP rank (experts: -epE-tpT-ppP as
+//                                            above), or per rank with the distributed optimizer
+//                                            (each its own flat slices)
 // Tensors are stored under their Megatron-core names with global layer numbers, so pipeline
-// stages, TP and DP layouts and the distributed optimizer can all change between save and load.
+// stages, TP, DP and EP layouts and the distributed optimizer can all change between save and load.
 // Every rank writes its files into SAVE/iter_0000100.tmp/ and a rank-NNNNN.json describing them;
 // rank 0 then merges those into metadata.json, renames the directory into place, and moves the
 // tracker. A save that fails or is killed leaves the previous checkpoint as the latest.
@@ -64,6 +68,9 @@ struct TrainingState {
 struct RankInfo {
   int rank = 0, world = 1;
   int tp = 1, tp_rank = 0, pp = 1, pp_rank = 0, dp = 1, dp_rank = 0;
+  // The expert grid (parallel/grid.h): MoE experts are split over EP, their fc1/fc2 over expert
+  // TP, and replicated over expert DP.
+  int ep = 1, ep_rank = 0, etp_rank = 0, edp_rank = 0;
   comm::Communicator* comm = nullptr;  // every rank (null: a single process)
 };
 

@@ -239,6 +239,8 @@ TrainingState load_checkpoint(const std::string& load, int64_t it, const RankInf
     std::string extra;
     for (const auto& [name, t] : src.idx.tensors) {
       if (name.find('/') != std::string::npos) continue;  // optimizer state
+      // Under expert parallelism this rank holds only its share of the experts.
+      if (ri.ep > 1 && name.find(".mlp.experts.local_experts.") != std::string::npos) continue;
       ++model_tensors;
       if (!params.find(name) && extra.empty()) extra = name;
     }

@@ -88,13 +88,24 @@ void plan(const RankInfo& ri, const model::ParamStore& params, const float* main
     t["shape"] = shape;
     t["pieces"].push_back(box_json(pc));
   };
-  // A TP-replicated parameter is written by TP rank 0 only; a tied embedding's copy on the last
-  // pipeline stage not at all (the first stage writes it).
-  auto writes = [&](const model::Param& p) { return !p.replica && (p.tp.sharded() || ri.tp_rank == 0); };
-  // Whole local shards (model weights; optimizer state without the distributed optimizer).
-  auto whole = [&](FilePlan& f, const std::string& prefix, auto&& data_of) {
+  // Experts (Param::expert) are saved from expert-DP rank 0 of the EP rank that holds them, into
+  // files of their own (the same file for a single rank).
+  const std::string ex = ri.world == 1 ? mp : fmt::format("-ep{}-tp{}-pp{}", ri.ep_rank, ri.etp_rank, ri.pp_rank);
+  auto file = [&](const std::string& name) -> FilePlan& {
+    for (auto& f : job.files)
+      if (f.name == name) return f;
+    return job.files.emplace_back(FilePlan{name, {}});
+  };
+  // A TP-replicated parameter is written by TP rank 0 only (an expert: expert-TP rank 0); a tied
+  // embedding's copy on the last pipeline stage not at all (the first stage writes it).
+  auto writes = [&](const model::Param& p) {
+    return !p.replica && (p.tp.sharded() || (p.expert ? ri.etp_rank : ri.tp_rank) == 0);
+  };
+  // Whole local shards of the dense (or the expert) parameters: model weights, and optimizer
+  // state without the distributed optimizer.
+  auto whole = [&](FilePlan& f, bool experts, const std::string& prefix, auto&& data_of) {
     for (const auto& p : params.params()) {
-      if (!writes(p)) continue;
+      if (p.expert != experts || !writes(p)) continue;
       auto boxes = local_boxes(p);
       int64_t s = 0;
       for (size_t k = 0; k < boxes.size(); ++k) {
@@ -105,19 +116,19 @@ void plan(const RankInfo& ri, const model::ParamStore& params, const float* main
       }
     }
   };
-  if (ri.dp_rank == 0) {
-    FilePlan f{"model" + mp + ".safetensors", {}};
-    whole(f, "", [main](const model::Param& p) { return main + p.offset; });
-    job.files.push_back(std::move(f));
-  }
-  if (opt && !opt->sharded && ri.dp_rank == 0) {
-    FilePlan f{"optimizer" + mp + ".safetensors", {}};
-    for (const auto& a : opt->arrays)
-      whole(f, a.name + "/", [&a](const model::Param& p) { return a.value.data<float>() + (p.offset - a.lo); });
-    job.files.push_back(std::move(f));
+  const auto weights = [main](const model::Param& p) { return main + p.offset; };
+  for (const bool experts : {false, true}) {
+    if ((experts ? ri.edp_rank : ri.dp_rank) != 0) continue;
+    const std::string suffix = (experts ? ex : mp) + ".safetensors";
+    whole(file("model" + suffix), experts, "", weights);
+    if (opt && !opt->sharded)
+      for (const auto& a : opt->arrays)
+        whole(file("optimizer" + suffix), experts, a.name + "/",
+              [&a](const model::Param& p) { return a.value.data<float>() + (p.offset - a.lo); });
   }
   if (opt && opt->sharded) {
     // The distributed optimizer: this rank's flat slices of each local shard.
+    // (Expert slices too: they are sharded over expert DP, each owned by one rank.)
     FilePlan f{fmt::format("optimizer-tp{}-pp{}-dp{}.safetensors", ri.tp_rank, ri.pp_rank, ri.dp_rank), {}};
     for (const auto& a : opt->arrays)
       for (const auto& p : params.params()) {

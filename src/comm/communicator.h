@@ -66,6 +66,12 @@ class Communicator {
   // in[size() * count] -> out[size() * count]: block i of `in` goes to member i, whose block
   // rank() of `out` receives it (expert dispatch). `in` and `out` must not overlap.
   virtual WorkHandle all_to_all_async(const void* in, void* out, size_t count, DataType t) = 0;
+  // The variable-size form (expert dispatch): `in` holds send_counts[i] elements for member i,
+  // blocks in member order; `out` receives recv_counts[i] elements from member i, likewise.
+  // recv_counts[i] must be member i's send_counts[rank()] (exchange the counts first, e.g. with
+  // all_to_all). Every member takes part even when it sends and receives nothing.
+  virtual WorkHandle all_to_all_v_async(const void* in, const std::vector<size_t>& send_counts, void* out,
+                                        const std::vector<size_t>& recv_counts, DataType t) = 0;
   // Point-to-point between group ranks; messages between a pair arrive in issue order.
   virtual WorkHandle send_async(const void* buf, size_t count, DataType t, int peer) = 0;
   virtual WorkHandle recv_async(void* buf, size_t count, DataType t, int peer) = 0;
@@ -85,6 +91,10 @@ class Communicator {
   void all_gather(const void* in, void* out, size_t count, DataType t) { all_gather_async(in, out, count, t)->wait(); }
   void broadcast(void* buf, size_t count, DataType t, int root) { broadcast_async(buf, count, t, root)->wait(); }
   void all_to_all(const void* in, void* out, size_t count, DataType t) { all_to_all_async(in, out, count, t)->wait(); }
+  void all_to_all_v(const void* in, const std::vector<size_t>& send_counts, void* out,
+                    const std::vector<size_t>& recv_counts, DataType t) {
+    all_to_all_v_async(in, send_counts, out, recv_counts, t)->wait();
+  }
   void send(const void* buf, size_t count, DataType t, int peer) { send_async(buf, count, t, peer)->wait(); }
   void recv(void* buf, size_t count, DataType t, int peer) { recv_async(buf, count, t, peer)->wait(); }
   void barrier() { barrier_async()->wait(); }

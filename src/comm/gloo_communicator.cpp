@@ -3,6 +3,7 @@
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -368,6 +369,30 @@ WorkHandle GlooCommunicator::all_to_all_async(const void* in, void* out, size_t 
     o.setTag(tag);
     o.setTimeout(timeout_);
     gloo::alltoall(o);
+  });
+}
+
+WorkHandle GlooCommunicator::all_to_all_v_async(const void* in, const std::vector<size_t>& send_counts, void* out,
+                                                const std::vector<size_t>& recv_counts, DataType t) {
+  MT_CHECK(send_counts.size() == static_cast<size_t>(size()) && recv_counts.size() == static_cast<size_t>(size()),
+           "all_to_all_v on '{}': {} send and {} receive counts for {} members", name_, send_counts.size(),
+           recv_counts.size(), size());
+  // Never skipped locally, even with nothing to move: the others' counts are not known here, and
+  // every member must run the operation for the group's tags to stay in step.
+  const size_t es = data_type_size(t);
+  std::vector<int64_t> sb(send_counts.size()), rb(recv_counts.size());
+  for (size_t i = 0; i < sb.size(); ++i) {
+    sb[i] = static_cast<int64_t>(send_counts[i] * es);
+    rb[i] = static_cast<int64_t>(recv_counts[i] * es);
+  }
+  return enqueue("all_to_all_v", [this, in, out, sb = std::move(sb), rb = std::move(rb)](uint32_t tag) {
+    static uint8_t none = 0;  // Gloo's buffers want an address even for zero bytes
+    gloo::AlltoallvOptions o(ctx_);
+    o.setInput(in ? static_cast<uint8_t*>(const_cast<void*>(in)) : &none, sb);
+    o.setOutput(out ? static_cast<uint8_t*>(out) : &none, rb);
+    o.setTag(tag);
+    o.setTimeout(timeout_);
+    gloo::alltoallv(o);
   });
 }
 

@@ -42,6 +42,14 @@ WorkHandle LocalCommunicator::all_gather_async(const void* in, void* out, size_t
   return done_work();
 }
 
+WorkHandle LocalCommunicator::all_to_all_v_async(const void* in, const std::vector<size_t>& send_counts, void* out,
+                                                 const std::vector<size_t>& recv_counts, DataType t) {
+  MT_CHECK(send_counts.size() == 1 && recv_counts.size() == 1 && send_counts[0] == recv_counts[0],
+           "all_to_all_v in the group of one '{}': counts must be one equal pair", name_);
+  if (in != out && send_counts[0] > 0) std::memmove(out, in, send_counts[0] * data_type_size(t));
+  return done_work();
+}
+
 WorkHandle LocalCommunicator::broadcast_async(void*, size_t, DataType, int root) {
   MT_CHECK(root == 0, "broadcast root {} in a group of one", root);
   return done_work();

@@ -19,6 +19,8 @@ class LocalCommunicator final : public Communicator {
   WorkHandle all_to_all_async(const void* in, void* out, size_t count, DataType t) override {
     return all_gather_async(in, out, count, t);  // one block, copied
   }
+  WorkHandle all_to_all_v_async(const void* in, const std::vector<size_t>& send_counts, void* out,
+                                const std::vector<size_t>& recv_counts, DataType t) override;
   WorkHandle send_async(const void*, size_t, DataType, int peer) override;
   WorkHandle recv_async(void*, size_t, DataType, int peer) override;
   WorkHandle barrier_async() override { return done_work(); }

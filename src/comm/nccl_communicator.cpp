@@ -382,6 +382,34 @@ WorkHandle NcclCommunicator::all_to_all_async(const void* in, void* out, size_t 
                      });
 }
 
+WorkHandle NcclCommunicator::all_to_all_v_async(const void* in, const std::vector<size_t>& send_counts, void* out,
+                                                const std::vector<size_t>& recv_counts, DataType t) {
+  MT_CHECK(send_counts.size() == static_cast<size_t>(size()) && recv_counts.size() == static_cast<size_t>(size()),
+           "all_to_all_v on '{}': {} send and {} receive counts for {} members", name_, send_counts.size(),
+           recv_counts.size(), size());
+  // An empty side may come as a null pointer: the other side says where the data lives.
+  const bool device = in && out ? device_pair(in, out, "all-to-all-v", name_) : is_device_pointer(in ? in : out);
+  if (!device) return host_->all_to_all_v_async(in, send_counts, out, recv_counts, t);
+  const size_t es = data_type_size(t);
+  size_t total = 0;
+  for (size_t c : send_counts) total += c;
+  return st_->launch(st_->group, fmt::format("all-to-all-v of {} {} sent", total, data_type_name(t)),
+                     [&](Channel& ch) {
+                       ncclResult_t r = ncclGroupStart();
+                       size_t so = 0, ro = 0;
+                       for (int p = 0; p < size() && r == ncclSuccess; ++p) {
+                         const size_t sc = send_counts[static_cast<size_t>(p)], rc = recv_counts[static_cast<size_t>(p)];
+                         if (sc > 0) r = ncclSend(static_cast<const char*>(in) + so * es, sc, nccl_type(t), p, ch.comm, ch.stream);
+                         if (r == ncclSuccess && rc > 0)
+                           r = ncclRecv(static_cast<char*>(out) + ro * es, rc, nccl_type(t), p, ch.comm, ch.stream);
+                         so += sc;
+                         ro += rc;
+                       }
+                       const ncclResult_t e = ncclGroupEnd();
+                       return r != ncclSuccess ? r : e;
+                     });
+}
+
 WorkHandle NcclCommunicator::send_async(const void* buf, size_t count, DataType t, int peer) {
   MT_CHECK(peer >= 0 && peer < size() && peer != rank_, "send to rank {} in group '{}' of {}", peer, name_, size());
   if (!is_device_pointer(buf)) return host_->send_async(buf, count, t, peer);

@@ -53,6 +53,8 @@ class NcclCommunicator final : public Communicator {
   WorkHandle all_gather_async(const void* in, void* out, size_t count, DataType t) override;
   WorkHandle broadcast_async(void* buf, size_t count, DataType t, int root) override;
   WorkHandle all_to_all_async(const void* in, void* out, size_t count, DataType t) override;
+  WorkHandle all_to_all_v_async(const void* in, const std::vector<size_t>& send_counts, void* out,
+                                const std::vector<size_t>& recv_counts, DataType t) override;
   WorkHandle send_async(const void* buf, size_t count, DataType t, int peer) override;
   WorkHandle recv_async(void* buf, size_t count, DataType t, int peer) override;
   WorkHandle barrier_async() override;

@@ -15,6 +15,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
   tp_.comm = opts.tp;
   tp_.sequence_parallel = opts.sequence_parallel;
   tp_.overlap_comm = opts.tp_comm_overlap && tp_.sp();
+  expert_ = opts.expert;
   if (tp_.on()) check_tensor_parallel(cfg_, tp_.size(), tp_.sp());
   const PipelinePart& part = opts.pipeline;
   auto ranges = part.chunks;
@@ -41,7 +42,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
     Chunk ch{k, k + static_cast<size_t>(ranges[c].second - ranges[c].first), c == 0 && part.first_stage,
              c + 1 == ranges.size() && part.last_stage};
     for (int64_t i = ranges[c].first; i < ranges[c].second; ++i)  // global index in the name
-      layers_[k++].build(params_, i, cfg_, cfg_.rope() ? &rope_ : nullptr, &tp_);
+      layers_[k++].build(params_, i, cfg_, cfg_.rope() ? &rope_ : nullptr, &tp_, &expert_);
     configure_recompute(&layers_[ch.first], ch.last - ch.first, cfg_);  // per chunk, as Megatron's blocks
     chunks_.push_back(ch);
   }

@@ -43,6 +43,7 @@ struct ModelOptions {
   LayoutFn layout;
   PipelinePart pipeline = {};  // default: the whole model
   bool tp_comm_overlap = false;  // --tp-comm-overlap (see TensorParallel::overlap_comm)
+  ExpertParallel expert = {};    // MoE layers: expert-parallel groups and token dispatcher
 };
 
 // Megatron's rules for splitting a model over `tp` ranks, as errors naming the flags.
@@ -132,6 +133,7 @@ class GPTModel {
   TransformerConfig cfg_;
   Device device_ = Device::CPU;
   TensorParallel tp_;  // layers keep pointers to it: GPTModel never moves
+  ExpertParallel expert_;
   ParamStore params_;
   Param* word_emb_ = nullptr;  // first stage only
   Param* pos_emb_ = nullptr;

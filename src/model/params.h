@@ -52,6 +52,11 @@ struct Param {
   // and checkpoints need to save it once.
   bool shared_embedding = false;
   bool replica = false;
+  // A routed expert's weight (Megatron's `allreduce = False` expert params): it differs across
+  // expert-parallel ranks, so its gradient is reduced over the expert-data-parallel group rather
+  // than DP, the grad norm counts it once per expert, and checkpoints save it from EDP rank 0.
+  // Its `tp` split (if any) is over the expert-tensor-parallel group.
+  bool expert = false;
   // Gradients that only a weight GEMM writes (Linear weights) are not zeroed between steps:
   // zero_grad sets overwrite_grad instead, and the step's first GEMM takes it (beta = 0), so most
   // of the grad buffer is written once per step rather than zeroed and then read back.

@@ -23,7 +23,7 @@ bool residual_in_gemm(const Dropout& d, const Linear& l, const Tensor& x, Half h
 }  // namespace
 
 void TransformerLayer::build(ParamStore& ps, int64_t index, const TransformerConfig& c, const RopeTables* rope,
-                             const TensorParallel* tp) {
+                             const TensorParallel* tp, const ExpertParallel* ep) {
   cfg = c;
   const std::string prefix = "decoder.layers." + std::to_string(index);
   // Megatron-core names: input_layernorm, self_attention, pre_mlp_layernorm, mlp.
@@ -31,7 +31,7 @@ void TransformerLayer::build(ParamStore& ps, int64_t index, const TransformerCon
   attn.build(ps, prefix + ".self_attention", c, rope, tp);
   pre_mlp_norm.build(ps, prefix + ".pre_mlp_layernorm", c, tp);
   is_moe = c.moe.is_moe_layer(index);
-  if (is_moe) moe.build(ps, prefix + ".mlp", c, index, tp);
+  if (is_moe) moe.build(ps, prefix + ".mlp", c, index, tp, ep);
   else mlp.build(ps, prefix + ".mlp", c, tp);
   attn_drop.p = c.hidden_dropout;
   mlp_drop.p = c.hidden_dropout;
@@ -186,7 +186,7 @@ size_t TransformerLayer::saved_bytes(const Saved& s) {
   for (const Tensor* t : {&a.x, &a.q, &a.k, &a.v, &a.out, &a.lse}) add(*t);
   for (const Tensor* t : {&s.mlp.x, &s.mlp.h, &s.mlp.a}) add(*t);
   const auto& m = s.moe;
-  for (const Tensor* t : {&m.router.x, &m.router.logits, &m.router.selected, &m.router.probs, &m.token_rows, &m.yp,
+  for (const Tensor* t : {&m.router.x, &m.router.logits, &m.router.selected, &m.router.probs, &m.dispatch.token_rows, &m.dispatch.probs, &m.dispatch.yp,
                           &m.experts.xp, &m.experts.h, &m.experts.a, &m.shared.x, &m.shared.h, &m.shared.a, &m.gate})
     add(*t);
   if (s.group && s.group_index == 0) add(s.group->input);

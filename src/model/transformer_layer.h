@@ -37,8 +37,9 @@ struct TransformerLayer {
     size_t group_index = 0;                 // this layer's place in the group
   };
   // `index`: the layer's global number (0-based), which picks dense or MoE.
+  // `ep`: where an MoE layer's experts live (null: all here).
   void build(ParamStore& ps, int64_t index, const TransformerConfig& c, const RopeTables* rope,
-             const TensorParallel* tp = nullptr);
+             const TensorParallel* tp = nullptr, const ExpertParallel* ep = nullptr);
   Tensor forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
   Tensor backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
 

@@ -15,52 +15,76 @@ int64_t effective_bucket_size(const DDPOptions& o, int dp_size) {
   return std::max<int64_t>(40000000, 1000000 * static_cast<int64_t>(dp_size));
 }
 
-DataParallel::DataParallel(comm::CommPtr dp, const DDPOptions& opts) : dp_(std::move(dp)), opts_(opts) {}
+DataParallel::DataParallel(comm::CommPtr dp, const DDPOptions& opts, comm::CommPtr edp)
+    : dp_(std::move(dp)), edp_(edp ? std::move(edp) : dp_), opts_(opts) {}
+
+bool DataParallel::sharded() const {
+  return opts_.use_distributed_optimizer && (dp_->size() > 1 || experts_sharded());
+}
+
+// Buckets of the dense (or the expert) parameters in backward (reverse registration) order.
+void DataParallel::plan_buckets(const std::deque<model::Param>& params, bool expert) {
+  const int64_t limit = effective_bucket_size(opts_, (expert ? edp_ : dp_)->size());
+  std::vector<size_t> cur;
+  int64_t cur_n = 0;
+  auto close = [&] {
+    if (cur.empty()) return;
+    bucket_params_.push_back(std::move(cur));
+    bucket_expert_.push_back(expert);
+    cur.clear();
+    cur_n = 0;
+  };
+  for (size_t i = params.size(); i-- > 0;) {
+    if (params[i].expert != expert) continue;
+    if (opts_.use_distributed_optimizer && params[i].shared_embedding) {
+      // Megatron: a tied embedding split over pipeline stages gets a bucket of its own, so
+      // the first and last stage shard it alike over DP and the embedding-group sum of the
+      // reduce-scattered gradient adds matching slices.
+      close();
+      cur.push_back(i);
+      close();
+      continue;
+    }
+    cur.push_back(i);
+    cur_n += params[i].numel();
+    if (cur_n >= limit) close();
+  }
+  close();
+}
 
 model::LayoutFn DataParallel::layout_fn() {
   return [this](const std::deque<model::Param>& params) {
-    const int64_t limit = effective_bucket_size(opts_, dp_->size());
-    const int64_t pad = opts_.use_distributed_optimizer ? dp_->size() : 1;
-    // Buckets in backward (reverse registration) order.
     bucket_params_.clear();
-    std::vector<size_t> cur;
-    int64_t cur_n = 0;
-    for (size_t i = params.size(); i-- > 0;) {
-      if (opts_.use_distributed_optimizer && params[i].shared_embedding) {
-        // Megatron: a tied embedding split over pipeline stages gets a bucket of its own, so
-        // the first and last stage shard it alike over DP and the embedding-group sum of the
-        // reduce-scattered gradient adds matching slices.
-        if (!cur.empty()) bucket_params_.push_back(std::move(cur));
-        bucket_params_.push_back({i});
-        cur.clear();
-        cur_n = 0;
-        continue;
-      }
-      cur.push_back(i);
-      cur_n += params[i].numel();
-      if (cur_n >= limit) {
-        bucket_params_.push_back(std::move(cur));
-        cur.clear();
-        cur_n = 0;
-      }
-    }
-    if (!cur.empty()) bucket_params_.push_back(std::move(cur));
-    // Offsets: the first-registered parameters first, so the buffer keeps registration order;
-    // each bucket ends padded to a multiple of DP (gaps stay zero).
+    bucket_expert_.clear();
+    plan_buckets(params, false);
+    const size_t dense = bucket_params_.size();
+    plan_buckets(params, true);
+    has_expert_ = bucket_params_.size() > dense;
+    // Offsets: the dense parameters first, then the experts; within each the first-registered
+    // first, so a dense model's buffer keeps registration order. Each bucket ends padded to a
+    // multiple of its group's size (gaps stay zero).
     model::BufferLayout l;
     l.offsets.assign(params.size(), 0);
     buckets_.assign(bucket_params_.size(), Bucket{});
     int64_t pos = 0;
-    for (size_t b = bucket_params_.size(); b-- > 0;) {
-      buckets_[b].begin = pos;
-      for (size_t k = bucket_params_[b].size(); k-- > 0;) {
-        size_t i = bucket_params_[b][k];
-        l.offsets[i] = pos;
-        pos += params[i].numel();
+    auto place = [&](size_t lo, size_t hi) {
+      for (size_t b = hi; b-- > lo;) {
+        Bucket& k = buckets_[b];
+        k.expert = bucket_expert_[b];
+        k.group = (k.expert ? edp_ : dp_).get();
+        const int64_t pad = opts_.use_distributed_optimizer ? k.group->size() : 1;
+        k.begin = pos;
+        for (size_t j = bucket_params_[b].size(); j-- > 0;) {
+          size_t i = bucket_params_[b][j];
+          l.offsets[i] = pos;
+          pos += params[i].numel();
+        }
+        pos = (pos + pad - 1) / pad * pad;
+        k.end = pos;
       }
-      pos = (pos + pad - 1) / pad * pad;
-      buckets_[b].end = pos;
-    }
+    };
+    place(0, dense);
+    place(dense, buckets_.size());
     l.total = pos;
     return l;
   };
@@ -91,16 +115,17 @@ void DataParallel::start_iteration() {
 }
 
 void DataParallel::launch(size_t b) {
-  if (grad_work_[b] || dp_->size() == 1) return;
   const Bucket& k = buckets_[b];
+  comm::Communicator& c = *k.group;
+  if (grad_work_[b] || c.size() == 1) return;
   float* g = ps_->grad_buffer().data<float>();
   const size_t n = static_cast<size_t>(k.end - k.begin);
-  if (sharded()) {
-    const size_t chunk = n / static_cast<size_t>(dp_->size());
-    grad_work_[b] = dp_->reduce_scatter_async(g + k.begin, g + k.begin + static_cast<int64_t>(chunk) * dp_->rank(),
-                                              chunk, comm::DataType::F32, comm::ReduceOp::Sum);
+  if (bucket_sharded(k)) {
+    const size_t chunk = n / static_cast<size_t>(c.size());
+    grad_work_[b] = c.reduce_scatter_async(g + k.begin, g + k.begin + static_cast<int64_t>(chunk) * c.rank(), chunk,
+                                           comm::DataType::F32, comm::ReduceOp::Sum);
   } else {
-    grad_work_[b] = dp_->all_reduce_async(g + k.begin, n, comm::DataType::F32, comm::ReduceOp::Sum);
+    grad_work_[b] = c.all_reduce_async(g + k.begin, n, comm::DataType::F32, comm::ReduceOp::Sum);
   }
 }
 
@@ -121,12 +146,12 @@ void DataParallel::finish_grad_sync() {
 std::vector<std::pair<int64_t, int64_t>> DataParallel::owned_ranges() const {
   std::vector<std::pair<int64_t, int64_t>> out;
   for (const Bucket& k : buckets_) {
-    if (!sharded()) {
+    if (!bucket_sharded(k)) {
       out.emplace_back(k.begin, k.end);
       continue;
     }
-    const int64_t chunk = (k.end - k.begin) / dp_->size();
-    out.emplace_back(k.begin + chunk * dp_->rank(), k.begin + chunk * (dp_->rank() + 1));
+    const int64_t chunk = (k.end - k.begin) / k.group->size();
+    out.emplace_back(k.begin + chunk * k.group->rank(), k.begin + chunk * (k.group->rank() + 1));
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -196,9 +221,14 @@ void DataParallel::start_param_gather() {
   // Forward order: the bucket holding the first layers is needed first.
   for (size_t b = buckets_.size(); b-- > 0;) {
     const Bucket& k = buckets_[b];
-    const int64_t chunk = (k.end - k.begin) / dp_->size();
-    gather_work_[b] = dp_->all_gather_async(m + k.begin + chunk * dp_->rank(), m + k.begin,
-                                            static_cast<size_t>(chunk), comm::DataType::F32);
+    if (!bucket_sharded(k)) {  // stepped whole here (DP 1 beside a sharded EDP, or the reverse)
+      ps_->sync_model_from_main(k.begin, k.end);
+      continue;
+    }
+    comm::Communicator& c = *k.group;
+    const int64_t chunk = (k.end - k.begin) / c.size();
+    gather_work_[b] = c.all_gather_async(m + k.begin + chunk * c.rank(), m + k.begin, static_cast<size_t>(chunk),
+                                         comm::DataType::F32);
   }
   if (!opts_.overlap_param_gather) finish_param_gather();
 }
@@ -223,10 +253,16 @@ void DataParallel::before_use(const model::Param& p) {
   if (it != bucket_of_.end()) wait_gather(it->second);
 }
 
-double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& owned, int tp_rank,
-                        comm::Communicator& mp, comm::Communicator* dp_if_sharded) {
+namespace {
+
+// Sum of squares over the owned parts of the dense (or the expert) parameters that this rank
+// counts: TP (ETP) shards on every rank of their group, replicated ones on its rank 0, a tied
+// embedding's pipeline replica not at all.
+double owned_squares(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& owned, int tp_rank,
+                     bool expert) {
   std::vector<std::pair<int64_t, int64_t>> counted;  // flat ranges, in buffer order per parameter
   for (const auto& p : ps.params()) {
+    if (p.expert != expert) continue;
     if (!p.tp.sharded() && tp_rank != 0) continue;  // a TP-replicated parameter counts once
     if (p.replica) continue;                         // a tied embedding counts on the first stage
     for (auto [lo, hi] : owned) {
@@ -234,10 +270,28 @@ double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64
       if (a < b) counted.emplace_back(a, b);
     }
   }
-  double sq = ops::grad_norm_squared(ps.grad_buffer(), counted);
-  sq = mp.all_reduce_value(sq);
+  return ops::grad_norm_squared(ps.grad_buffer(), counted);
+}
+
+}  // namespace
+
+double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& owned, int tp_rank,
+                        comm::Communicator& mp, comm::Communicator* dp_if_sharded) {
+  double sq = mp.all_reduce_value(owned_squares(ps, owned, tp_rank, false));
   if (dp_if_sharded) sq = dp_if_sharded->all_reduce_value(sq);
   return std::sqrt(sq);
+}
+
+double global_grad_norm(model::ParamStore& ps, const DataParallel& ddp, const ProcessGroups& pg, bool moe) {
+  const auto owned = ddp.owned_ranges();
+  double sq = pg.mp->all_reduce_value(owned_squares(ps, owned, pg.tp_rank(), false));
+  if (ddp.sharded() && pg.dp->size() > 1) sq = pg.dp->all_reduce_value(sq);
+  if (!moe) return std::sqrt(sq);
+  // Each expert lives on one ETP x EP slice of a stage (replicated over EDP): summed over
+  // ETP x EP x PP, where stages without MoE layers take part with 0.
+  double ex = pg.expert_mp->all_reduce_value(owned_squares(ps, owned, pg.etp->rank(), true));
+  if (ddp.experts_sharded()) ex = pg.edp->all_reduce_value(ex);
+  return std::sqrt(sq + ex);
 }
 
 void all_reduce_sequence_parallel_grads(model::ParamStore& ps, comm::Communicator& tp) {

@@ -12,6 +12,9 @@
 //    (and its state) covers only the owned slices, and updated parameters are all-gathered
 //    (--overlap-param-gather: the gather of a bucket is waited for when the next forward first
 //    reads one of its parameters).
+//  * MoE experts (Param::expert) differ across expert-parallel ranks: they get buckets of their
+//    own, after the dense ones in the buffer, reduced (and with the distributed optimizer
+//    sharded) over the expert-data-parallel group instead of DP, as Megatron's expert buffers.
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
@@ -21,6 +24,7 @@
 #include "model/context.h"
 #include "model/params.h"
 #include "optim/optimizer.h"
+#include "parallel/process_groups.h"
 
 namespace mt::parallel {
 
@@ -36,13 +40,16 @@ struct DDPOptions {
 int64_t effective_bucket_size(const DDPOptions& o, int dp_size);
 
 struct Bucket {
-  int64_t begin = 0, end = 0;  // flat range, padded (end - begin divisible by DP with the distributed optimizer)
+  int64_t begin = 0, end = 0;  // flat range, padded (end - begin divisible by its group's size with the distributed optimizer)
   std::vector<const model::Param*> params;
+  bool expert = false;                  // MoE experts' parameters, reduced over EDP
+  comm::Communicator* group = nullptr;  // DP, or EDP for expert buckets
 };
 
 class DataParallel final : public model::ParamHooks {
  public:
-  DataParallel(comm::CommPtr dp, const DDPOptions& opts);
+  // `edp`: the expert-data-parallel group for MoE experts' gradients (null: DP).
+  DataParallel(comm::CommPtr dp, const DDPOptions& opts, comm::CommPtr edp = nullptr);
 
   // The flat-buffer layout to build the model with (pass as ModelOptions::layout).
   model::LayoutFn layout_fn();
@@ -71,18 +78,27 @@ class DataParallel final : public model::ParamHooks {
   bool needs_hooks() const { return opts_.overlap_grad_reduce || gathers_pending(); }
   // An all-gather of updated parameters is still writing into the model's buffers.
   bool param_gather_pending() const { return gathers_pending(); }
-  bool sharded() const { return opts_.use_distributed_optimizer && dp_->size() > 1; }
+  // Some bucket is sharded: the optimizer steps on owned_ranges() only, and updated parameters
+  // are gathered (start_param_gather).
+  bool sharded() const;
+  bool bucket_sharded(const Bucket& b) const { return opts_.use_distributed_optimizer && b.group->size() > 1; }
+  // Whether any bucket holds expert parameters (MoE), and whether those are sharded.
+  bool has_expert_buckets() const { return has_expert_; }
+  bool experts_sharded() const { return has_expert_ && opts_.use_distributed_optimizer && edp_->size() > 1; }
 
  private:
+  void plan_buckets(const std::deque<model::Param>& params, bool expert);
   void launch(size_t b);
   bool gathers_pending() const;
   void wait_gather(size_t b);
 
-  comm::CommPtr dp_;
+  comm::CommPtr dp_, edp_;
   DDPOptions opts_;
+  bool has_expert_ = false;
   model::ParamStore* ps_ = nullptr;
   std::vector<Bucket> buckets_;
   std::vector<std::vector<size_t>> bucket_params_;  // planned, by registration index
+  std::vector<bool> bucket_expert_;                 // planned: an expert bucket
   std::unordered_map<const model::Param*, size_t> bucket_of_;
   std::vector<int> ready_count_;
   std::vector<comm::WorkHandle> grad_work_, gather_work_;
@@ -99,6 +115,11 @@ std::vector<optim::ParamSpan> spans_within(const std::vector<optim::ParamSpan>& 
 // slices count, and the sum is reduced over DP too. `mp` spans TP x PP.
 double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& owned, int tp_rank,
                         comm::Communicator& mp, comm::Communicator* dp_if_sharded);
+// The same for a model that may hold MoE experts (`moe`: the model has MoE layers, on any
+// stage): dense parameters as above; experts differ across EP ranks, so their squares (each
+// expert's ETP shards, or ETP rank 0's copy) are summed over ETP x EP x PP, and over EDP with
+// the distributed optimizer. Without `moe`, exactly the dense form.
+double global_grad_norm(model::ParamStore& ps, const DataParallel& ddp, const ProcessGroups& pg, bool moe);
 
 // Megatron's finalize step for sequence parallelism: the gradients of parameters marked
 // `sequence_parallel` are partial per TP rank; sum them over TP (one coalesced all-reduce).

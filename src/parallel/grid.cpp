@@ -2,15 +2,18 @@
 
 #include <algorithm>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 
 namespace mt::parallel {
 
-RankGrid::RankGrid(int world_size, int tp, int pp, int cp, int ep) : world_(world_size) {
+RankGrid::RankGrid(int world_size, int tp, int pp, int cp, int ep, int etp) : world_(world_size) {
   if (world_size < 1) fail("world size must be at least 1 (got {})", world_size);
+  if (etp == 0) etp = tp;
   for (auto [name, v] : {std::pair{"--tensor-model-parallel-size", tp}, {"--pipeline-model-parallel-size", pp},
-                         {"--context-parallel-size", cp}, {"--expert-model-parallel-size", ep}})
+                         {"--context-parallel-size", cp}, {"--expert-model-parallel-size", ep},
+                         {"--expert-tensor-parallel-size", etp}})
     if (v < 1) fail("{} must be at least 1 (got {})", name, v);
   const int mp = tp * pp * cp;
   if (world_size % mp != 0)
@@ -18,12 +21,25 @@ RankGrid::RankGrid(int world_size, int tp, int pp, int cp, int ep) : world_(worl
          "x --context-parallel-size ({}) = {}; start a multiple of {} processes or change the sizes",
          world_size, tp, pp, cp, mp, mp);
   const int dp = world_size / mp;
-  // Megatron: the expert grid (expert-TP = TP here) x EP must fit inside DP x CP x TP.
-  if ((dp * cp * tp) % (tp * ep) != 0)
-    fail("--expert-model-parallel-size ({}) must divide data-parallel x context-parallel size ({} x {})", ep, dp, cp);
-  // The dense grid carries EP as 1 (as Megatron's decoder RankGenerator does); ep is kept for
-  // the expert groups that the MoE work will add.
+  // MoE parallel folding: the expert grid (ETP x EP x EDP) re-factors the TP x CP x DP ranks of a
+  // pipeline stage, so ETP x EP must divide them.
+  if ((tp * cp * dp) % (etp * ep) != 0)
+    fail("--expert-tensor-parallel-size ({}) x --expert-model-parallel-size ({}) must divide the {} ranks of a "
+         "pipeline stage (--tensor-model-parallel-size {} x --context-parallel-size {} x data-parallel size {})",
+         etp, ep, tp * cp * dp, tp, cp, dp);
+  // The dense grid carries EP as 1 (as Megatron's decoder RankGenerator does).
   size_ = {tp, cp, 1, dp, pp};
+  ep_ = ep;
+  etp_ = etp;
+}
+
+RankGrid RankGrid::expert_grid() const {
+  RankGrid g;
+  g.world_ = world_;
+  g.size_ = {etp_, 1, ep_, expert_data_parallel(), pp()};
+  g.ep_ = ep_;
+  g.etp_ = etp_;
+  return g;
 }
 
 Coord RankGrid::coord(int rank) const {
@@ -46,10 +62,12 @@ std::vector<Dim> RankGrid::parse(const std::string& dims) const {
   std::stringstream ss(dims);
   std::string tok;
   while (std::getline(ss, tok, '-')) {
-    static const char* names[] = {"tp", "cp", "ep", "dp", "pp"};
-    auto it = std::find_if(std::begin(names), std::end(names), [&](const char* n) { return tok == n; });
+    // "etp" and "edp" name the expert grid's TP and DP dimensions (the same slots).
+    static const std::pair<const char*, Dim> names[] = {{"tp", kTP}, {"cp", kCP},  {"ep", kEP},  {"dp", kDP},
+                                                        {"pp", kPP}, {"etp", kTP}, {"edp", kDP}};
+    auto it = std::find_if(std::begin(names), std::end(names), [&](const auto& n) { return tok == n.first; });
     MT_CHECK(it != std::end(names), "unknown grid dimension '{}' in '{}'", tok, dims);
-    out.push_back(static_cast<Dim>(it - std::begin(names)));
+    out.push_back(it->second);
   }
   std::sort(out.begin(), out.end());  // group-rank order is always leftmost-fastest in grid order
   return out;

@@ -16,8 +16,9 @@ ProcessGroups build_process_groups(comm::World& world, const RankGrid& grid) {
   // Every rank creates its groups in this same order, so members meet in the same rendezvous.
   // Same member list, same communicator (dp and dp-cp when CP = 1, tp and tp-pp when PP = 1).
   std::map<std::vector<int>, comm::CommPtr> made;
-  auto make = [&](const std::string& dims) -> comm::CommPtr {
-    std::vector<int> members = grid.group(g.rank, dims);
+  const RankGrid eg = grid.expert_grid();
+  auto make = [&](const std::string& dims, const RankGrid* on = nullptr) -> comm::CommPtr {
+    std::vector<int> members = (on ? *on : grid).group(g.rank, dims);
     if (static_cast<int>(members.size()) == world.size()) return world.world();
     auto it = made.find(members);
     if (it != made.end()) return it->second;
@@ -29,6 +30,11 @@ ProcessGroups build_process_groups(comm::World& world, const RankGrid& grid) {
   g.dp_cp = make("dp-cp");
   g.pp = make("pp");
   g.mp = make("tp-pp");
+  g.ep = make("ep", &eg);
+  g.etp = make("etp", &eg);
+  g.edp = make("edp", &eg);
+  g.tp_ep = make("etp-ep", &eg);
+  g.expert_mp = make("etp-ep-pp", &eg);
   auto emb = grid.embedding_group(g.rank);
   g.embedding = static_cast<int>(emb.size()) == world.size()
                     ? world.world()
@@ -49,6 +55,11 @@ ProcessGroups local_process_groups() {
   g.pp = one("pp");
   g.mp = one("tp-pp");
   g.embedding = one("embedding");
+  g.ep = one("ep");
+  g.etp = one("etp");
+  g.edp = one("edp");
+  g.tp_ep = one("etp-ep");
+  g.expert_mp = one("etp-ep-pp");
   return g;
 }
 

@@ -18,6 +18,12 @@ struct ProcessGroups {
   comm::CommPtr pp;             // pipeline group
   comm::CommPtr mp;             // model-parallel group (TP x PP): grad-norm reduction
   comm::CommPtr embedding;      // first and last pipeline stages (tied embeddings)
+  // The expert grid (grid.h: etp-ep-edp over the same ranks of each pipeline stage).
+  comm::CommPtr ep;             // expert-model-parallel group: holds the experts between them
+  comm::CommPtr etp;            // expert-tensor-parallel group: splits each expert's fc1/fc2
+  comm::CommPtr edp;            // expert-data-parallel group: expert gradient reduction
+  comm::CommPtr tp_ep;          // ETP x EP: the allgather token dispatcher's group
+  comm::CommPtr expert_mp;      // ETP x EP x PP: the expert part of the grad norm
   int tp_rank() const { return tp->rank(); }
   int dp_rank() const { return dp->rank(); }
 };

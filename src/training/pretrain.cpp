@@ -163,14 +163,19 @@ int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEn
   parallel::ProcessGroups groups =
       env.world_size > 1 ? parallel::build_process_groups(world, grid) : parallel::local_process_groups();
   if (env.world_size > 1)
-    log_info("distributed: {} ranks ({}), tensor-parallel {} x data-parallel {} x pipeline-parallel {}{}{}{}",
+    log_info("distributed: {} ranks ({}), tensor-parallel {} x data-parallel {} x pipeline-parallel {}{}{}{}{}",
              env.world_size, env.source, grid.tp(), grid.dp(), grid.pp(),
              a.virtual_pipeline_model_parallel_size > 1
                  ? fmt::format(" ({} virtual stages per rank, interleaved 1F1B)",
                                a.virtual_pipeline_model_parallel_size)
                  : std::string(grid.pp() > 1 ? " (1F1B)" : ""),
              a.sequence_parallel ? ", sequence parallel" : "",
-             a.use_distributed_optimizer ? ", distributed optimizer" : "");
+             a.use_distributed_optimizer ? ", distributed optimizer" : "",
+             a.model.moe.enabled() ? fmt::format(", experts: expert-parallel {} x expert-tensor-parallel {} x "
+                                                 "expert-data-parallel {} ({} dispatcher)",
+                                                 grid.expert_model_parallel(), grid.expert_tensor_parallel(),
+                                                 grid.expert_data_parallel(), a.model.moe.token_dispatcher)
+                                   : std::string());
   a.data.eod = tok->eod();
   a.data.mock_vocab_size = tok->vocab_size();
   log_info("megatron.cpp pretrain | device: {} | tokenizer: {} (vocab {}, eod {})",

@@ -152,8 +152,7 @@ void StepRunner::apply_update(StepResult& r, checkpoint::TrainingState& state, m
   // Skipped for an overflow, the norm is not computed (Megatron's None; NaN here, left out of
   // the log line).
   r.grad_norm = found_inf ? std::numeric_limits<double>::quiet_NaN()
-                          : parallel::global_grad_norm(model_.params(), ddp_.owned_ranges(), pg_.tp_rank(), *pg_.mp,
-                                                       ddp_.sharded() ? pg_.dp.get() : nullptr);
+                          : parallel::global_grad_norm(model_.params(), ddp_, pg_, model_.config().moe.enabled());
   const double loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0.0;
   if (found_inf) {
     // An fp16 overflow: expected while the dynamic scale settles. Skipped and counted as

@@ -34,7 +34,10 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   log_ = std::make_unique<IterationLog>(lo, args_.model, pg_);
 }
 
-void Trainer::setup_data_parallel() { ddp_ = std::make_unique<parallel::DataParallel>(pg_.dp, ddp_options(args_)); }
+void Trainer::setup_data_parallel() {
+  // MoE experts' gradients reduce over the expert-data-parallel group (parallel/grid.h).
+  ddp_ = std::make_unique<parallel::DataParallel>(pg_.dp, ddp_options(args_), pg_.edp);
+}
 
 void Trainer::setup_model() {
   // This rank's pipeline part: its layer chunks, the embedding on the first stage, the head on the last.
@@ -42,7 +45,7 @@ void Trainer::setup_model() {
   model::PipelinePart part{layout.chunks(pg_.pp->rank()), pg_.pp->rank() == 0, pg_.pp->rank() == pg_.pp->size() - 1};
   model_ = std::make_unique<model::GPTModel>(
       args_.model, model::ModelOptions{pg_.tp.get(), args_.sequence_parallel, ddp_->layout_fn(), std::move(part),
-                                       args_.tp_comm_overlap});
+                                       args_.tp_comm_overlap, {pg_.ep.get(), pg_.etp.get(), pg_.tp_ep.get()}});
 }
 
 void Trainer::setup_pipeline() {
@@ -80,9 +83,12 @@ void Trainer::setup_step_runner() {
     for (auto [lo, hi] : ddp_->owned_ranges()) owned += hi - lo;
     const double per = args_.optimizer.type == "adam" ? 8.0 : 4.0;  // fp32 moments per element
     const auto& ps = model_->params();
-    log_info("distributed optimizer: this rank's optimizer state covers {} of {} elements (1/{}): {:.2f} MiB instead "
+    const std::string split = ddp_->has_expert_buckets() ? fmt::format("dense over DP {}, experts over expert DP {}",
+                                                                       pg_.dp->size(), pg_.edp->size())
+                                                           : fmt::format("1/{}", pg_.dp->size());
+    log_info("distributed optimizer: this rank's optimizer state covers {} of {} elements ({}): {:.2f} MiB instead "
              "of {:.2f} MiB",
-             owned, ps.numel(), pg_.dp->size(), static_cast<double>(owned) * per / 1048576.0,
+             owned, ps.numel(), split, static_cast<double>(owned) * per / 1048576.0,
              static_cast<double>(ps.numel()) * per / 1048576.0);
   }
 }

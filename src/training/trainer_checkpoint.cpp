@@ -23,6 +23,10 @@ checkpoint::RankInfo Trainer::rank_info() const {
   ri.pp_rank = pg_.pp->rank();
   ri.dp = pg_.grid.dp();
   ri.dp_rank = pg_.dp_rank();
+  ri.ep = pg_.grid.expert_model_parallel();
+  ri.ep_rank = pg_.ep->rank();
+  ri.etp_rank = pg_.etp->rank();
+  ri.edp_rank = pg_.edp->rank();
   ri.comm = pg_.world.get();
   return ri;
 }

@@ -1,4 +1,4 @@
-// Sharded checkpoints reshard: a run saved under one TP/PP/DP layout (with or without the
+// Sharded checkpoints reshard: a run saved under one TP/PP/DP/EP layout (with or without the
 // distributed optimizer) resumes under another on the loss trajectory of an uninterrupted
 // single-rank run (fp32: 1e-5 relative, as the equivalence tests), and bit-identically under
 // its own layout. Ranks are forked processes over Gloo (tests/comm/multiprocess.h); the parent
@@ -31,8 +31,10 @@ using testing::PatternSource;
 
 struct Layout {
   int world = 1, tp = 1, pp = 1;
+  int ep = 1, etp = 1;  // expert parallel and expert TP sizes (MoE shape)
   bool dist_opt = false;
   bool gpt = false;  // GPT-2 shape: tied embeddings (a replica on the last pipeline stage), LayerNorm, biases
+  bool moe = false;  // the Llama shape with MoE MLPs: 8 experts, top-2, load-balancing loss
   int64_t vocab = kVocab;   // the true vocabulary (the data uses the first kVocab ids)
   int64_t divisible = 16;   // --make-vocab-size-divisible-by
 };
@@ -51,10 +53,18 @@ Arguments make_args(const Layout& l, const std::string& save, const std::string&
     testing::set_query_groups(a, 4);
     test::use_llama_blocks(m);
   }
+  if (l.moe) {
+    m.moe.num_experts = 8;
+    m.moe.topk = 2;
+    m.moe.moe_ffn_hidden_size = 16;
+    m.moe.aux_loss_coeff = 1e-2;
+    m.moe.layer_pattern = {true, false, true, true};  // a dense layer between them
+  }
   testing::set_short_run(a, kFirst + kRest, 2, 3e-3f, 3e-4);
   a.world_size = l.world;
   a.tensor_model_parallel_size = l.tp;
   a.pipeline_model_parallel_size = l.pp;
+  a.sequence_parallel = l.tp > 1 && l.moe;  // MoE under TP routes sequence shards
   a.use_distributed_optimizer = l.dist_opt;
   a.ddp_bucket_size = l.dist_opt ? 3000 : 0;  // several buckets: owned slices cut through tensors
   a.make_vocab_size_divisible_by = l.divisible;
@@ -86,7 +96,7 @@ void run(const Layout& l, int steps, const std::string& save, const std::string&
         cpu::set_num_threads(1);
         Arguments a = make_args(l, save, load);
         if (groups > 0) a.model.num_query_groups = groups;
-        parallel::RankGrid grid(w.size(), l.tp, l.pp);
+        parallel::RankGrid grid(w.size(), l.tp, l.pp, 1, l.ep, l.etp);
         auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
         Trainer t(a, nullptr, pg);
         t.set_data(std::make_unique<PatternSource>(100000, a.model.seq_length, kVocab), nullptr);
@@ -117,19 +127,20 @@ std::vector<double> losses(const std::string& out, int rank = 0) {
 }
 
 // The uninterrupted single-rank run of each shape (computed once).
-const std::vector<double>& reference(bool gpt) {
-  static std::vector<double> ref[2];
-  auto& r = ref[gpt];
+const std::vector<double>& reference(const Layout& shape) {
+  static std::vector<double> ref[3];
+  const int k = shape.moe ? 2 : shape.gpt ? 1 : 0;
+  auto& r = ref[k];
   if (r.empty()) {
-    const std::string out = tmp_root() + (gpt ? "/ref_gpt" : "/ref");
-    run(Layout{.gpt = gpt}, kFirst + kRest, "", "", out);
+    const std::string out = tmp_root() + (k == 2 ? "/ref_moe" : k == 1 ? "/ref_gpt" : "/ref");
+    run(Layout{.gpt = shape.gpt, .moe = shape.moe}, kFirst + kRest, "", "", out);
     r = losses(out);
   }
   return r;
 }
 
-void expect_close(const std::vector<double>& got, size_t from, const char* what, bool gpt) {
-  const auto& ref = reference(gpt);
+void expect_close(const std::vector<double>& got, size_t from, const char* what, const Layout& shape) {
+  const auto& ref = reference(shape);
   ASSERT_EQ(got.size(), static_cast<size_t>(kRest)) << what;
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_LT(std::fabs(got[i] - ref[from + i]) / std::fabs(ref[from + i]), 1e-5)
@@ -143,16 +154,16 @@ void save_then_resume(const Layout& saver, const std::vector<Layout>& loaders, c
   auto first = losses(dir + ".first");
   ASSERT_EQ(first.size(), static_cast<size_t>(kFirst));
   for (int i = 0; i < kFirst; ++i)
-    EXPECT_LT(std::fabs(first[static_cast<size_t>(i)] - reference(saver.gpt)[static_cast<size_t>(i)]) /
-                  reference(saver.gpt)[static_cast<size_t>(i)],
+    EXPECT_LT(std::fabs(first[static_cast<size_t>(i)] - reference(saver)[static_cast<size_t>(i)]) /
+                  reference(saver)[static_cast<size_t>(i)],
               1e-5);
   for (const auto& l : loaders) {
     const std::string out = dir + ".resumed";
     run(l, kRest, "", dir, out);
-    const std::string what = fmt::format("saved tp{} pp{} world{}{} -> loaded tp{} pp{} world{}{}", saver.tp,
-                                         saver.pp, saver.world, saver.dist_opt ? " dist-opt" : "", l.tp, l.pp, l.world,
-                                         l.dist_opt ? " dist-opt" : "");
-    expect_close(losses(out), kFirst, what.c_str(), saver.gpt);
+    const std::string what =
+        fmt::format("saved tp{} pp{} ep{} world{}{} -> loaded tp{} pp{} ep{} world{}{}", saver.tp, saver.pp, saver.ep,
+                    saver.world, saver.dist_opt ? " dist-opt" : "", l.tp, l.pp, l.ep, l.world, l.dist_opt ? " dist-opt" : "");
+    expect_close(losses(out), kFirst, what.c_str(), saver);
   }
 }
 
@@ -170,6 +181,22 @@ TEST(Reshard, TP2xPP2ToTP1AndPP2xDP2) {
 
 TEST(Reshard, TiedEmbeddingPP2ToOneRankAndTP2) {
   save_then_resume({.world = 2, .pp = 2, .gpt = true}, {{.gpt = true}, {.world = 2, .tp = 2, .gpt = true}}, "gptpp2");
+}
+
+// MoE experts are named by their global index: a checkpoint saved with EP 2 (each rank writes its
+// experts, optimizer state sharded over expert DP) loads into EP 1 and EP 4, with and without the
+// distributed optimizer, under TP + SP, expert TP and pipeline stages.
+TEST(Reshard, MoEEP2ToEP1AndEP4) {
+  save_then_resume({.world = 2, .ep = 2, .moe = true},
+                   {{.moe = true}, {.world = 4, .ep = 4, .dist_opt = true, .moe = true}}, "moe_ep2");
+}
+
+TEST(Reshard, MoEEP2xEDP2DistributedOptimizerToTP2ExpertTP2AndPP2) {
+  save_then_resume({.world = 4, .ep = 2, .dist_opt = true, .moe = true},
+                   {{.world = 2, .tp = 2, .etp = 2, .moe = true},
+                    {.world = 4, .pp = 2, .ep = 2, .moe = true},
+                    {.world = 4, .tp = 2, .ep = 2, .dist_opt = true, .moe = true}},
+                   "moe_ep2_edp2");
 }
 
 TEST(Reshard, SameLayoutResumesBitIdentically) {

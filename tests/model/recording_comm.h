@@ -39,6 +39,12 @@ class RecordingComm final : public comm::Communicator {
   comm::WorkHandle all_to_all_async(const void* in, void*, size_t count, comm::DataType t) override {
     return record(in, count, t);
   }
+  comm::WorkHandle all_to_all_v_async(const void* in, const std::vector<size_t>& send_counts, void*,
+                                      const std::vector<size_t>&, comm::DataType t) override {
+    size_t n = 0;
+    for (size_t c : send_counts) n += c;
+    return record(in, n, t);
+  }
   comm::WorkHandle send_async(const void* buf, size_t count, comm::DataType t, int) override {
     return record(buf, count, t);
   }

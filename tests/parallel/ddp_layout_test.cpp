@@ -1,5 +1,6 @@
 // Gradient buckets: backward order, whole parameters, padding to a multiple of DP for the
-// distributed optimizer, and each DP rank's owned slice. No processes needed: the DP group is
+// distributed optimizer, and each DP rank's owned slice; MoE experts in buckets of their own,
+// over the expert-data-parallel group. No processes needed: the DP group is
 // a stand-in that only reports its size and rank.
 #include <gtest/gtest.h>
 
@@ -69,6 +70,43 @@ TEST(DataParallelBuckets, OneUnpaddedBucketByDefault) {
   ov.overlap_grad_reduce = true;
   EXPECT_EQ(effective_bucket_size(ov, 64), 64000000);
   EXPECT_EQ(effective_bucket_size(ov, 8), 40000000);
+}
+
+// MoE experts (this rank's 2 of 4 per layer) get buckets of their own after the dense ones,
+// padded to and sharded over expert DP (2 here) while dense buckets go over DP (3).
+TEST(DataParallelBuckets, ExpertBucketsOverExpertDataParallel) {
+  model::TransformerConfig c = tiny();
+  c.moe.num_experts = 4;
+  c.moe.moe_ffn_hidden_size = 12;
+  DDPOptions o;
+  o.use_distributed_optimizer = true;
+  o.bucket_size = 700;
+  DataParallel dp(std::make_shared<SizeOnly>(2, 3), o, std::make_shared<SizeOnly>(1, 2));
+  SizeOnly ep(1, 2);
+  model::ModelOptions mo{nullptr, false, dp.layout_fn()};
+  mo.expert.ep = &ep;
+  model::GPTModel m(c, mo);
+  dp.attach(m.params());
+  EXPECT_TRUE(dp.has_expert_buckets() && dp.experts_sharded() && dp.sharded());
+  int64_t dense_end = 0, expert_begin = m.params().numel(), experts = 0;
+  for (const auto& k : dp.buckets()) {
+    EXPECT_EQ((k.end - k.begin) % (k.expert ? 2 : 3), 0);
+    EXPECT_EQ(k.group->size(), k.expert ? 2 : 3);
+    for (const auto* p : k.params) EXPECT_EQ(p->expert, k.expert) << p->name;
+    if (k.expert) expert_begin = std::min(expert_begin, k.begin);
+    else dense_end = std::max(dense_end, k.end);
+    for (const auto* p : k.params) experts += p->expert && p->name.find("linear_fc1.weight") != std::string::npos;
+  }
+  EXPECT_LE(dense_end, expert_begin);  // dense first, then the experts
+  EXPECT_EQ(experts, 2 * 2);           // experts 2 and 3 of both layers
+  EXPECT_NE(m.params().find("decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight"), nullptr);
+  EXPECT_EQ(m.params().find("decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight"), nullptr);
+  for (const auto& k : dp.buckets()) {  // each bucket's owned slice: this rank's share of its group
+    const int64_t n = k.group->size(), chunk = (k.end - k.begin) / n, r = k.group->rank();
+    const std::pair<int64_t, int64_t> mine{k.begin + chunk * r, k.begin + chunk * (r + 1)};
+    auto owned = dp.owned_ranges();
+    EXPECT_NE(std::find(owned.begin(), owned.end(), mine), owned.end());
+  }
 }
 
 }  // namespace

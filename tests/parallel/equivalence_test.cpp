@@ -32,13 +32,7 @@ enum class Shape { Llama, Gpt };
 Arguments make_args(Shape shape, const Layout& l) {
   Arguments a;
   auto& m = a.model;
-  m.num_layers = 2;
-  m.hidden_size = 32;
-  m.num_attention_heads = 8;
-  m.seq_length = 16;
-  m.ffn_hidden_size = 64;
-  m.attention_dropout = 0.f;
-  m.hidden_dropout = 0.f;
+  testing::set_layout_model(a, 2);
   if (shape == Shape::Llama) {
     testing::set_query_groups(a, 4);
     test::use_llama_blocks(m);
@@ -74,29 +68,16 @@ void train_rank(comm::World& w, Shape shape, const Layout& l, const std::string&
   if (w.rank() == 0) testing::write_losses(out + ".loss", losses);
 }
 
-const std::string& reference(Shape shape) {
-  static std::string paths[2];
-  std::string& p = paths[static_cast<int>(shape)];
-  if (p.empty()) {
-    std::string out = tmp_dir() + (shape == Shape::Llama ? "/ref_llama" : "/ref_gpt");
-    auto res = testing::run_ranks(1, [&](comm::World& w) { train_rank(w, shape, Layout{}, out, ""); });
-    if (res.size() != 1 || res[0].exit_code != 0) throw Error("reference run failed: " + res[0].stderr_text);
-    p = out;
-  }
-  return p;
-}
-
 void expect_same_as_single_rank(Shape shape, const Layout& l) {
-  const std::string ref = reference(shape);
-  const std::string out = tmp_dir() + "/run";
-  std::remove((out + ".loss").c_str());
-  testing::RankOptions o;
-  o.env = {{"OMP_NUM_THREADS", "1"}};
-  auto res = testing::run_ranks(l.world, [&](comm::World& w) { train_rank(w, shape, l, out, ref); }, o);
-  ASSERT_NO_FATAL_FAILURE(testing::expect_ranks_ok(res, l.world));
+  auto train = [shape](const Layout& layout) {
+    return [shape, layout](comm::World& w, const std::string& out, const std::string& ref) {
+      train_rank(w, shape, layout, out, ref);
+    };
+  };
+  const std::string& ref =
+      testing::reference_run(tmp_dir() + (shape == Shape::Llama ? "/ref_llama" : "/ref_gpt"), train(Layout{}));
   double worst = 0;
-  std::vector<double> want;
-  ASSERT_NO_FATAL_FAILURE(testing::expect_losses_match(ref, out, kSteps, 1e-5, 0.0, "single rank", worst, want));
+  ASSERT_NO_FATAL_FAILURE(testing::expect_layout_matches(ref, tmp_dir() + "/run", l.world, kSteps, train(l), worst));
   std::printf("[ layout ] world %d tp %d%s%s%s%s%s: max relative loss difference over %d steps %.2e\n", l.world, l.tp,
               l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "", l.overlap_grad ? " overlap-grad" : "",
               l.overlap_param ? " overlap-param" : "", l.tp_overlap ? " tp-comm-overlap" : "", kSteps, worst);

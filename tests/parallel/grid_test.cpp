@@ -58,6 +58,46 @@ TEST(RankGrid, WorldNotDivisibleNamesTheFlags) {
   EXPECT_NE(error_of([] { RankGrid(8, 0, 1); }).find("at least 1"), std::string::npos);
 }
 
+// Megatron's MoE parallel folding: the expert RankGenerator (tp=ETP, ep=EP, dp=EDP, cp=1, same
+// order) lays the ranks of each pipeline stage out as etp + ETP*(ep + EP*edp).
+TEST(RankGrid, ExpertGridFoldsTheDenseRanks) {
+  RankGrid g(8, /*tp=*/2, /*pp=*/1, /*cp=*/1, /*ep=*/2, /*etp=*/1);
+  EXPECT_EQ(g.dp(), 4);  // EP does not divide the dense data-parallel size
+  EXPECT_EQ(g.expert_data_parallel(), 4);
+  const RankGrid e = g.expert_grid();
+  EXPECT_EQ(e.all_groups("ep"), (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(e.all_groups("edp"), (std::vector<std::vector<int>>{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  EXPECT_EQ(e.all_groups("etp").size(), 8u);  // ETP 1: groups of one
+  EXPECT_EQ(e.group(5, "etp-ep"), (std::vector<int>{4, 5}));
+  // Dense groups are unchanged by EP.
+  EXPECT_EQ(g.all_groups("tp"), (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(g.group(5, "dp"), (std::vector<int>{1, 3, 5, 7}));
+
+  RankGrid h(8, 2, 1, 1, 2);  // ETP defaults to TP, as Megatron's
+  EXPECT_EQ(h.expert_tensor_parallel(), 2);
+  const RankGrid f = h.expert_grid();
+  EXPECT_EQ(f.all_groups("etp"), (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(f.all_groups("ep"), (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(f.all_groups("edp"), (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(f.all_groups("etp-ep"), (std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+
+  // With pipeline stages the expert grid folds each stage's ranks; PP groups are the dense ones.
+  RankGrid p(8, 1, 2, 1, 2);
+  const RankGrid q = p.expert_grid();
+  EXPECT_EQ(q.all_groups("ep"), (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(q.all_groups("edp"), (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(q.all_groups("pp"), p.all_groups("pp"));
+  EXPECT_EQ(q.group(3, "etp-ep-pp"), (std::vector<int>{2, 3, 6, 7}));
+}
+
+TEST(RankGrid, ExpertSizesThatDoNotFoldNameTheFlags) {
+  auto m = error_of([] { RankGrid(4, 1, 1, 1, 8); });
+  EXPECT_NE(m.find("--expert-model-parallel-size (8)"), std::string::npos) << m;
+  m = error_of([] { RankGrid(4, 2, 1, 1, 4, 2); });  // ETP 2 x EP 4 over 4 ranks
+  EXPECT_NE(m.find("--expert-tensor-parallel-size (2)"), std::string::npos) << m;
+  EXPECT_NE(error_of([] { RankGrid(4, 2, 1, 1, 1, -1); }).find("--expert-tensor-parallel-size"), std::string::npos);
+}
+
 Arguments args_for(int64_t world, int64_t tp) {
   Arguments a;
   a.world_size = world;

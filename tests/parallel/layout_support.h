@@ -52,6 +52,18 @@ inline void set_query_groups(Arguments& a, int64_t groups) {
   a.model.num_query_groups = groups;
 }
 
+// The layout tests' model: `layers` layers 32 wide with 8 heads, 16 tokens, ffn 64, no dropout.
+inline void set_layout_model(Arguments& a, int64_t layers) {
+  auto& m = a.model;
+  m.num_layers = layers;
+  m.hidden_size = 32;
+  m.num_attention_heads = 8;
+  m.seq_length = 16;
+  m.ffn_hidden_size = 64;
+  m.attention_dropout = 0.f;
+  m.hidden_dropout = 0.f;
+}
+
 // What every layout test trains: mock data, a global batch of 8 in micro-batches of `mbs`,
 // `steps` iterations with 2 of warm-up and cosine decay from `lr` to `min_lr`, no evaluation.
 inline void set_short_run(Arguments& a, int64_t steps, int64_t mbs, float lr, double min_lr) {
@@ -157,14 +169,17 @@ inline void require_close(const GradDiff& d, int rank, double rel = 2e-6) {
 
 // Trains `steps` steps on this rank and returns the per-step losses. After step 1 the reference
 // run (ref empty) writes its full gradients by name to out.grads; any other layout compares its
-// own shards with them (require_close with `rel`). `after_step(i)` adds per-step checks.
+// own shards with them (require_close with `rel`). `after_step(i)` adds per-step checks;
+// `grad_norms` (if given) gets each step's global grad norm.
 inline std::vector<double> train_checking_step1(Trainer& t, int steps, int rank, const std::string& out,
                                                 const std::string& ref, double rel = 2e-6,
-                                                const std::function<void(int)>& after_step = {}) {
+                                                const std::function<void(int)>& after_step = {},
+                                                std::vector<double>* grad_norms = nullptr) {
   std::vector<double> losses;
   for (int i = 0; i < steps; ++i) {
     const auto r = t.train_step();
     losses.push_back(r.loss_sum / r.tokens);
+    if (grad_norms) grad_norms->push_back(r.grad_norm);
     if (after_step) after_step(i);
     if (i != 0) continue;
     if (ref.empty()) {
@@ -215,6 +230,35 @@ inline void expect_losses_match(const std::string& ref, const std::string& out, 
     EXPECT_LT(rel, tol) << "step " << i + 1 << ": " << got[i] << " vs " << against << " " << want[i];
   }
   EXPECT_LT(want.back(), want.front() - margin);  // it trains
+}
+
+// What a layout test runs on each rank: train, writing to `out` (rank 0: out.loss), comparing
+// step-1 gradients with the reference at `ref` (empty: this is the reference).
+using LayoutRun = std::function<void(comm::World& w, const std::string& out, const std::string& ref)>;
+
+// The single-rank reference run writing to `out`, made once per path (in a forked child).
+inline const std::string& reference_run(const std::string& out, const LayoutRun& train) {
+  static std::map<std::string, std::string> made;
+  auto it = made.find(out);
+  if (it != made.end()) return it->second;
+  auto res = run_ranks(1, [&](comm::World& w) { train(w, out, ""); });
+  if (res.size() != 1 || res[0].exit_code != 0)
+    throw Error("reference run failed: " + (res.empty() ? std::string() : res[0].stderr_text));
+  return made[out] = out;
+}
+
+// A layout of `world` forked ranks (one OpenMP thread each) trains `steps` steps into `out`;
+// every rank must exit cleanly and the losses match the reference's (1e-5 relative). `worst`
+// gets the largest relative difference.
+inline void expect_layout_matches(const std::string& ref, const std::string& out, int world, size_t steps,
+                                  const LayoutRun& train, double& worst) {
+  std::remove((out + ".loss").c_str());
+  RankOptions o;
+  o.env = {{"OMP_NUM_THREADS", "1"}};
+  auto res = run_ranks(world, [&](comm::World& w) { train(w, out, ref); }, o);
+  ASSERT_NO_FATAL_FAILURE(expect_ranks_ok(res, world));
+  std::vector<double> want;
+  ASSERT_NO_FATAL_FAILURE(expect_losses_match(ref, out, steps, 1e-5, 0.0, "single rank", worst, want));
 }
 
 // A 3-layer Llama-style model with dropout on (both streams drawn) and the given recomputation,

@@ -62,13 +62,7 @@ struct Layout {
 Arguments make_args(const Layout& l) {
   Arguments a;
   auto& m = a.model;
-  m.num_layers = 4;
-  m.hidden_size = 32;
-  m.num_attention_heads = 8;
-  m.seq_length = 16;
-  m.ffn_hidden_size = 64;
-  m.attention_dropout = 0.f;
-  m.hidden_dropout = 0.f;
+  testing::set_layout_model(a, 4);
   if (l.shape == Shape::Llama) {
     testing::set_query_groups(a, 4);
     test::use_llama_blocks(m);
@@ -116,30 +110,14 @@ void train_rank(comm::World& w, const Layout& l, const std::string& out, const s
 }
 
 
-const std::string& reference(Shape shape) {
-  static std::string paths[2];
-  std::string& p = paths[static_cast<int>(shape)];
-  if (p.empty()) {
-    std::string out = tmp_dir() + (shape == Shape::Llama ? "/ref_llama" : "/ref_gpt");
-    auto res = testing::run_ranks(1, [&](comm::World& w) { train_rank(w, Layout{.shape = shape}, out, ""); });
-    if (res.size() != 1 || res[0].exit_code != 0) throw Error("reference run failed: " + res[0].stderr_text);
-    p = out;
-  }
-  return p;
-}
-
 void expect_same_as_single_rank(const Layout& l) {
-  const std::string ref = reference(l.shape);
-  const std::string out = tmp_dir() + "/run";
-  std::remove((out + ".loss").c_str());
-  testing::RankOptions o;
-  o.env = {{"OMP_NUM_THREADS", "1"}};
-  auto res = testing::run_ranks(
-      l.world, [&](comm::World& w) { train_rank(w, l, out, ref); }, o);
-  ASSERT_NO_FATAL_FAILURE(testing::expect_ranks_ok(res, l.world));
+  auto train = [](const Layout& layout) {
+    return [layout](comm::World& w, const std::string& out, const std::string& ref) { train_rank(w, layout, out, ref); };
+  };
+  const std::string& ref = testing::reference_run(tmp_dir() + (l.shape == Shape::Llama ? "/ref_llama" : "/ref_gpt"),
+                                                  train({.shape = l.shape}));
   double worst = 0;
-  std::vector<double> want;
-  ASSERT_NO_FATAL_FAILURE(testing::expect_losses_match(ref, out, kSteps, 1e-5, 0.0, "single rank", worst, want));
+  ASSERT_NO_FATAL_FAILURE(testing::expect_layout_matches(ref, tmp_dir() + "/run", l.world, kSteps, train(l), worst));
   std::printf(
       "[ layout ] %s world %d tp %d pp %d vpp %ld first %ld last %ld%s%s: max relative loss difference over "
       "%d steps %.2e\n",

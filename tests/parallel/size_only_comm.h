@@ -24,6 +24,10 @@ class SizeOnly final : public comm::Communicator {
   comm::WorkHandle all_gather_async(const void*, void*, size_t, comm::DataType) override { return none(); }
   comm::WorkHandle broadcast_async(void*, size_t, comm::DataType, int) override { return none(); }
   comm::WorkHandle all_to_all_async(const void*, void*, size_t, comm::DataType) override { return none(); }
+  comm::WorkHandle all_to_all_v_async(const void*, const std::vector<size_t>&, void*, const std::vector<size_t>&,
+                                      comm::DataType) override {
+    return none();
+  }
   comm::WorkHandle send_async(const void*, size_t, comm::DataType, int) override { return none(); }
   comm::WorkHandle recv_async(void*, size_t, comm::DataType, int) override { return none(); }
   comm::WorkHandle barrier_async() override { return none(); }

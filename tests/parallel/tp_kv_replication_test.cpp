@@ -141,13 +141,7 @@ struct Layout {
 Arguments make_args(ModelShape shape, int64_t groups, const Layout& l) {
   Arguments a;
   auto& m = a.model;
-  m.num_layers = 2;
-  m.hidden_size = 32;
-  m.num_attention_heads = 8;
-  m.seq_length = 16;
-  m.ffn_hidden_size = 64;
-  m.attention_dropout = 0.f;
-  m.hidden_dropout = 0.f;
+  testing::set_layout_model(a, 2);
   testing::set_query_groups(a, groups);
   if (shape == ModelShape::Llama) {
     test::use_llama_blocks(m);

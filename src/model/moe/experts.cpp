@@ -5,24 +5,51 @@
 
 namespace mt::model {
 
+namespace {
+
+// A plain (no TP communication) Linear whose weight is `wsplit`'s shard of [out, in] and whose
+// bias is `bsplit`'s of [out]: an expert's fc1 or fc2 under expert TP.
+Linear expert_linear(ParamStore& ps, const std::string& prefix, int64_t in, int64_t out, bool with_bias, Init init,
+                     TPSplit wsplit, TPSplit bsplit) {
+  Linear l;
+  l.in = in;
+  l.out = out;
+  l.weight = &ps.add(prefix + ".weight", {out, in}, init, true, wsplit);
+  l.bias = with_bias ? &ps.add(prefix + ".bias", {out}, Init::Zeros, false, bsplit) : nullptr;
+  // An expert that receives no token in a step runs no GEMM, yet its gradient is reduced with
+  // the others: it must read zero, so these are zeroed with the step rather than overwritten.
+  l.weight->gemm_only_grad = false;
+  for (Param* p : {l.weight, l.bias})
+    if (p) p->expert = true;
+  return l;
+}
+
+}  // namespace
+
 void GroupedExperts::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, int64_t first,
-                           int64_t count) {
+                           int64_t count, const ExpertParallel* ep) {
   first_expert = first;
   num_local = count;
-  local_ffn = c.moe.moe_ffn_hidden_size;
+  const int etp = ep ? ep->etp_size() : 1, r = ep ? ep->etp_rank() : 0;
+  const int64_t ffn = c.moe.moe_ffn_hidden_size;
+  MT_CHECK(ffn % etp == 0, "moe_ffn_hidden_size {} over {} expert-TP ranks", ffn, etp);
+  // A row-split fc2's bias would be added by every ETP rank (Megatron refuses it too).
+  MT_CHECK(etp == 1 || !c.add_bias_linear, "experts with linear biases under expert tensor parallelism");
+  local_ffn = ffn / etp;
   swiglu = c.swiglu;
   openai_gelu = c.openai_gelu;
   recompute_act = c.recomputes("moe_act");
-  const int64_t fc1_out = swiglu ? 2 * local_ffn : local_ffn;
-  fc1.resize(static_cast<size_t>(count));
-  fc2.resize(static_cast<size_t>(count));
+  const int blocks = swiglu ? 2 : 1;  // fc1 = [gate; up]: each ETP rank holds [gate_r; up_r]
+  const TPSplit column = etp > 1 ? TPSplit{0, blocks, r, etp} : TPSplit{};
+  const TPSplit row = etp > 1 ? TPSplit{1, 1, r, etp} : TPSplit{};
+  fc1.clear();
+  fc2.clear();
   for (int64_t i = 0; i < count; ++i) {
     const std::string p = prefix + ".local_experts." + std::to_string(first + i);
-    fc1[i].build(ps, p + ".linear_fc1", c.hidden_size, fc1_out, c.add_bias_linear, Init::Normal);
-    fc2[i].build(ps, p + ".linear_fc2", local_ffn, c.hidden_size, c.add_bias_linear, Init::ScaledNormal);
-    // An expert that receives no token in a step runs no GEMM, yet its gradient is reduced with
-    // the others: it must read zero, so these are zeroed with the step rather than overwritten.
-    fc1[i].weight->gemm_only_grad = fc2[i].weight->gemm_only_grad = false;
+    fc1.push_back(expert_linear(ps, p + ".linear_fc1", c.hidden_size, blocks * ffn, c.add_bias_linear, Init::Normal,
+                                column, column));
+    fc2.push_back(expert_linear(ps, p + ".linear_fc2", ffn, c.hidden_size, c.add_bias_linear, Init::ScaledNormal,
+                                row, TPSplit{}));
   }
 }
 

@@ -1,54 +1,41 @@
 #include "model/moe/moe_layer.h"
 
-#include <numeric>
-
 #include "core/error.h"
 #include "kernels/ops.h"
 
 namespace mt::model {
 
 void MoELayer::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, int64_t layer_index,
-                     const TensorParallel* tp) {
+                     const TensorParallel* tp, const ExpertParallel* ep) {
   cfg = c;
-  MT_CHECK(!tp || !tp->on(), "MoE layers under tensor parallelism are not built yet (the arguments refuse them)");
+  // Without SP every TP rank would route the same tokens to the same experts (the arguments
+  // refuse it, as Megatron's).
+  MT_CHECK(!tp || !tp->on() || tp->sp(), "MoE layers under tensor parallelism need sequence parallelism");
+  const ExpertParallel where = ep ? *ep : ExpertParallel{};
   router.build(ps, prefix + ".router", c, layer_index, tp);
-  experts.build(ps, prefix + ".experts", c, 0, c.moe.num_experts);
+  const int64_t local = c.moe.num_experts / where.ep_size();
+  experts.build(ps, prefix + ".experts", c, where.ep_rank() * local, local, &where);
+  dispatcher = make_token_dispatcher(c.moe.token_dispatcher, where, c.moe.num_experts);
   has_shared = c.moe.shared_expert_intermediate_size > 0;
   if (has_shared) {
     TransformerConfig sc = c;
     sc.ffn_hidden_size = c.moe.shared_expert_intermediate_size;
     shared.build(ps, prefix + ".shared_experts", sc, tp);
-    if (c.moe.shared_expert_gate)
+    if (c.moe.shared_expert_gate) {
       shared_gate = &ps.add(prefix + ".shared_experts.gate_weight", {1, c.hidden_size}, Init::Normal, true);
+      shared_gate->sequence_parallel = tp && tp->sp();  // it sees this rank's sequence shard
+    }
   }
 }
 
 Tensor MoELayer::forward(const Tensor& x, int64_t B, Saved& s, PassContext& ctx) const {
   Tensor probs, map;
   router.forward(x, B, s.router, ctx, probs, map);
-  std::vector<int32_t> counts;
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::permute);
-    Tensor counts_d;
-    s.token_rows = ops::moe_dispatch_plan(map, counts_d);
-    // The host needs the counts for the experts' GEMM sizes: the layer's one device sync.
-    const Tensor c = counts_d.to_device(Device::CPU);
-    counts.assign(c.data<int32_t>(), c.data<int32_t>() + c.numel());
-  }
-  router.finish_forward(counts, s.router, ctx);
-  const int64_t rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-  Tensor xp;
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::permute);
-    xp = ops::moe_permute(x, s.token_rows, rows);
-  }
-  s.yp = experts.forward(xp, std::vector<int64_t>(counts.begin(), counts.end()), s.experts, ctx);
-  s.probs = probs;
-  Tensor y;
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::unpermute);
-    y = ops::moe_unpermute(s.yp, s.token_rows, probs);
-  }
+  std::vector<int64_t> counts;
+  std::vector<int32_t> routed;
+  const Tensor xp = dispatcher->dispatch(x, probs, map, s.dispatch, counts, routed, ctx);
+  router.finish_forward(routed, s.router, ctx);
+  Tensor y = dispatcher->combine(experts.forward(xp, counts, s.experts, ctx), s.dispatch, ctx);
   if (has_shared) {
     Tensor sy = shared.forward(x, s.shared, ctx);
     if (shared_gate) {
@@ -91,17 +78,10 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, PassContext& ctx) const {
     if (dx_shared.defined()) ops::add_inplace(dx_shared, d);
     else dx_shared = d;
   }
-  Tensor dyp, dprobs;
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::unpermute);
-    dyp = ops::moe_unpermute_backward(dy, s.yp, s.token_rows, s.probs, dprobs);
-  }
+  Tensor dprobs;
+  const Tensor dyp = dispatcher->combine_backward(dy, s.dispatch, dprobs, ctx);
   const Tensor dxp = experts.backward(dyp, s.experts, ctx);
-  Tensor dx;
-  {
-    ScopedOpTimer t(ctx.times, &OpTimes::permute);
-    dx = ops::moe_permute_backward(dxp, s.token_rows);
-  }
+  Tensor dx = dispatcher->dispatch_backward(dxp, s.dispatch, ctx);
   const Tensor dx_router = router.backward(dprobs, s.router, ctx);
   {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
