@@ -159,7 +159,8 @@ int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEn
   comm::World world(env, std::chrono::minutes(a.distributed_timeout_minutes), dev);
   parallel::RankGrid grid(env.world_size, static_cast<int>(a.tensor_model_parallel_size),
                           static_cast<int>(a.pipeline_model_parallel_size), static_cast<int>(a.context_parallel_size),
-                          static_cast<int>(a.expert_model_parallel_size));
+                          static_cast<int>(a.expert_model_parallel_size),
+                          static_cast<int>(a.expert_tensor_parallel_size));
   parallel::ProcessGroups groups =
       env.world_size > 1 ? parallel::build_process_groups(world, grid) : parallel::local_process_groups();
   if (env.world_size > 1)

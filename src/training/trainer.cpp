@@ -18,6 +18,8 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
            args_.tensor_model_parallel_size, args_.data_parallel_size);
   MT_CHECK(pg_.pp->size() == args_.pipeline_model_parallel_size, "pipeline group of {} ranks for {} stages",
            pg_.pp->size(), args_.pipeline_model_parallel_size);
+  MT_CHECK(pg_.ep->size() == args_.expert_model_parallel_size, "expert-parallel group of {} ranks for EP {}",
+           pg_.ep->size(), args_.expert_model_parallel_size);
   setup_data_parallel();
   setup_model();
   setup_pipeline();

@@ -56,7 +56,9 @@ void Trainer::maybe_load() {
   if (args_.load.empty()) return;
   if (checkpoint::detect_checkpoint(args_.load) == checkpoint::CheckpointKind::HuggingFace) {
     // Weights only: a HuggingFace model starts a run (continued pretraining or fine-tuning).
-    checkpoint::load_hf_weights(args_.load, model_->params(), model_->config());
+    // Under PP or EP this rank holds only part of the model: the rest of the files is others'.
+    checkpoint::load_hf_weights(args_.load, model_->params(), model_->config(),
+                                pg_.pp->size() == 1 && pg_.ep->size() == 1);
     log_info("loaded HuggingFace model weights from {} (starting at iteration 0 with a fresh optimizer)", args_.load);
     return;
   }

@@ -64,6 +64,8 @@ Arguments make_args(const Layout& l, const std::string& save, const std::string&
   a.world_size = l.world;
   a.tensor_model_parallel_size = l.tp;
   a.pipeline_model_parallel_size = l.pp;
+  a.expert_model_parallel_size = l.ep;
+  a.expert_tensor_parallel_size = l.etp;
   a.sequence_parallel = l.tp > 1 && l.moe;  // MoE under TP routes sequence shards
   a.use_distributed_optimizer = l.dist_opt;
   a.ddp_bucket_size = l.dist_opt ? 3000 : 0;  // several buckets: owned slices cut through tensors
@@ -214,52 +216,72 @@ TEST(Reshard, SameLayoutResumesBitIdentically) {
   EXPECT_FALSE(fs::exists(fs::path(checkpoint::iteration_dir(dir, kFirst)) / "rank-00000.json"));
 }
 
+// Trains 3 steps from the HF fixture `name` (--load HF_DIR) on `l.world` ranks; rank r's losses
+// go to out.r. MoE fixtures take l.ep / l.etp; under TP, SP.
+void train_from_hf(const std::string& name, const Layout& l, const std::string& out) {
+  const std::string hf = std::string(MT_SOURCE_DIR) + "/tests/checkpoint/fixtures/" + name;
+  auto res = testing::run_ranks(l.world, [&](comm::World& w) {
+    cpu::set_num_threads(1);  // see run()
+    Arguments a;
+    a.load = hf;
+    apply_hf_config(a, checkpoint::read_hf_config(hf), hf);
+    a.model.seq_length = 16;
+    a.model.attention_dropout = a.model.hidden_dropout = 0.f;
+    // The same padded vocabulary (128) at TP 1 and 2: the zero padding rows' logits take part
+    // in the softmax, as in Megatron, so the padding must not change with the layout here.
+    a.make_vocab_size_divisible_by = 64;
+    a.data.mock = true;
+    a.micro_batch_size = 2;
+    a.global_batch_size = 4;
+    a.train_iters = 3;
+    a.optimizer.lr = 1e-3f;
+    a.eval_iters = 0;
+    a.world_size = l.world;
+    a.tensor_model_parallel_size = l.tp;
+    a.expert_model_parallel_size = l.ep;
+    a.expert_tensor_parallel_size = l.etp;
+    a.sequence_parallel = l.tp > 1 && a.model.moe.enabled();
+    validate_args(a, 99);
+    apply_hf_vocab(a, checkpoint::read_hf_config(hf), 99, hf);
+    parallel::RankGrid grid(w.size(), l.tp, 1, 1, l.ep, l.etp);
+    auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
+    Trainer t(a, nullptr, pg);
+    t.set_data(std::make_unique<PatternSource>(100000, 16, kVocab), nullptr);
+    t.load_for_test();
+    std::ofstream f(out + "." + std::to_string(w.rank()));
+    f.precision(17);
+    for (int i = 0; i < 3; ++i) {
+      auto r = t.train_step();
+      f << r.loss_sum / r.tokens << "\n";
+    }
+  });
+  for (size_t r = 0; r < res.size(); ++r) ASSERT_EQ(res[r].exit_code, 0) << res[r].stderr_text;
+}
+
+// The fixture trains under `l` as on one rank.
+void expect_hf_layout_like_one_rank(const std::string& name, const Layout& l) {
+  const std::string out = tmp_root() + "/hf_" + name;
+  ASSERT_NO_FATAL_FAILURE(train_from_hf(name, {}, out + "1"));
+  ASSERT_NO_FATAL_FAILURE(train_from_hf(name, l, out + "n"));
+  auto one = losses(out + "1"), n = losses(out + "n");
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(n.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_LT(std::fabs(one[i] - n[i]) / one[i], 1e-5) << i << ": " << one[i] << " vs " << n[i];
+}
+
 // --load HF_DIR under tensor parallelism: Qwen3's q/k norms are shared by all heads, so their
 // gradients are partial per TP rank and must be summed; TP 2 trains like one rank.
 TEST(Reshard, HuggingFaceQwen3LoadsUnderTP2AndTrainsLikeOneRank) {
-  const std::string hf = std::string(MT_SOURCE_DIR) + "/tests/checkpoint/fixtures/qwen3";
-  auto train = [&](int tp, const std::string& out) {
-    auto res = testing::run_ranks(tp, [&](comm::World& w) {
-      cpu::set_num_threads(1);  // see run()
-      Arguments a;
-      a.load = hf;
-      apply_hf_config(a, checkpoint::read_hf_config(hf), hf);
-      a.model.seq_length = 16;
-      a.model.attention_dropout = a.model.hidden_dropout = 0.f;
-      // The same padded vocabulary (128) at TP 1 and 2: the zero padding rows' logits take part
-      // in the softmax, as in Megatron, so the padding must not change with the layout here.
-      a.make_vocab_size_divisible_by = 64;
-      a.data.mock = true;
-      a.micro_batch_size = 2;
-      a.global_batch_size = 4;
-      a.train_iters = 3;
-      a.optimizer.lr = 1e-3f;
-      a.eval_iters = 0;
-      a.world_size = tp;
-      a.tensor_model_parallel_size = tp;
-      validate_args(a, 99);
-      apply_hf_vocab(a, checkpoint::read_hf_config(hf), 99, hf);
-      parallel::RankGrid grid(w.size(), tp, 1);
-      auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
-      Trainer t(a, nullptr, pg);
-      t.set_data(std::make_unique<PatternSource>(100000, 16, kVocab), nullptr);
-      t.load_for_test();
-      std::ofstream f(out + "." + std::to_string(w.rank()));
-      f.precision(17);
-      for (int i = 0; i < 3; ++i) {
-        auto r = t.train_step();
-        f << r.loss_sum / r.tokens << "\n";
-      }
-    });
-    for (size_t r = 0; r < res.size(); ++r) ASSERT_EQ(res[r].exit_code, 0) << res[r].stderr_text;
-  };
-  const std::string out = tmp_root() + "/qwen3";
-  train(1, out + "1");
-  train(2, out + "2");
-  auto one = losses(out + "1"), two = losses(out + "2");
-  ASSERT_EQ(one.size(), 3u);
-  ASSERT_EQ(two.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_LT(std::fabs(one[i] - two[i]) / one[i], 1e-5) << i << ": " << one[i] << " vs " << two[i];
+  expect_hf_layout_like_one_rank("qwen3", {.world = 2, .tp = 2});
+}
+
+// HF MoE models under expert parallelism: each rank takes its experts from the HF files (the
+// others' are left for them); Qwen2-MoE's gated shared expert under TP 2 + SP with expert TP 2.
+TEST(Reshard, HuggingFaceMixtralLoadsUnderEP2AndTrainsLikeOneRank) {
+  expect_hf_layout_like_one_rank("mixtral", {.world = 2, .ep = 2});
+}
+TEST(Reshard, HuggingFaceQwen2MoELoadsUnderTP2ExpertTP2AndTrainsLikeOneRank) {
+  expect_hf_layout_like_one_rank("qwen2_moe", {.world = 2, .tp = 2, .etp = 2});
 }
 
 // TP larger than --num-query-groups (Megatron's KV replication): linear_qkv stays a plain

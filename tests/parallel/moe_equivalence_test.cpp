@@ -25,7 +25,7 @@ constexpr int32_t kVocab = 64;
 
 struct Layout {
   int world = 1, tp = 1, pp = 1, ep = 1;
-  int etp = 1;  // expert TP: 1, or TP (Megatron's default)
+  int etp = 1;  // expert TP (Megatron's default: TP)
   bool sp = false, dist_opt = false, overlap_grad = false;
   int64_t bucket = 0;
   std::string dispatcher = "allgather";
@@ -69,6 +69,8 @@ Arguments make_args(const Layout& l) {
   a.world_size = l.world;
   a.tensor_model_parallel_size = l.tp;
   a.pipeline_model_parallel_size = l.pp;
+  a.expert_model_parallel_size = l.ep;
+  a.expert_tensor_parallel_size = l.etp;
   a.sequence_parallel = l.sp;
   a.use_distributed_optimizer = l.dist_opt;
   a.overlap_grad_reduce = l.overlap_grad;
@@ -153,6 +155,11 @@ TEST(MoEEquivalence, EP2xTP2SequenceParallelExpertTP2AllToAll) {
 }
 TEST(MoEEquivalence, EP2xTP2SequenceParallelExpertTP2DistributedOptimizer) {
   expect_same_as_single_rank({.world = 4, .tp = 2, .ep = 2, .etp = 2, .sp = true, .dist_opt = true, .bucket = 3000});
+}
+// Expert TP without dense TP: the two DP ranks split each expert's fc1/fc2 between them.
+TEST(MoEEquivalence, ExpertTP2OverDP2) { expect_same_as_single_rank({.world = 2, .etp = 2}); }
+TEST(MoEEquivalence, ExpertTP2OverDP2AllToAll) {
+  expect_same_as_single_rank({.world = 2, .etp = 2, .dispatcher = "alltoall"});
 }
 // Pipeline stages: each holds one MoE layer; the expert grad norm spans ETP x EP x PP.
 TEST(MoEEquivalence, EP2xPP2) { expect_same_as_single_rank({.world = 4, .pp = 2, .ep = 2}); }
