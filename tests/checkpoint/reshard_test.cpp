@@ -201,6 +201,13 @@ TEST(Reshard, MoEEP2xEDP2DistributedOptimizerToTP2ExpertTP2AndPP2) {
                    "moe_ep2_edp2");
 }
 
+// TP 2 + SP with expert TP 1 and the distributed optimizer: dense state whole on each TP rank
+// (DP 1), the experts' sharded over the expert-DP group that the TP ranks form.
+TEST(Reshard, MoETP2ExpertDP2DistributedOptimizerToOneRankAndEP2) {
+  save_then_resume({.world = 2, .tp = 2, .dist_opt = true, .moe = true},
+                   {{.moe = true}, {.world = 2, .ep = 2, .dist_opt = true, .moe = true}}, "moe_tp2_edp2");
+}
+
 TEST(Reshard, SameLayoutResumesBitIdentically) {
   const Layout l{.world = 2, .tp = 2};
   const std::string dir = tmp_root() + "/same";

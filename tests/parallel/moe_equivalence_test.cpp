@@ -26,7 +26,7 @@ constexpr int32_t kVocab = 64;
 struct Layout {
   int world = 1, tp = 1, pp = 1, ep = 1;
   int etp = 1;  // expert TP (Megatron's default: TP)
-  bool sp = false, dist_opt = false, overlap_grad = false;
+  bool sp = false, dist_opt = false, overlap_grad = false, overlap_param = false;
   int64_t bucket = 0;
   std::string dispatcher = "allgather";
   bool rich = false;  // the second shape: shared expert and its gate, expert bias, z-loss
@@ -74,6 +74,7 @@ Arguments make_args(const Layout& l) {
   a.sequence_parallel = l.sp;
   a.use_distributed_optimizer = l.dist_opt;
   a.overlap_grad_reduce = l.overlap_grad;
+  a.overlap_param_gather = l.overlap_param;
   a.ddp_bucket_size = l.bucket;
   validate_args(a, kVocab);
   return a;
@@ -130,13 +131,17 @@ TEST(MoEEquivalence, EP2xEDP2DistributedOptimizer) {
   expect_same_as_single_rank({.world = 4, .ep = 2, .dist_opt = true, .bucket = 3000});
 }
 TEST(MoEEquivalence, EP2xEDP2DistributedOptimizerOverlapAllToAll) {
-  expect_same_as_single_rank(
-      {.world = 4, .ep = 2, .dist_opt = true, .overlap_grad = true, .bucket = 2000, .dispatcher = "alltoall"});
+  expect_same_as_single_rank({.world = 4, .ep = 2, .dist_opt = true, .overlap_grad = true, .overlap_param = true,
+                              .bucket = 2000, .dispatcher = "alltoall"});
 }
 // TP 2 + SP: each TP rank routes its own sequence shard. Expert TP 1: the experts are whole, EP
 // spans the TP ranks; expert TP 2 (Megatron's default): fc1/fc2 split over the TP ranks.
 TEST(MoEEquivalence, TP2SequenceParallelExpertTP1) {
   expect_same_as_single_rank({.world = 2, .tp = 2, .sp = true});
+}
+// DP 1 but expert DP 2: the distributed optimizer shards the experts only (dense buckets whole).
+TEST(MoEEquivalence, TP2SequenceParallelExpertTP1DistributedOptimizer) {
+  expect_same_as_single_rank({.world = 2, .tp = 2, .sp = true, .dist_opt = true, .overlap_param = true});
 }
 TEST(MoEEquivalence, TP2SequenceParallelExpertTP2) {
   expect_same_as_single_rank({.world = 2, .tp = 2, .etp = 2, .sp = true});
