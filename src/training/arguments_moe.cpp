@@ -122,9 +122,9 @@ void validate_moe_args(Arguments& a) {
     fail("--moe-router-topk 1 with the softmax score function needs --moe-router-pre-softmax (a softmax over the top "
          "1 score is always 1 and the router would not learn)");
   const int64_t etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : tp;
-  if (etp != tp)
-    fail("--expert-tensor-parallel-size {}: an expert tensor-parallel size other than --tensor-model-parallel-size "
-         "({}) is not implemented yet",
+  if (etp != tp && etp != 1)
+    fail("--expert-tensor-parallel-size {}: the experts are split over --tensor-model-parallel-size ({}) ranks or "
+         "not at all (1); other expert tensor-parallel sizes are not implemented yet",
          etp, tp);
   if (a.model.add_bias_linear && etp > 1)
     fail("mixture-of-experts layers with linear biases need --expert-tensor-parallel-size 1 (Megatron's rule; here the "
@@ -132,10 +132,6 @@ void validate_moe_args(Arguments& a) {
          tp);
   if (tp > 1 && !a.sequence_parallel)
     fail("mixture-of-experts layers with --tensor-model-parallel-size {} need --sequence-parallel (Megatron's rule)",
-         tp);
-  if (tp > 1)
-    fail("--num-experts with --tensor-model-parallel-size {}: mixture-of-experts layers under tensor parallelism are "
-         "not implemented yet; use --tensor-model-parallel-size 1",
          tp);
   if (m.num_experts % ep != 0)
     fail("--num-experts ({}) must be divisible by --expert-model-parallel-size ({})", m.num_experts, ep);
@@ -147,10 +143,6 @@ void validate_moe_args(Arguments& a) {
     fail("--expert-tensor-parallel-size ({}) x --expert-model-parallel-size ({}) must divide the {} ranks of a "
          "pipeline stage (tensor x context x data parallel)",
          etp, ep, dense);
-  if (ep > 1)
-    fail("--expert-model-parallel-size {}: expert parallelism is not implemented yet (mixture-of-experts models are; "
-         "use 1)",
-         ep);
   a.expert_tensor_parallel_size = etp;
   if (a.moe_use_upcycling) {
     if (a.save.empty()) fail("--moe-use-upcycling needs --save (the upcycled model is written there)");

@@ -43,7 +43,7 @@ expect_error "--moe-input-jitter-eps is a Megatron-LM flag that megatron.cpp doe
   pretrain "${MOE[@]}" --moe-input-jitter-eps 0.01
 expect_error "--moe-router-topk-limited-devices is a Megatron-LM flag that megatron.cpp does not support yet" \
   pretrain "${MOE[@]}" --moe-router-topk-limited-devices 2
-expect_error "--expert-tensor-parallel-size 2: an expert tensor-parallel size other than --tensor-model-parallel-size (1) is not implemented yet" \
+expect_error "--expert-tensor-parallel-size 2: the experts are split over --tensor-model-parallel-size (1) ranks or not at all (1)" \
   pretrain "${MOE[@]}" --expert-tensor-parallel-size 2
 
 # MoE flags need experts.
@@ -86,14 +86,10 @@ expect_error "mixture-of-experts layers with linear biases need --expert-tensor-
   pretrain "${MOE[@]}" --tensor-model-parallel-size 2 --sequence-parallel
 expect_error "mixture-of-experts layers with --tensor-model-parallel-size 2 need --sequence-parallel" \
   pretrain "${MOE[@]}" --tensor-model-parallel-size 2 --disable-bias-linear
-expect_error "--num-experts with --tensor-model-parallel-size 2: mixture-of-experts layers under tensor parallelism are not implemented yet" \
-  pretrain "${MOE[@]}" --tensor-model-parallel-size 2 --disable-bias-linear --sequence-parallel
 expect_error "--num-experts (4) must be divisible by --expert-model-parallel-size (3)" \
   pretrain "${MOE[@]}" --expert-model-parallel-size 3
 expect_error "--expert-tensor-parallel-size (1) x --expert-model-parallel-size (4) must divide the 2 ranks of a pipeline stage" \
   pretrain "${MOE[@]}" --expert-model-parallel-size 4
-expect_error "--expert-model-parallel-size 2: expert parallelism is not implemented yet" \
-  pretrain "${MOE[@]}" "${CK[@]}" --expert-model-parallel-size 2
 unset WORLD_SIZE RANK LOCAL_RANK MASTER_ADDR MASTER_PORT MT_STORE_SECRET
 
 # --load HF_DIR: the experts come from config.json; flags that say otherwise are named.
