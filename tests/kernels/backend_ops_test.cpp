@@ -361,6 +361,12 @@ std::vector<Case> cases() {
                  round_bf16_inplace(wide);  // a no-op on the GPU; the CPU rounds what bf16 would hold
                  return Outputs{y, wide};
                }});
+  c.push_back({"copy_into", 0.0, [=](Device d) {
+                 Tensor y = act(d, {rows, 128}, 66);
+                 Tensor part = y.slice(2, 3);
+                 copy_into(part, act(d, {3, 128}, 67));  // rows 2..4 of y replaced, the others kept
+                 return Outputs{y};
+               }});
   c.push_back({"grad_norm_squared", 1e-6, [=](Device d) {
                  const double sq = grad_norm_squared(f32(d, {5000}, 55), {{4000, 5000}, {0, 1000}, {1000, 2500}});
                  return Outputs{Tensor::from_vector(std::vector<float>{static_cast<float>(sq)}, {1})};

@@ -253,6 +253,11 @@ bool attention_backward_rows_direct(const AttentionShape&, const Tensor&, const 
   return false;
 }
 
+void copy_into(Tensor& dst, const Tensor& src) {
+  MT_CHECK(src.device() == Device::CPU && dst.device() == Device::CPU, "copy_into: expected CPU tensors");
+  dst.copy_from(src);
+}
+
 Tensor swiglu_forward(const Tensor& h) {
   const int64_t rows = h.dim(0), F = h.dim(1) / 2;
   Tensor y = Tensor::empty({rows, F});

@@ -414,6 +414,12 @@ void cast(const Tensor& src, Tensor& dst) {
   }
 }
 
+void copy_into(Tensor& dst, const Tensor& src) {
+  MT_CHECK(src.numel() == dst.numel() && src.dtype() == dst.dtype(), "copy_into: {} {} into {} {}",
+           dtype_name(src.dtype()), src.shape_str(), dtype_name(dst.dtype()), dst.shape_str());
+  if (dst.nbytes() > 0) MT_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDefault, st()));
+}
+
 void round_bf16_inplace(Tensor&) {}  // GPU activations are bf16 already
 
 void round_f16_inplace(Tensor&) { MT_CHECK(false, "fp16 activations are emulated on the CPU only"); }

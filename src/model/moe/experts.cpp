@@ -85,7 +85,8 @@ Tensor expert_gemms_backward(const std::vector<Linear>& lin, const Tensor& dy, c
     if (counts[i] > 0) {
       const Tensor d = ops::linear_backward(rows(dy, off, counts[i]), rows(x, off, counts[i]), lin[i].weight->value,
                                             lin[i].weight->grad, lin[i].bias ? &lin[i].bias->grad : nullptr, true, true);
-      rows(dx, off, counts[i]).copy_from(d);
+      Tensor out = rows(dx, off, counts[i]);
+      ops::copy_into(out, d);
     }
     off += counts[i];
     ctx.grad_ready(lin[i].weight);

@@ -139,14 +139,17 @@ class AllGatherDispatcher final : public TokenDispatcher {
   static Tensor local_part(const Tensor& t, const Saved& s) {
     if (s.local_rows == s.rows) return t;
     Tensor out = Tensor::empty({s.local_rows, t.dim(1)}, t.dtype(), t.device());
-    if (s.local_rows > 0) out.copy_from(t.slice(s.first_row, s.local_rows));
+    if (s.local_rows > 0) ops::copy_into(out, t.slice(s.first_row, s.local_rows));
     return out;
   }
   // The local experts' rows placed in a plan-order tensor whose other rows are zero.
   static Tensor whole(const Tensor& t, const Saved& s) {
     if (s.local_rows == s.rows) return t;
     Tensor out = Tensor::zeros({s.rows, t.dim(1)}, t.dtype(), t.device());
-    if (s.local_rows > 0) out.slice(s.first_row, s.local_rows).copy_from(t);
+    if (s.local_rows > 0) {
+      Tensor rows = out.slice(s.first_row, s.local_rows);
+      ops::copy_into(rows, t);
+    }
     return out;
   }
 
@@ -166,7 +169,10 @@ Tensor transpose_chunks(const Tensor& in, const std::vector<int64_t>& sizes, int
   for (int64_t b = 0; b < nb; ++b)
     for (int64_t a = 0; a < na; ++a) {
       const size_t k = static_cast<size_t>(a * nb + b);
-      if (sizes[k] > 0) out.slice(pos, sizes[k]).copy_from(in.slice(start[k], sizes[k]));
+      if (sizes[k] > 0) {
+        Tensor rows = out.slice(pos, sizes[k]);
+        ops::copy_into(rows, in.slice(start[k], sizes[k]));
+      }
       pos += sizes[k];
     }
   return out;
@@ -210,7 +216,10 @@ Tensor gather_rows_v(const Tensor& in, const std::vector<int64_t>& rows, comm::C
   const int64_t n = in.dim(0), members = c.size();
   Tensor copies = Tensor::empty({members * n, in.dim(1)}, in.dtype(), in.device());
   if (n > 0)
-    for (int64_t i = 0; i < members; ++i) copies.slice(i * n, n).copy_from(in);
+    for (int64_t i = 0; i < members; ++i) {
+      Tensor rows = copies.slice(i * n, n);
+      ops::copy_into(rows, in);
+    }
   return exchange_rows(copies, std::vector<int64_t>(rows.size(), n), rows, c);
 }
 
@@ -221,7 +230,7 @@ Tensor reduce_scatter_rows_v(const Tensor& in, const std::vector<int64_t>& rows,
   const Tensor parts = exchange_rows(in, rows, std::vector<int64_t>(rows.size(), n), c);
   Tensor out = Tensor::empty({n, in.dim(1)}, in.dtype(), in.device());
   if (n == 0) return out;
-  out.copy_from(parts.slice(0, n));
+  ops::copy_into(out, parts.slice(0, n));
   for (int64_t i = 1; i < c.size(); ++i) ops::add_inplace(out, parts.slice(i * n, n));
   return out;
 }
