@@ -60,6 +60,7 @@ class Trainer {
   model::Batch make_batch(data::SampleSource& src, int64_t first, int64_t count) const;
   std::vector<model::Batch> train_batches();
   void maybe_load();
+  void upcycle();  // --moe-use-upcycling
   checkpoint::RankInfo rank_info() const;
 
   Arguments args_;

@@ -1,10 +1,12 @@
 // The trainer's side of checkpoints: what it saves (weights, optimizer state as this rank holds
 // it, RNG streams, data position) and how it resumes, from a native checkpoint of any parallel
 // layout or from a HuggingFace model directory.
+#include <filesystem>
 #include <optional>
 
 #include "checkpoint/hf_import.h"
 #include "checkpoint/model_args.h"
+#include "checkpoint/upcycle.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "training/trainer.h"
@@ -54,6 +56,7 @@ void Trainer::save() {
 
 void Trainer::maybe_load() {
   if (args_.load.empty()) return;
+  if (args_.moe_use_upcycling) return upcycle();
   if (checkpoint::detect_checkpoint(args_.load) == checkpoint::CheckpointKind::HuggingFace) {
     // Weights only: a HuggingFace model starts a run (continued pretraining or fine-tuning).
     // Under PP or EP this rank holds only part of the model: the rest of the files is others'.
@@ -113,6 +116,29 @@ void Trainer::maybe_load() {
   }
   log_info("loaded checkpoint from {} at iteration {} in {:.2f} s", args_.load, *it,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+}
+
+// Megatron's --moe-use-upcycling: the MoE model starts from the dense checkpoint in --load
+// (checkpoint/upcycle.h) at iteration 0, and that starting point is saved to --save at once, so
+// the following runs resume from it without the flag.
+void Trainer::upcycle() {
+  if (std::filesystem::is_directory(args_.save) && checkpoint::latest_iteration(args_.save))
+    fail("--moe-use-upcycling: {} already holds a checkpoint; upcycling is for the first run only (as in Megatron): "
+         "drop --moe-use-upcycling to resume from it, or point --save at a new directory",
+         args_.save);
+  if (checkpoint::detect_checkpoint(args_.load) == checkpoint::CheckpointKind::HuggingFace)
+    fail("--moe-use-upcycling reads a megatron.cpp checkpoint of the dense model; convert {} first (megatron convert "
+         "--load {} --save DIR), then upcycle from DIR",
+         args_.load, args_.load);
+  const auto it = checkpoint::latest_iteration(args_.load);
+  if (!it) fail("--moe-use-upcycling: --load {} holds no checkpoint (no latest_checkpointed_iteration.txt)", args_.load);
+  checkpoint::CheckpointReader dense(args_.load, *it);
+  checkpoint::upcycle_from_dense(dense, model_->params(), model_->config(), args_.load);
+  log_info("upcycled the dense checkpoint {} (iteration {}) into {} experts per MoE layer; saving it to {}", args_.load,
+           *it == checkpoint::kReleaseIteration ? std::string("release") : std::to_string(*it),
+           args_.model.moe.num_experts, args_.save);
+  save();
+  saver_->wait();
 }
 
 }  // namespace mt
