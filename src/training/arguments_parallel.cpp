@@ -104,13 +104,11 @@ void validate_pipeline_args(Arguments& a) {
 }
 
 parallel::PipelineOptions pipeline_options(const ParallelArgs& a) {
-  parallel::PipelineOptions o;
-  o.pp = a.pipeline_model_parallel_size;
-  o.first_stage_layers = a.decoder_first_pipeline_num_layers;
-  o.last_stage_layers = a.decoder_last_pipeline_num_layers;
-  o.num_layers_per_virtual_stage = a.num_layers_per_virtual_pipeline_stage;
-  o.virtual_stages_per_rank = a.num_virtual_stages_per_pipeline_rank;
-  return o;
+  return {.pp = a.pipeline_model_parallel_size,
+          .num_layers_per_virtual_stage = a.num_layers_per_virtual_pipeline_stage,
+          .virtual_stages_per_rank = a.num_virtual_stages_per_pipeline_rank,
+          .first_stage_layers = a.decoder_first_pipeline_num_layers,
+          .last_stage_layers = a.decoder_last_pipeline_num_layers};
 }
 
 parallel::DDPOptions ddp_options(const ParallelArgs& a) {

@@ -43,13 +43,19 @@ std::string save_dense(model::GPTModel& dense, const char* name) {
   return dir;
 }
 
+// A 4-expert top-2 MoE config of the dense model with experts of ffn / granularity.
+model::TransformerConfig moe_cfg(int64_t experts, int64_t topk, int64_t granularity) {
+  model::TransformerConfig c = dense_cfg();
+  c.moe.num_experts = experts;
+  c.moe.topk = topk;
+  c.moe.moe_ffn_hidden_size = c.ffn_hidden_size / granularity;
+  return c;
+}
+
 TEST(Upcycling, GranularityOneStartsAtTheDenseLoss) {
   model::GPTModel dense(dense_cfg());
   const std::string dir = save_dense(dense, "mt_upcycle_g1");
-  model::TransformerConfig c = dense_cfg();
-  c.moe.num_experts = 4;
-  c.moe.topk = 2;
-  c.moe.moe_ffn_hidden_size = c.ffn_hidden_size;
+  model::TransformerConfig c = moe_cfg(4, 2, 1);
   c.moe.layer_pattern = {true, true};
   model::GPTModel moe(c);
   checkpoint::CheckpointReader reader(dir, *checkpoint::latest_iteration(dir));
@@ -62,10 +68,7 @@ TEST(Upcycling, GranularityOneStartsAtTheDenseLoss) {
 TEST(Upcycling, GranularityTwoSplitsAndScalesTheDenseMlp) {
   model::GPTModel dense(dense_cfg());
   const std::string dir = save_dense(dense, "mt_upcycle_g2");
-  model::TransformerConfig c = dense_cfg();
-  c.moe.num_experts = 4;
-  c.moe.topk = 2;
-  c.moe.moe_ffn_hidden_size = c.ffn_hidden_size / 2;  // G = 2
+  model::TransformerConfig c = moe_cfg(4, 2, 2);
   model::GPTModel moe(c);
   checkpoint::CheckpointReader reader(dir, *checkpoint::latest_iteration(dir));
   const std::vector<float> router_before = moe.params().find("decoder.layers.0.mlp.router.weight")->main.to_vector();
@@ -100,10 +103,7 @@ TEST(Upcycling, RefusesACheckpointOfAnotherShape) {
   other.hidden_size = 32;
   model::GPTModel dense(other);
   const std::string dir = save_dense(dense, "mt_upcycle_bad");
-  model::TransformerConfig c = dense_cfg();
-  c.moe.num_experts = 2;
-  c.moe.topk = 1;
-  c.moe.moe_ffn_hidden_size = c.ffn_hidden_size;
+  model::TransformerConfig c = moe_cfg(2, 1, 1);
   model::GPTModel moe(c);
   checkpoint::CheckpointReader reader(dir, *checkpoint::latest_iteration(dir));
   try {

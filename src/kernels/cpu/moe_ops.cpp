@@ -78,35 +78,32 @@ Tensor moe_permute(const Tensor& x, const Tensor& token_rows, int64_t rows) {
   return xp;
 }
 
-Tensor moe_permute_backward(const Tensor& dxp, const Tensor& token_rows) {
-  require_cpu(dxp, DType::F32, "moe_permute_backward");
-  const int64_t n = token_rows.dim(0), E = token_rows.dim(1), h = dxp.dim(1);
-  Tensor dx = Tensor::zeros({n, h});
-  const int32_t* r = i32(token_rows);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t e = 0; e < E; ++e) {
-      if (r[t * E + e] < 0) continue;
-      const float* src = f(dxp) + int64_t{r[t * E + e]} * h;
-      float* dst = f(dx) + t * h;
-      for (int64_t j = 0; j < h; ++j) dst[j] += src[j];
-    }
-  return dx;
-}
-
-Tensor moe_unpermute(const Tensor& yp, const Tensor& token_rows, const Tensor& probs) {
-  require_cpu(yp, DType::F32, "moe_unpermute");
-  const int64_t n = token_rows.dim(0), E = token_rows.dim(1), h = yp.dim(1);
+namespace {
+// y[t] = sum over e ascending of w[t, e] * rows[token_rows[t, e]] (w null: 1), in fp32.
+Tensor sum_token_rows(const Tensor& rows_in, const Tensor& token_rows, const Tensor* w) {
+  const int64_t n = token_rows.dim(0), E = token_rows.dim(1), h = rows_in.dim(1);
   Tensor y = Tensor::zeros({n, h});
   const int32_t* r = i32(token_rows);
   for (int64_t t = 0; t < n; ++t)
     for (int64_t e = 0; e < E; ++e) {
       if (r[t * E + e] < 0) continue;
-      const float p = f(probs)[t * E + e];
-      const float* src = f(yp) + int64_t{r[t * E + e]} * h;
+      const float p = w ? f(*w)[t * E + e] : 1.f;
+      const float* src = f(rows_in) + int64_t{r[t * E + e]} * h;
       float* dst = f(y) + t * h;
       for (int64_t j = 0; j < h; ++j) dst[j] += p * src[j];
     }
   return y;
+}
+}  // namespace
+
+Tensor moe_permute_backward(const Tensor& dxp, const Tensor& token_rows) {
+  require_cpu(dxp, DType::F32, "moe_permute_backward");
+  return sum_token_rows(dxp, token_rows, nullptr);
+}
+
+Tensor moe_unpermute(const Tensor& yp, const Tensor& token_rows, const Tensor& probs) {
+  require_cpu(yp, DType::F32, "moe_unpermute");
+  return sum_token_rows(yp, token_rows, &probs);
 }
 
 Tensor moe_unpermute_backward(const Tensor& dy, const Tensor& yp, const Tensor& token_rows, const Tensor& probs,
