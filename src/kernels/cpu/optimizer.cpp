@@ -68,7 +68,9 @@ void clip_grads(Tensor& grads, const FlatRanges& ranges, double total_norm, doub
   if (!(clip_coeff < 1.0)) return;
   const float c = static_cast<float>(clip_coeff);
   float* g = grads.data<float>();
-  for (auto [lo, hi] : ranges) {
+  for (const auto& r : ranges) {
+    // Plain variables, not structured bindings: clang's OpenMP cannot capture bindings.
+    const int64_t lo = r.first, hi = r.second;
 #pragma omp parallel for schedule(static) if (hi - lo > cpu::kParallelThreshold)
     for (int64_t i = lo; i < hi; ++i) g[i] *= c;
   }
@@ -78,7 +80,8 @@ bool unscale_and_check(Tensor& grads, const FlatRanges& ranges, float inv_scale)
   check_ranges(grads, ranges, "unscale_and_check");
   float* g = grads.data<float>();
   int found = 0;
-  for (auto [lo, hi] : ranges) {
+  for (const auto& r : ranges) {
+    const int64_t lo = r.first, hi = r.second;  // not bindings: see clip_grads
 #pragma omp parallel for schedule(static) reduction(| : found) if (hi - lo > cpu::kParallelThreshold)
     for (int64_t i = lo; i < hi; ++i) {
       // Scaling by a positive finite factor keeps inf/nan non-finite, so checking the result
