@@ -10,6 +10,7 @@
 // processes over Gloo.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "comm/multiprocess.h"
@@ -33,12 +34,14 @@ struct Layout {
   // Recomputation (the same gradients): "moe" (selective: the MoE layer re-runs its dispatch in
   // backward) or "full" (uniform, one layer per group).
   std::string recompute = "";
+  int layers = 2;  // model depth (interleaved PP needs PP x virtual stages layers)
+  int vpp = 0;     // virtual stages per pipeline rank (interleaved 1F1B); 0: none
 };
 
 Arguments make_args(const Layout& l) {
   Arguments a;
   auto& m = a.model;
-  testing::set_layout_model(a, 2);
+  testing::set_layout_model(a, l.layers);
   testing::set_query_groups(a, 4);
   test::use_llama_blocks(m);
   auto& moe = m.moe;
@@ -69,6 +72,7 @@ Arguments make_args(const Layout& l) {
   a.world_size = l.world;
   a.tensor_model_parallel_size = l.tp;
   a.pipeline_model_parallel_size = l.pp;
+  if (l.vpp > 0) a.num_virtual_stages_per_pipeline_rank = l.vpp;
   a.expert_model_parallel_size = l.ep;
   a.expert_tensor_parallel_size = l.etp;
   a.sequence_parallel = l.sp;
@@ -113,11 +117,13 @@ void expect_same_as_single_rank(const Layout& l) {
   auto train = [](const Layout& layout) {
     return [layout](comm::World& w, const std::string& out, const std::string& ref) { train_rank(w, layout, out, ref); };
   };
-  const std::string& ref = testing::reference_run(tmp_dir() + (l.rich ? "/ref_rich" : "/ref"), train({.rich = l.rich}));
+  const std::string ref_dir = tmp_dir() + (l.rich ? "/ref_rich" : "/ref") + (l.layers != 2 ? std::to_string(l.layers) : "");
+  const std::string& ref = testing::reference_run(ref_dir, train({.rich = l.rich, .layers = l.layers}));
   double worst = 0;
   ASSERT_NO_FATAL_FAILURE(testing::expect_layout_matches(ref, tmp_dir() + "/run", l.world, kSteps, train(l), worst));
-  std::printf("[ layout ] world %d tp %d pp %d ep %d etp %d %s%s%s%s: max relative loss difference over %d steps %.2e\n",
-              l.world, l.tp, l.pp, l.ep, l.etp, l.dispatcher.c_str(), l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
+  std::printf("[ layout ] world %d tp %d pp %d (virtual %d) ep %d etp %d %s%s%s%s: max relative loss difference over %d "
+              "steps %.2e\n",
+              l.world, l.tp, l.pp, std::max(l.vpp, 1), l.ep, l.etp, l.dispatcher.c_str(), l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
               l.rich ? " shared-expert+bias+z-loss" : "", kSteps, worst);
 }
 
@@ -172,6 +178,11 @@ TEST(MoEEquivalence, EP2xPP2AllToAllDistributedOptimizer) {
   expect_same_as_single_rank({.world = 4, .pp = 2, .ep = 2, .dist_opt = true, .dispatcher = "alltoall"});
 }
 // Recomputation re-runs the dispatch (and its collectives) in backward, on every rank alike.
+// Interleaved 1F1B: 4 layers over 2 stages of 2 virtual stages, each chunk one MoE layer.
+TEST(MoEEquivalence, EP2xPP2Interleaved) {
+  expect_same_as_single_rank({.world = 4, .pp = 2, .ep = 2, .dispatcher = "alltoall", .layers = 4, .vpp = 2});
+}
+
 TEST(MoEEquivalence, EP2AllToAllRecomputeMoE) {
   expect_same_as_single_rank({.world = 2, .ep = 2, .dispatcher = "alltoall", .recompute = "moe"});
 }
