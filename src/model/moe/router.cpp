@@ -118,7 +118,6 @@ void TopKRouter::load_balancing(Saved& s, PassContext& ctx) const {
       }
       if (ctx.moe_losses) ctx.moe_losses->seq_load_balancing += value / c;
     }
-    s.aux_coef = ops::upload(coef.data(), {B, E}, DType::F32, logits.device());
   }
   if (moe.z_loss_coeff > 0) {
     // Megatron divides the coefficient by the TP x CP size (each rank's z-loss is a mean over its
@@ -127,6 +126,8 @@ void TopKRouter::load_balancing(Saved& s, PassContext& ctx) const {
     s.z_coef = static_cast<float>(g * cz / static_cast<double>(T_local));
     if (ctx.moe_losses) ctx.moe_losses->z_loss += static_cast<double>(z[0]) / static_cast<double>(T_local);
   }
+  // Zeros with the z-loss alone. upload does not wait for the device (Tensor::to_device would).
+  s.aux_coef = ops::upload(coef.data(), {B, E}, DType::F32, logits.device());
 }
 
 Tensor TopKRouter::backward(const Tensor& dprobs, Saved& s, PassContext& ctx) const {
@@ -134,13 +135,10 @@ Tensor TopKRouter::backward(const Tensor& dprobs, Saved& s, PassContext& ctx) co
   {
     ScopedOpTimer t(ctx.times, &OpTimes::router);
     dlogits = ops::moe_route_backward(s.logits, s.selected, dprobs, spec(ctx.training));
-    if (s.aux_coef.defined() || s.z_coef != 0.f) {
+    if (s.aux_coef.defined()) {
       // Megatron's MoEAuxLossAutoScaler: the auxiliary losses' gradient, weighted like a
       // micro-batch's share of the loss (PassContext::moe_aux_grad_scale).
-      const Tensor coef = s.aux_coef.defined()
-                              ? s.aux_coef
-                              : Tensor::zeros({s.B, moe.num_experts}, DType::F32).to_device(s.logits.device());
-      ops::moe_aux_backward(s.logits, spec(true), s.B, coef, s.z_coef, dlogits);
+      ops::moe_aux_backward(s.logits, spec(true), s.B, s.aux_coef, s.z_coef, dlogits);
     }
   }
   Tensor dl = dlogits;

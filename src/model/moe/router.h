@@ -31,7 +31,8 @@ struct TopKRouter {
   struct Saved {
     Tensor x, logits;       // router input; f32 [T, E]
     Tensor selected, probs;  // I32 / f32 [T, E]
-    Tensor aux_coef;        // f32 [B, E]: d(aux losses)/d(aux score), times the aux grad scale; empty: none
+    Tensor aux_coef;        // f32 [B, E]: d(aux losses)/d(aux score), times the aux grad scale; empty: no
+                            // load-balancing term this pass (zeros: the z-loss alone)
     float z_coef = 0.f;     // d(z-loss)/d(sum of lse^2), times the aux grad scale
     int64_t B = 0;
     // The load-balancing statistics forward launched (moe_aux_stats), read by finish_forward.
