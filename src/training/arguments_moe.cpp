@@ -70,7 +70,8 @@ void register_moe_flags(FlagParser& p, model::MoEConfig& m, MoEArgs& a) {
           "hidden size of the shared expert every token goes through (default: none)", {1, limits::kFfnHidden});
   p.store_true("--moe-shared-expert-gate", &m.shared_expert_gate,
                "scale the shared expert's output by sigmoid(x . g) (Qwen2-MoE)");
-  accepted(p, "--moe-shared-expert-overlap", "the shared expert's order with the dispatch does not change results");
+  p.store_true("--moe-shared-expert-overlap", &m.shared_expert_overlap,
+               "run the shared expert while the alltoall dispatcher's token exchange is in flight");
   p.value("--moe-expert-capacity-factor", &m.capacity_factor,
           "tokens per expert as a multiple of the even share; more are dropped (default: none, dropless)");
   p.store_true("--moe-pad-expert-input-to-capacity", &m.pad_to_capacity,
@@ -133,6 +134,10 @@ void validate_moe_args(Arguments& a) {
          tp);
   if (m.num_experts % ep != 0)
     fail("--num-experts ({}) must be divisible by --expert-model-parallel-size ({})", m.num_experts, ep);
+  // Megatron's rule: the overlap hides the alltoall dispatcher's exchange.
+  if (m.shared_expert_overlap && m.token_dispatcher != "alltoall")
+    fail("--moe-shared-expert-overlap needs --moe-token-dispatcher-type alltoall (it overlaps the shared expert with "
+         "that dispatcher's token exchange)");
   // MoE parallel folding: the TP x CP x DP ranks of a pipeline stage hold ETP x EP x EDP experts' ranks.
   const int64_t dense = checked_product({tp, a.context_parallel_size, a.data_parallel_size},
                                         "--tensor-model-parallel-size x --context-parallel-size x data-parallel size");

@@ -17,6 +17,8 @@ CK=(--load "$TMP/ck" --save "$TMP/ck" --save-interval 1)
 # --moe-layer-freq: an integer or a list expression, parsed (never evaluated as Python).
 expect_error "--moe-layer-freq: cannot add a list and an integer at position 4 in '[1]+2'" \
   pretrain "${MOE[@]}" "${CK[@]}" --moe-layer-freq '[1]+2'
+expect_error "--moe-shared-expert-overlap needs --moe-token-dispatcher-type alltoall" \
+  pretrain "${MOE[@]}" --moe-shared-expert-intermediate-size 16 --moe-shared-expert-overlap
 expect_error "--moe-layer-freq: unexpected '_' at position 1 in '__import__(\"os\")'" \
   pretrain "${MOE[@]}" --moe-layer-freq '__import__("os")'
 expect_error "--moe-layer-freq: the pattern would have more than 65536 entries" \

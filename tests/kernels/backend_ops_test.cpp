@@ -234,6 +234,12 @@ std::vector<Case> cases() {
                  linear_backward_weight(dy, act(d, {rows, in}, 1), dw, nullptr, /*accumulate_dw=*/false);
                  return Outputs{dx, dw};
                }});
+  c.push_back({"linear_backward_data_into", 1e-2, [=](Device d) {
+                 Tensor dx = act(d, {rows + 8, in}, 5);  // rows [4, 4 + rows) written, the rest kept
+                 Tensor slice = dx.slice(4, rows);
+                 linear_backward_data_into(act(d, {rows, out}, 8), act(d, {out, in}, 2), slice);
+                 return Outputs{dx};
+               }});
   c.push_back({"embedding", 1e-2, [=](Device d) {
                  const Tensor id = ids(d, {3, 0, 7, 3, 49, 12});
                  Tensor dtable = f32(d, {50, D}, 9);

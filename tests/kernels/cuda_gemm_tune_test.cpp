@@ -141,6 +141,28 @@ TEST_F(GpuGemmTune, TunedMatchesCpu) {
   }
 }
 
+// The MoE experts' row counts change with the routing: counts in one bucket (1537..1792 rows) share
+// one plan per GEMM (forward bf16, forward fp32, dgrad, wgrad: 4), each still matches the CPU,
+// and a count gives the same bits whether or not other counts ran before it (the plan depends
+// only on the shape, so resumed runs keep their bits).
+TEST_F(GpuGemmTune, RaggedRowCountsShareABucketPlan) {
+  Gemm gemm, fresh;
+  uint64_t seed = 300;
+  for (const int64_t M : {1537, 1600, 1701, 1792}) {
+    const Shape3 s{M, 512, 384};
+    const Inputs in(s, seed += 10);
+    std::vector<float> y(s.M * s.N), dx(s.M * s.K), dw = in.dw0, db = in.db0;
+    cpu::linear_forward(in.x.data(), in.w.data(), in.b.data(), y.data(), s.M, s.N, s.K);
+    cpu::linear_backward(in.dy.data(), in.x.data(), in.w.data(), dx.data(), dw.data(), db.data(), s.M, s.N, s.K);
+    const Outputs o = run_bf16(gemm, s, in);
+    EXPECT_LT(rel_l2(o.fy, y), 1e-2) << M;
+    EXPECT_LT(rel_l2(o.fdx, dx), 1e-2) << M;
+    EXPECT_LT(rel_l2(o.fdw1, dw), 1e-4) << M;
+    if (M == 1701) EXPECT_TRUE(run_bf16(fresh, s, in).y == o.y) << "the plan of 1701 rows depends on history";
+  }
+  EXPECT_EQ(gemm.plans(), 4);
+}
+
 // Zero weights make every summation order agree, so the guard could not reject anything: tuning
 // waits for informative inputs, and after three such calls keeps the default for good.
 TEST_F(GpuGemmTune, PutsOffTuningOnZeroInputs) {

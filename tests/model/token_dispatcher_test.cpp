@@ -62,10 +62,10 @@ Result run(const TokenDispatcher& d, const Routed& in, int64_t first, float shar
   TokenDispatcher::Saved s;
   std::vector<int64_t> counts;
   std::vector<int32_t> routed;
-  const Tensor xp = d.dispatch(in.x, in.probs, in.map, s, counts, routed, ctx);
+  const Tensor xp = d.dispatch(in.x, in.probs, in.map, s, counts, routed, ctx, {});
   const Tensor y = d.combine(scale_rows(xp, counts, first, share), s, ctx);
   Tensor dprobs;
-  const Tensor dyp = d.combine_backward(in.dy, s, dprobs, ctx);
+  const Tensor dyp = d.combine_backward(in.dy, s, dprobs, ctx, {});
   const Tensor dx = d.dispatch_backward(scale_rows(dyp, counts, first, share), s, ctx);
   return {y.to_vector(), dx.to_vector(), dprobs.to_vector()};
 }

@@ -31,6 +31,7 @@ struct Layout {
   int64_t bucket = 0;
   std::string dispatcher = "allgather";
   bool rich = false;  // the second shape: shared expert and its gate, expert bias, z-loss
+  bool shared_overlap = false;  // --moe-shared-expert-overlap (the shared expert during the exchange)
   // Recomputation (the same gradients): "moe" (selective: the MoE layer re-runs its dispatch in
   // backward) or "full" (uniform, one layer per group).
   std::string recompute = "";
@@ -57,6 +58,7 @@ Arguments make_args(const Layout& l) {
     moe.enable_expert_bias = true;
     moe.bias_update_rate = 1e-2;  // large enough to move the routing within the run
     moe.z_loss_coeff = 1e-3;
+    moe.shared_expert_overlap = l.shared_overlap;
   }
   if (l.recompute == "moe") {
     m.recompute_granularity = "selective";
@@ -203,6 +205,15 @@ TEST(MoEEquivalence, SharedExpertBiasZLossEP2xTP2SequenceParallel) {
 TEST(MoEEquivalence, SharedExpertBiasZLossEP2xTP2SequenceParallelAllToAll) {
   expect_same_as_single_rank(
       {.world = 4, .tp = 2, .ep = 2, .etp = 2, .sp = true, .dispatcher = "alltoall", .rich = true});
+}
+// --moe-shared-expert-overlap: the shared expert (TP-split, with its own collectives) runs while
+// the EP token exchange is in flight, forward and backward; the single-rank run has no overlap.
+TEST(MoEEquivalence, SharedExpertOverlapEP2AllToAll) {
+  expect_same_as_single_rank({.world = 2, .ep = 2, .dispatcher = "alltoall", .rich = true, .shared_overlap = true});
+}
+TEST(MoEEquivalence, SharedExpertOverlapEP2xTP2SequenceParallelAllToAll) {
+  expect_same_as_single_rank({.world = 4, .tp = 2, .ep = 2, .etp = 2, .sp = true, .dispatcher = "alltoall",
+                              .rich = true, .shared_overlap = true});
 }
 
 }  // namespace

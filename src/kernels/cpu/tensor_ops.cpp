@@ -55,6 +55,13 @@ Tensor linear_backward_data(const Tensor& dy, const Tensor& w) {
   return dx;
 }
 
+void linear_backward_data_into(const Tensor& dy, const Tensor& w, Tensor& dx) {
+  require_cpu_f32(dy, "linear_backward_data_into");
+  const int64_t out = w.dim(0), in = w.dim(1), rows = dy.numel() / out;
+  MT_CHECK(dx.numel() == rows * in, "linear_backward_data_into: output of {} elements for {} x {}", dx.numel(), rows, in);
+  cpu::linear_backward(f(dy), nullptr, f(w), f(dx), nullptr, nullptr, rows, out, in);
+}
+
 void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db, bool accumulate_dw) {
   require_cpu_f32(dy, "linear_backward_weight");
   const int64_t out = dw.dim(0), in = dw.dim(1), rows = x.numel() / in;

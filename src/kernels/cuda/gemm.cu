@@ -85,7 +85,22 @@ struct Plan {
   std::vector<Candidate> cands;  // in the heuristic's order; [0] is its choice, the untuned default
   int chosen = -1;               // index into cands once tuned (or given up on); -1 before
   int deferrals = 0;
+  bool bucket = false;  // made for a row-count bucket: its layouts are resized to each call's shape
 };
+
+// Row counts (the tokens: a linear layer's M) are bucketed. The MoE experts' row counts change
+// with the routing, every step and every layer: an exact-shape plan per count meant a descriptor
+// set and a heuristic query on the host for nearly every expert GEMM (and a plan map that grows
+// with the run). A bucket's plan holds the heuristic's algorithms for the bucket's largest count
+// and runs any count in it by resizing its layouts. Dense layers' token counts are multiples of
+// 256 in practice and get the plan of their exact shape, as before. The choice depends only on
+// the shape, never on which shapes came first, so runs (and resumed runs) keep the same bits.
+int64_t row_bucket(int64_t rows) {
+  if (rows > 256) return (rows + 255) / 256 * 256;
+  int64_t b = 16;
+  while (b < rows) b *= 2;
+  return b;
+}
 
 // How many plans a process tunes: the dense model's shapes are a few dozen; the MoE experts' row
 // counts change with the routing, so their shapes keep coming and each would cost a tuning pass
@@ -95,8 +110,9 @@ constexpr int kMaxTunedPlans = 128;
 // Key: m, n, k, lda, ldb, ldc, transa, transb, a/b type, c/d type, epilogue, alignments of A, B,
 // D and the bias, and of a separate C (0 when C is D): a residual GEMM gets its own plan, tuned
 // and guarded with its epilogue reading C.
-using Key = std::array<int64_t, 16>;
-constexpr size_t kKeyAlignA = 11, kKeyAlignB = 12, kKeyAlignD = 13, kKeyAlignC = 15;
+// The last slot marks an exact-shape fallback plan (1) apart from a bucket's (0).
+using Key = std::array<int64_t, 17>;
+constexpr size_t kKeyAlignA = 11, kKeyAlignB = 12, kKeyAlignD = 13, kKeyAlignC = 15, kKeyExact = 16;
 
 // One matmul's operands: column-major D[m,n] = op(A) op(B) + beta * C. C is D (accumulation in
 // place) or a separate, read-only matrix of D's type and layout.
@@ -260,14 +276,17 @@ struct Gemm::Impl {
   // Column-major D[m,n] = alpha * op(A) op(B) + beta * C. A is (transa ? k x m : m x k) with
   // leading dim lda, B is (transb ? n x k : k x n) with ldb. C: null (or D) for C == D, else a
   // separate matrix with D's type and leading dim, only read.
+  // rows_dim: which of m (0), n (1), k (2) is the row count (bucketed, see row_bucket).
   void matmul(bool transa, bool transb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda, const void* B,
               int64_t ldb, cudaDataType_t ab_type, float beta, const void* C, void* D, int64_t ldd,
-              cudaDataType_t d_type, const void* bias, cudaStream_t s) {
+              cudaDataType_t d_type, const void* bias, cudaStream_t s, int rows_dim) {
     if (!C) C = D;
     const cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    const Key key{m,
-                  n,
-                  k,
+    std::array<int64_t, 3> dims{m, n, k};
+    dims[rows_dim] = row_bucket(dims[rows_dim]);
+    const Key key{dims[0],
+                  dims[1],
+                  dims[2],
                   lda,
                   ldb,
                   ldd,
@@ -280,19 +299,53 @@ struct Gemm::Impl {
                   alignment_of(B),
                   alignment_of(D),
                   bias ? alignment_of(bias) : 0,
-                  C != D ? alignment_of(C) : 0};
+                  C != D ? alignment_of(C) : 0,
+                  0};
     std::lock_guard<std::mutex> lock(mu);
     auto it = plans.find(key);
-    if (it == plans.end())
-      it = plans.emplace(key, make_plan(key, transa, transb, m, n, k, lda, ldb, ldd, ab_type, d_type, epi)).first;
+    if (it == plans.end()) {
+      Plan made = make_plan(key, transa, transb, dims[0], dims[1], dims[2], lda, ldb, ldd, ab_type, d_type, epi);
+      made.bucket = true;
+      it = plans.emplace(key, made).first;
+    }
     Plan& p = it->second;
+    resize(p, transa, transb, m, n, k);
     if (bias)
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     const Call call{transa, transb, m, n, k, lda, ldb, ldd, A, B, C, D, beta, ab_type, d_type};
     int use = 0;
     if (tune.on && p.chosen < 0 && tune_attempts >= kMaxTunedPlans) p.chosen = 0;
     if (tune.on) use = p.chosen >= 0 ? p.chosen : (++tune_attempts, tune_plan(p, call, s));
-    MT_CUBLAS_CHECK(run(p, p.cands[use], call, D, s));
+    const cublasStatus_t st = run(p, p.cands[use], call, D, s);
+    if (st == CUBLAS_STATUS_SUCCESS) return;
+    // The bucket's algorithm cannot run this count (cuBLASLt says so before launching anything):
+    // an exact-shape plan for it, kept under its own key.
+    const bool resized = dims[0] != m || dims[1] != n || dims[2] != k;
+    MT_CHECK(st == CUBLAS_STATUS_NOT_SUPPORTED && resized, "cuBLASLt error {} in a {}x{}x{} GEMM",
+             static_cast<int>(st), m, n, k);
+    Key exact = key;
+    exact[0] = m, exact[1] = n, exact[2] = k;
+    exact[kKeyExact] = 1;
+    auto ex = plans.find(exact);
+    if (ex == plans.end())
+      ex = plans.emplace(exact, make_plan(exact, transa, transb, m, n, k, lda, ldb, ldd, ab_type, d_type, epi)).first;
+    if (bias)
+      MT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(ex->second.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    MT_CUBLAS_CHECK(run(ex->second, ex->second.cands[0], call, D, s));
+  }
+
+  // A bucket plan's layouts take the call's own sizes (its leading dimensions never change).
+  static void resize(Plan& p, bool transa, bool transb, int64_t m, int64_t n, int64_t k) {
+    if (!p.bucket) return;
+    auto set = [](cublasLtMatrixLayout_t l, int64_t rows, int64_t cols) {
+      const uint64_t r = static_cast<uint64_t>(rows), c = static_cast<uint64_t>(cols);
+      MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &r, sizeof(r)));
+      MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &c, sizeof(c)));
+    };
+    set(p.a, transa ? k : m, transa ? m : k);
+    set(p.b, transb ? n : k, transb ? k : n);
+    set(p.c, m, n);
   }
 
   // out = op(A) op(B) + beta * C with one candidate; C is out itself where the call accumulates
@@ -484,6 +537,10 @@ int Gemm::tuned_shapes() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->tuned_plans;
 }
+int Gemm::plans() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return static_cast<int>(impl_->plans.size());
+}
 
 namespace {
 
@@ -493,17 +550,17 @@ void forward_impl(Gemm& g, const TI* x, const TI* w, const TO* b, const void* re
                   int64_t K, cudaStream_t s, cudaDataType_t ti, cudaDataType_t to) {
   if (M == 0 || N == 0) return;
   MT_CHECK(K > 0, "linear_forward with K = 0 is not supported on the GPU");
-  g.impl()->matmul(true, false, N, M, K, w, K, x, K, ti, residual ? 1.f : 0.f, residual, y, N, to, b, s);
+  g.impl()->matmul(true, false, N, M, K, w, K, x, K, ti, residual ? 1.f : 0.f, residual, y, N, to, b, s, 1);
 }
 
 template <typename T>
 void backward_impl(Gemm& g, const T* dy, const T* x, const T* w, T* dx, float* dw, float* db, int64_t M, int64_t N,
                    int64_t K, cudaStream_t s, cudaDataType_t t, bool accumulate_dw) {
   if (M == 0 || N == 0 || K == 0) return;
-  if (dx) g.impl()->matmul(false, false, K, M, N, w, K, dy, N, t, 0.f, nullptr, dx, K, t, nullptr, s);
+  if (dx) g.impl()->matmul(false, false, K, M, N, w, K, dy, N, t, 0.f, nullptr, dx, K, t, nullptr, s, 1);
   if (dw)
     g.impl()->matmul(false, true, K, N, M, x, K, dy, N, t, accumulate_dw ? 1.f : 0.f, nullptr, dw, K, CUDA_R_32F,
-                     nullptr, s);
+                     nullptr, s, 2);
   if (db) column_sum_add(dy, db, M, N, s);
 }
 

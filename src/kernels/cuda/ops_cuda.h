@@ -86,6 +86,8 @@ class Gemm {
   bool tuning() const;
   // Shapes whose candidates have been timed so far.
   int tuned_shapes() const;
+  // Plans made so far (one per shape, row counts bucketed: gemm.cu's row_bucket).
+  int plans() const;
   struct Impl;
   Impl* impl() { return impl_.get(); }
 

@@ -105,6 +105,15 @@ Tensor linear_backward_data(const Tensor& dy, const Tensor& w) {
   return dx;
 }
 
+void linear_backward_data_into(const Tensor& dy, const Tensor& w, Tensor& dx) {
+  const int64_t out = w.dim(0), in = w.dim(1), rows = dy.numel() / out;
+  MT_CHECK(dx.numel() == rows * in && dx.dtype() == dy.dtype(), "linear_backward_data_into: {} output of {} x {} expected",
+           dtype_name(dy.dtype()), rows, in);
+  with_half(dy, [&]<typename T>(T*) {
+    cuda::linear_backward(gemm(), h<T>(dy), nullptr, h<T>(w), h<T>(dx), nullptr, nullptr, rows, out, in, st());
+  });
+}
+
 void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db, bool accumulate_dw) {
   const int64_t out = dw.dim(0), in = dw.dim(1), rows = x.numel() / in;
   with_half(dy, [&]<typename T>(T*) {

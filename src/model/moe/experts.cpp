@@ -83,10 +83,11 @@ Tensor expert_gemms_backward(const std::vector<Linear>& lin, const Tensor& dy, c
   int64_t off = 0;
   for (size_t i = 0; i < lin.size(); ++i) {
     if (counts[i] > 0) {
-      const Tensor d = ops::linear_backward(rows(dy, off, counts[i]), rows(x, off, counts[i]), lin[i].weight->value,
-                                            lin[i].weight->grad, lin[i].bias ? &lin[i].bias->grad : nullptr, true, true);
-      Tensor out = rows(dx, off, counts[i]);
-      ops::copy_into(out, d);
+      const Tensor dy_rows = rows(dy, off, counts[i]);
+      Tensor dx_rows = rows(dx, off, counts[i]);
+      ops::linear_backward_data_into(dy_rows, lin[i].weight->value, dx_rows);
+      ops::linear_backward_weight(dy_rows, rows(x, off, counts[i]), lin[i].weight->grad,
+                                  lin[i].bias ? &lin[i].bias->grad : nullptr, true);
     }
     off += counts[i];
     ctx.grad_ready(lin[i].weight);

@@ -35,6 +35,10 @@ struct MoEConfig {
   // Shared expert (always on, beside the routed ones): 0 = none.
   int64_t shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size
   bool shared_expert_gate = false;              // --moe-shared-expert-gate: y_shared *= sigmoid(x . g) (Qwen2-MoE)
+  // --moe-shared-expert-overlap: the shared expert's forward (backward) runs while the dispatch's
+  // (combine's backward) token exchange is in flight. Same results: its output is added where it
+  // always is.
+  bool shared_expert_overlap = false;
 
   // Token dropping (dropless when capacity_factor <= 0).
   double capacity_factor = 0;          // --moe-expert-capacity-factor

@@ -33,53 +33,66 @@ Tensor MoELayer::forward(const Tensor& x, int64_t B, Saved& s, PassContext& ctx)
   router.forward(x, B, s.router, ctx, probs, map);
   std::vector<int64_t> counts;
   std::vector<int32_t> routed;
-  const Tensor xp = dispatcher->dispatch(x, probs, map, s.dispatch, counts, routed, ctx);
+  Tensor sy;  // the shared expert's output; with the overlap it is computed during the dispatch
+  const bool overlap = has_shared && cfg.moe.shared_expert_overlap;
+  const TokenDispatcher::InFlight shared_forward = [&] { sy = shared_expert_forward(x, s, ctx); };
+  const Tensor xp = dispatcher->dispatch(x, probs, map, s.dispatch, counts, routed, ctx,
+                                         overlap ? shared_forward : TokenDispatcher::InFlight());
   router.finish_forward(routed, s.router, ctx);
   Tensor y = dispatcher->combine(experts.forward(xp, counts, s.experts, ctx), s.dispatch, ctx);
   if (has_shared) {
-    Tensor sy = shared.forward(x, s.shared, ctx);
-    if (shared_gate) {
-      ctx.before_use(shared_gate);
-      s.x = x;
-      {
-        ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-        s.gate = ops::linear_forward(x, shared_gate->value, nullptr);
-      }
-      s.shared_y = sy;
-      ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-      sy = ops::sigmoid_gate_rows(sy, s.gate);
-    }
+    if (!overlap) shared_forward();
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::add_inplace(y, sy);
   }
   return y;
 }
 
+Tensor MoELayer::shared_expert_forward(const Tensor& x, Saved& s, PassContext& ctx) const {
+  Tensor sy = shared.forward(x, s.shared, ctx);
+  if (!shared_gate) return sy;
+  ctx.before_use(shared_gate);
+  s.x = x;
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+    s.gate = ops::linear_forward(x, shared_gate->value, nullptr);
+  }
+  s.shared_y = sy;
+  ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+  return ops::sigmoid_gate_rows(sy, s.gate);
+}
+
+Tensor MoELayer::shared_expert_backward(const Tensor& dy, Saved& s, PassContext& ctx) const {
+  Tensor dx_gate, dsy = dy;
+  if (shared_gate) {
+    Tensor dgate;
+    {
+      ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+      dsy = ops::sigmoid_gate_rows_backward(dy, s.shared_y, s.gate, dgate);
+    }
+    Tensor dg = dgate;
+    if (s.x.dtype() != DType::F32) {
+      dg = Tensor::empty(dgate.shape(), s.x.dtype(), dgate.device());
+      ops::cast(dgate, dg);
+    }
+    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+    dx_gate = ops::linear_backward(dg, s.x, shared_gate->value, shared_gate->grad, nullptr, true, true);
+    ctx.grad_ready(shared_gate);
+  }
+  const Tensor d = shared.backward(dsy, s.shared, ctx);
+  if (!dx_gate.defined()) return d;
+  ops::add_inplace(dx_gate, d);
+  return dx_gate;
+}
+
 Tensor MoELayer::backward(const Tensor& dy, Saved& s, PassContext& ctx) const {
   Tensor dx_shared;
-  if (has_shared) {
-    Tensor dsy = dy;
-    if (shared_gate) {
-      Tensor dgate;
-      {
-        ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
-        dsy = ops::sigmoid_gate_rows_backward(dy, s.shared_y, s.gate, dgate);
-      }
-      Tensor dg = dgate;
-      if (s.x.dtype() != DType::F32) {
-        dg = Tensor::empty(dgate.shape(), s.x.dtype(), dgate.device());
-        ops::cast(dgate, dg);
-      }
-      ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-      dx_shared = ops::linear_backward(dg, s.x, shared_gate->value, shared_gate->grad, nullptr, true, true);
-      ctx.grad_ready(shared_gate);
-    }
-    Tensor d = shared.backward(dsy, s.shared, ctx);
-    if (dx_shared.defined()) ops::add_inplace(dx_shared, d);
-    else dx_shared = d;
-  }
+  const bool overlap = has_shared && cfg.moe.shared_expert_overlap;
+  const TokenDispatcher::InFlight shared_backward = [&] { dx_shared = shared_expert_backward(dy, s, ctx); };
+  if (has_shared && !overlap) shared_backward();
   Tensor dprobs;
-  const Tensor dyp = dispatcher->combine_backward(dy, s.dispatch, dprobs, ctx);
+  const Tensor dyp = dispatcher->combine_backward(dy, s.dispatch, dprobs, ctx,
+                                                  overlap ? shared_backward : TokenDispatcher::InFlight());
   const Tensor dxp = experts.backward(dyp, s.experts, ctx);
   Tensor dx = dispatcher->dispatch_backward(dxp, s.dispatch, ctx);
   const Tensor dx_router = router.backward(dprobs, s.router, ctx);

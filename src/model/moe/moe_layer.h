@@ -38,6 +38,11 @@ struct MoELayer {
   // x [T, h] with T = S*B rows (t = s*B + b) -> [T, h].
   Tensor forward(const Tensor& x, int64_t B, Saved& s, PassContext& ctx) const;
   Tensor backward(const Tensor& dy, Saved& s, PassContext& ctx) const;
+
+ private:
+  // The shared expert (and its gate) alone: its output, and the gradient of x through it.
+  Tensor shared_expert_forward(const Tensor& x, Saved& s, PassContext& ctx) const;
+  Tensor shared_expert_backward(const Tensor& dy, Saved& s, PassContext& ctx) const;
 };
 
 }  // namespace mt::model

@@ -69,7 +69,8 @@ class AllGatherDispatcher final : public TokenDispatcher {
       : group_(spans_ranks(group) ? group : nullptr), first_(first), local_(local) {}
 
   Tensor dispatch(const Tensor& x, const Tensor& probs, const Tensor& map, Saved& s, std::vector<int64_t>& counts,
-                  std::vector<int32_t>& routed, PassContext& ctx) const override {
+                  std::vector<int32_t>& routed, PassContext& ctx, const InFlight& in_flight) const override {
+    if (in_flight) in_flight();  // the arguments allow the overlap with alltoall only, as Megatron's do
     Tensor xg = x, pg = probs, mg = map;
     if (group_) {
       ScopedOpTimer t(ctx.times, &OpTimes::communication);
@@ -101,7 +102,9 @@ class AllGatherDispatcher final : public TokenDispatcher {
     return reduce_scatter_rows(y, *group_);
   }
 
-  Tensor combine_backward(const Tensor& dy, Saved& s, Tensor& dprobs, PassContext& ctx) const override {
+  Tensor combine_backward(const Tensor& dy, Saved& s, Tensor& dprobs, PassContext& ctx,
+                          const InFlight& in_flight) const override {
+    if (in_flight) in_flight();
     Tensor dyg = dy;
     if (group_) {
       ScopedOpTimer t(ctx.times, &OpTimes::communication);
@@ -194,17 +197,25 @@ std::vector<int64_t> per_member(const std::vector<int64_t>& chunks, int64_t memb
   return rows;
 }
 
-// All-to-all-v of [rows, h] tensors: send_rows[i] rows to member i, recv_rows[i] from it.
-Tensor exchange_rows(const Tensor& in, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
-                     comm::Communicator& c) {
+// All-to-all-v of [rows, h] tensors: send_rows[i] rows to member i, recv_rows[i] from it, into
+// `out`. `in` and `out` must live until the returned work has been waited on.
+comm::WorkHandle exchange_rows_async(const Tensor& in, const std::vector<int64_t>& send_rows,
+                                     const std::vector<int64_t>& recv_rows, comm::Communicator& c, Tensor& out) {
   const int64_t h = in.dim(1);
-  Tensor out = Tensor::empty({sum(recv_rows), h}, in.dtype(), in.device());
+  out = Tensor::empty({sum(recv_rows), h}, in.dtype(), in.device());
   std::vector<size_t> sc(send_rows.size()), rc(recv_rows.size());
   for (size_t i = 0; i < sc.size(); ++i) {
     sc[i] = static_cast<size_t>(send_rows[i] * h);
     rc[i] = static_cast<size_t>(recv_rows[i] * h);
   }
-  c.all_to_all_v(in.numel() > 0 ? in.raw() : nullptr, sc, out.numel() > 0 ? out.raw() : nullptr, rc, comm_type(in));
+  return c.all_to_all_v_async(in.numel() > 0 ? in.raw() : nullptr, sc, out.numel() > 0 ? out.raw() : nullptr, rc,
+                              comm_type(in));
+}
+
+Tensor exchange_rows(const Tensor& in, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
+                     comm::Communicator& c) {
+  Tensor out;
+  exchange_rows_async(in, send_rows, recv_rows, c, out)->wait();
   return out;
 }
 
@@ -241,7 +252,7 @@ class AllToAllDispatcher final : public TokenDispatcher {
       : ep_(spans_ranks(ep) ? ep : nullptr), etp_(spans_ranks(etp) ? etp : nullptr), local_(local) {}
 
   Tensor dispatch(const Tensor& x, const Tensor& probs, const Tensor& map, Saved& s, std::vector<int64_t>& counts,
-                  std::vector<int32_t>& routed, PassContext& ctx) const override {
+                  std::vector<int32_t>& routed, PassContext& ctx, const InFlight& in_flight) const override {
     Tensor xp;
     std::vector<int64_t> all;
     {
@@ -253,9 +264,48 @@ class AllToAllDispatcher final : public TokenDispatcher {
       xp = ops::moe_permute(x, s.token_rows, s.rows);
     }
     if (!ep_ && !etp_) {
+      if (in_flight) in_flight();
       counts = all;
       return xp;
     }
+    exchange_counts(all, s, counts, ctx);
+    const Tensor rows = from_sources(xp, s, in_flight, ctx);
+    ScopedOpTimer t(ctx.times, &OpTimes::communication);
+    return sorted(rows, s);  // (ETP member, EP member, expert) -> (expert, ...)
+  }
+
+  Tensor combine(const Tensor& yp, Saved& s, PassContext& ctx) const override {
+    s.yp = yp;
+    if (ep_ || etp_) {
+      ScopedOpTimer t(ctx.times, &OpTimes::communication);
+      s.yp = to_sources(unsorted(yp, s), s);
+    }
+    ScopedOpTimer t(ctx.times, &OpTimes::unpermute);
+    return ops::moe_unpermute(s.yp, s.token_rows, s.probs);
+  }
+
+  Tensor combine_backward(const Tensor& dy, Saved& s, Tensor& dprobs, PassContext& ctx,
+                          const InFlight& in_flight) const override {
+    Tensor dyp;
+    {
+      ScopedOpTimer t(ctx.times, &OpTimes::unpermute);
+      dyp = ops::moe_unpermute_backward(dy, s.yp, s.token_rows, s.probs, dprobs);
+      s.yp = Tensor();
+    }
+    if (!ep_ && !etp_) {
+      if (in_flight) in_flight();
+      return dyp;
+    }
+    const Tensor rows = from_sources(dyp, s, in_flight, ctx);
+    ScopedOpTimer t(ctx.times, &OpTimes::communication);
+    return sorted(rows, s);
+  }
+
+ private:
+  // The plan's counts `all` (rows per expert of this rank's tokens) -> s.send_chunks/recv_chunks
+  // and the local experts' row counts.
+  void exchange_counts(const std::vector<int64_t>& all, Saved& s, std::vector<int64_t>& counts,
+                       PassContext& ctx) const {
     ScopedOpTimer t(ctx.times, &OpTimes::communication);
     // How many rows each EP member sends to each of this rank's experts, exchanged on the host
     // (where the plan's counts are already): with the ETP gather below, the host-side values of
@@ -278,30 +328,9 @@ class AllToAllDispatcher final : public TokenDispatcher {
     for (int64_t src = 0; src < sources; ++src)
       for (int64_t e = 0; e < local_; ++e)
         counts[static_cast<size_t>(e)] += s.recv_chunks[static_cast<size_t>(src * local_ + e)];
-    return sorted(from_sources(xp, s), s);  // (ETP member, EP member, expert) -> (expert, ...)
   }
 
-  Tensor combine(const Tensor& yp, Saved& s, PassContext& ctx) const override {
-    s.yp = yp;
-    if (ep_ || etp_) {
-      ScopedOpTimer t(ctx.times, &OpTimes::communication);
-      s.yp = to_sources(unsorted(yp, s), s);
-    }
-    ScopedOpTimer t(ctx.times, &OpTimes::unpermute);
-    return ops::moe_unpermute(s.yp, s.token_rows, s.probs);
-  }
-
-  Tensor combine_backward(const Tensor& dy, Saved& s, Tensor& dprobs, PassContext& ctx) const override {
-    Tensor dyp;
-    {
-      ScopedOpTimer t(ctx.times, &OpTimes::unpermute);
-      dyp = ops::moe_unpermute_backward(dy, s.yp, s.token_rows, s.probs, dprobs);
-      s.yp = Tensor();
-    }
-    if (!ep_ && !etp_) return dyp;
-    ScopedOpTimer t(ctx.times, &OpTimes::communication);
-    return sorted(from_sources(dyp, s), s);
-  }
+ public:
 
   Tensor dispatch_backward(const Tensor& dxp, Saved& s, PassContext& ctx) const override {
     Tensor back = dxp;
@@ -332,10 +361,18 @@ class AllToAllDispatcher final : public TokenDispatcher {
             s.recv_chunks.begin() + static_cast<std::ptrdiff_t>(at + n)};
   }
   // This rank's expert-major rows (all experts) -> the rows of its experts from every source,
-  // in (ETP member, EP member, expert) order.
-  Tensor from_sources(const Tensor& xp, const Saved& s) const {
-    const Tensor r = ep_ ? exchange_rows(xp, per_member(s.send_chunks, ep_size()), per_member(ep_recv(s), ep_size()), *ep_)
-                         : xp;
+  // in (ETP member, EP member, expert) order. `in_flight` runs while the EP exchange is under way,
+  // outside the communication timer.
+  Tensor from_sources(const Tensor& xp, const Saved& s, const InFlight& in_flight, PassContext& ctx) const {
+    Tensor r = xp;
+    comm::WorkHandle w;
+    if (ep_) {
+      ScopedOpTimer t(ctx.times, &OpTimes::communication);
+      w = exchange_rows_async(xp, per_member(s.send_chunks, ep_size()), per_member(ep_recv(s), ep_size()), *ep_, r);
+    }
+    if (in_flight) in_flight();
+    ScopedOpTimer t(ctx.times, &OpTimes::communication);
+    if (w) w->wait();
     return etp_ ? gather_rows_v(r, etp_rows(s), *etp_) : r;
   }
   // The reverse: rows in (ETP member, EP member, expert) order, partial over ETP -> summed over

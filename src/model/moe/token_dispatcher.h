@@ -13,6 +13,7 @@
 //              are sorted from (source, local expert) into expert-major order (Megatron's
 //              sort_chunks_by_idxs), and after the experts it all runs in reverse.
 // In a group of one both are the single-rank path: plan, permute, experts, unpermute.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,18 +52,24 @@ class TokenDispatcher {
     std::vector<int64_t> send_chunks, recv_chunks;
   };
   virtual ~TokenDispatcher() = default;
+  // Work with no part in the exchange (the shared expert) that dispatch and combine_backward run
+  // while their token exchange is in flight (--moe-shared-expert-overlap); may be empty. Without
+  // an exchange to hide, it simply runs there.
+  using InFlight = std::function<void()>;
   // x [T, h] this rank's tokens; probs f32 and map I32 [T, E] from the router. Returns the rows
   // for this rank's experts, expert-major, counts[i] of them for local expert i. `routed` [E]
   // gets the tokens per expert this rank contributes to the expert-bias update: summed over the
   // TP x DP ranks, every routed token counts once.
   virtual Tensor dispatch(const Tensor& x, const Tensor& probs, const Tensor& map, Saved& s,
-                          std::vector<int64_t>& counts, std::vector<int32_t>& routed, PassContext& ctx) const = 0;
+                          std::vector<int64_t>& counts, std::vector<int32_t>& routed, PassContext& ctx,
+                          const InFlight& in_flight) const = 0;
   // The local experts' outputs, in dispatch's row order -> y [T, h]: per token, the sum over
   // its experts of prob x output.
   virtual Tensor combine(const Tensor& yp, Saved& s, PassContext& ctx) const = 0;
   // Backward of combine: returns the gradient of the experts' outputs (dispatch's row order) and
   // writes dprobs f32 [T, E].
-  virtual Tensor combine_backward(const Tensor& dy, Saved& s, Tensor& dprobs, PassContext& ctx) const = 0;
+  virtual Tensor combine_backward(const Tensor& dy, Saved& s, Tensor& dprobs, PassContext& ctx,
+                                  const InFlight& in_flight) const = 0;
   // Backward of dispatch: dx [T, h] from the gradient of the experts' inputs; clears `s`.
   virtual Tensor dispatch_backward(const Tensor& dxp, Saved& s, PassContext& ctx) const = 0;
 };
