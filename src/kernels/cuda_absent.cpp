@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "kernels/device.h"
+#include "kernels/host_mirror_gpu.h"
 #include "kernels/op_backends.h"
 
 namespace mt::ops {
@@ -26,6 +27,8 @@ namespace gpu {
 }  // namespace gpu
 
 int gpu_count() { return 0; }
+
+std::unique_ptr<HostMirror::Gpu> make_host_mirror_gpu() { no_cuda("HostMirror"); }
 
 struct GpuContext::Impl {};
 GpuContext::GpuContext(int) { no_cuda("--device cuda"); }

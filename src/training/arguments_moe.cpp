@@ -87,7 +87,8 @@ void register_moe_flags(FlagParser& p, model::MoEConfig& m, MoEArgs& a) {
              m.token_dispatcher = v;
            },
            "how tokens reach the experts' ranks: allgather (default) or alltoall");
-  p.store_true("--moe-grouped-gemm", &m.grouped_gemm, "run each rank's experts as one grouped GEMM");
+  p.store_true("--moe-grouped-gemm", &m.grouped_gemm,
+               "run each rank's experts as one grouped GEMM (on the GPU: their GEMMs on several streams at once)");
   p.store_true("--moe-permute-fusion", &m.permute_fusion, "fused token permutation");
   accepted(p, "--moe-router-fusion", "the router's top-k and aux loss are computed together");
   accepted(p, "--moe-per-layer-logging", "no effect");

@@ -240,6 +240,24 @@ std::vector<Case> cases() {
                  linear_backward_data_into(act(d, {rows, out}, 8), act(d, {out, in}, 2), slice);
                  return Outputs{dx};
                }});
+  c.push_back({"grouped_linear", 1e-2, [=](Device d) {
+                 // Four groups, one empty, of uneven rows; dw accumulates into non-zero values.
+                 const std::vector<int64_t> counts{17, 0, 40, 7};
+                 const int64_t n = 64;
+                 const Tensor x = act(d, {n, in}, 1), dy = act(d, {n, out}, 8);
+                 std::vector<Tensor> w, dw;
+                 for (int g = 0; g < 4; ++g) {
+                   w.push_back(act(d, {out, in}, 20 + g));
+                   dw.push_back(f32(d, {out, in}, 30 + g));
+                 }
+                 std::vector<const Tensor*> wp;
+                 std::vector<Tensor*> dwp;
+                 for (int g = 0; g < 4; ++g) wp.push_back(&w[g]), dwp.push_back(&dw[g]);
+                 Tensor y = act(d, {n, out}, 5), dx = act(d, {n, in}, 6);
+                 grouped_linear_forward(x, wp, counts, y);
+                 grouped_linear_backward(dy, x, wp, dwp, counts, dx);
+                 return Outputs{y, dx, dw[0], dw[1], dw[2], dw[3]};
+               }});
   c.push_back({"embedding", 1e-2, [=](Device d) {
                  const Tensor id = ids(d, {3, 0, 7, 3, 49, 12});
                  Tensor dtable = f32(d, {50, D}, 9);

@@ -158,7 +158,9 @@ TEST_F(GpuGemmTune, RaggedRowCountsShareABucketPlan) {
     EXPECT_LT(rel_l2(o.fy, y), 1e-2) << M;
     EXPECT_LT(rel_l2(o.fdx, dx), 1e-2) << M;
     EXPECT_LT(rel_l2(o.fdw1, dw), 1e-4) << M;
-    if (M == 1701) EXPECT_TRUE(run_bf16(fresh, s, in).y == o.y) << "the plan of 1701 rows depends on history";
+    if (M == 1701) {
+      EXPECT_TRUE(run_bf16(fresh, s, in).y == o.y) << "the plan of 1701 rows depends on history";
+    }
   }
   EXPECT_EQ(gemm.plans(), 4);
 }

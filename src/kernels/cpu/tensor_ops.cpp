@@ -62,6 +62,32 @@ void linear_backward_data_into(const Tensor& dy, const Tensor& w, Tensor& dx) {
   cpu::linear_backward(f(dy), nullptr, f(w), f(dx), nullptr, nullptr, rows, out, in);
 }
 
+void grouped_linear_forward(const Tensor& x, const std::vector<const Tensor*>& w, const std::vector<int64_t>& counts,
+                            Tensor& y) {
+  int64_t off = 0;
+  for (size_t g = 0; g < w.size(); ++g) {
+    if (counts[g] > 0) {
+      Tensor rows = y.slice(off, counts[g]);
+      linear_forward_into(x.slice(off, counts[g]), *w[g], nullptr, rows);
+    }
+    off += counts[g];
+  }
+}
+
+void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<const Tensor*>& w,
+                             const std::vector<Tensor*>& dw, const std::vector<int64_t>& counts, Tensor& dx) {
+  int64_t off = 0;
+  for (size_t g = 0; g < w.size(); ++g) {
+    if (counts[g] > 0) {
+      const Tensor dy_rows = dy.slice(off, counts[g]);
+      Tensor dx_rows = dx.slice(off, counts[g]);
+      linear_backward_data_into(dy_rows, *w[g], dx_rows);
+      linear_backward_weight(dy_rows, x.slice(off, counts[g]), *dw[g], nullptr, true);
+    }
+    off += counts[g];
+  }
+}
+
 void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db, bool accumulate_dw) {
   require_cpu_f32(dy, "linear_backward_weight");
   const int64_t out = dw.dim(0), in = dw.dim(1), rows = x.numel() / in;

@@ -1,6 +1,8 @@
 // The run's GPU context (kernels/device.h): device, compute stream, allocator, cuBLASLt handle.
 #include "kernels/cuda/context.h"
 
+#include <cstdlib>
+
 #include "core/error.h"
 
 namespace mt::ops {
@@ -37,6 +39,10 @@ GpuContext::~GpuContext() {
   if (g_live == this) g_live = nullptr;
   // Errors here would only repeat one that the run has reported (or is exiting with).
   if (cudaStreamSynchronize(c.stream) != cudaSuccess) cudaGetLastError();
+  for (cudaStream_t s : c.side)
+    if (cudaStreamDestroy(s) != cudaSuccess) cudaGetLastError();
+  for (cudaEvent_t e : c.joins) cudaEventDestroy(e);
+  if (c.fork) cudaEventDestroy(c.fork);
   c.gemm.reset();
   c.alloc->set_stream(nullptr);  // frees after this run are ordered on the default stream
   if (cudaStreamDestroy(c.stream) != cudaSuccess) cudaGetLastError();
@@ -76,5 +82,54 @@ GpuContext& gpu_context() {
 namespace mt::cuda {
 
 ops::GpuContext::Impl& context() { return ops::gpu_context().impl(); }
+
+namespace {
+
+int side_stream_count() {
+  static const int n = [] {
+    const char* v = std::getenv("MT_SIDE_STREAMS");
+    const int k = v ? std::atoi(v) : 4;
+    return k < 1 ? 1 : k > 8 ? 8 : k;
+  }();
+  return n;
+}
+
+}  // namespace
+
+SideStreams::SideStreams(cudaStream_t main) : main_(main) {
+  ops::GpuContext::Impl& c = context();
+  const int n = side_stream_count();
+  if (n == 1) return;
+  if (c.side.empty()) {
+    c.side.resize(static_cast<size_t>(n));
+    c.joins.resize(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      MT_CUDA_CHECK(cudaStreamCreateWithFlags(&c.side[static_cast<size_t>(i)], cudaStreamNonBlocking));
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&c.joins[static_cast<size_t>(i)], cudaEventDisableTiming));
+    }
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&c.fork, cudaEventDisableTiming));
+  }
+  MT_CUDA_CHECK(cudaEventRecord(c.fork, main_));
+}
+
+cudaStream_t SideStreams::next() {
+  ops::GpuContext::Impl& c = context();
+  if (c.side.empty()) return main_;
+  const size_t i = next_++ % c.side.size();
+  if (i >= used_) {  // first use of this side stream in the fork: start it after main's work
+    MT_CUDA_CHECK(cudaStreamWaitEvent(c.side[i], c.fork, 0));
+    used_ = i + 1;
+  }
+  return c.side[i];
+}
+
+SideStreams::~SideStreams() {
+  ops::GpuContext::Impl& c = context();
+  for (size_t i = 0; i < used_; ++i) {
+    // A failure here leaves the context broken; the next checked call reports it.
+    if (cudaEventRecord(c.joins[i], c.side[i]) != cudaSuccess || cudaStreamWaitEvent(main_, c.joins[i], 0) != cudaSuccess)
+      return;
+  }
+}
 
 }  // namespace mt::cuda

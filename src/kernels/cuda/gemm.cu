@@ -257,6 +257,9 @@ struct Gemm::Impl {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   std::map<Key, Plan> plans;
+  // GEMMs may run on several streams at once (cuda::SideStreams): each stream gets its own
+  // workspace, the constructor's going to the first stream that asks.
+  std::map<cudaStream_t, void*> stream_workspaces;
   std::mutex mu;
   TuneMode tune = tune_mode_from_env();
   int tuned_plans = 0;
@@ -269,6 +272,8 @@ struct Gemm::Impl {
       cublasLtMatrixLayoutDestroy(p.c);
       cublasLtMatmulDescDestroy(p.desc);
     }
+    for (auto& [s, w] : stream_workspaces)
+      if (w != workspace) cudaFree(w);
     if (workspace) cudaFree(workspace);
     if (handle) cublasLtDestroy(handle);
   }
@@ -354,7 +359,16 @@ struct Gemm::Impl {
     const float alpha = 1.f;
     const void* C = call.in_place() ? out : call.C;
     return cublasLtMatmul(handle, p.desc, &alpha, call.A, p.a, call.B, p.b, &call.beta, C, p.c, out, p.c, &c.algo,
-                          workspace, c.workspace, s);
+                          workspace_for(s), c.workspace, s);
+  }
+
+  void* workspace_for(cudaStream_t s) {
+    auto it = stream_workspaces.find(s);
+    if (it != stream_workspaces.end()) return it->second;
+    void* w = workspace;
+    if (!stream_workspaces.empty() && workspace_bytes) MT_CUDA_CHECK(cudaMalloc(&w, workspace_bytes));
+    stream_workspaces.emplace(s, w);
+    return w;
   }
 
   // Times every candidate on the call's inputs and returns the index to use now; sets p.chosen

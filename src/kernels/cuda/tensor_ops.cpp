@@ -114,6 +114,41 @@ void linear_backward_data_into(const Tensor& dy, const Tensor& w, Tensor& dx) {
   });
 }
 
+// The groups' GEMMs spread over the context's side streams (round robin), which start after the
+// compute stream's work so far and which the compute stream waits for at the end.
+void grouped_linear_forward(const Tensor& x, const std::vector<const Tensor*>& w, const std::vector<int64_t>& counts,
+                            Tensor& y) {
+  MT_CHECK(w.size() == counts.size(), "grouped_linear_forward: {} weights for {} groups", w.size(), counts.size());
+  cuda::SideStreams side(st());
+  with_half(x, [&]<typename T>(T*) {
+    int64_t off = 0;
+    for (size_t g = 0; g < w.size(); ++g) {
+      const int64_t out = w[g]->dim(0), in = w[g]->dim(1), n = counts[g];
+      if (n > 0)
+        cuda::linear_forward(gemm(), h<T>(x) + off * in, h<T>(*w[g]), static_cast<T*>(nullptr), h<T>(y) + off * out,
+                             n, out, in, side.next());
+      off += n;
+    }
+  });
+}
+
+void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<const Tensor*>& w,
+                             const std::vector<Tensor*>& dw, const std::vector<int64_t>& counts, Tensor& dx) {
+  MT_CHECK(w.size() == counts.size() && dw.size() == counts.size(),
+           "grouped_linear_backward: {} weights and {} gradients for {} groups", w.size(), dw.size(), counts.size());
+  cuda::SideStreams side(st());
+  with_half(dy, [&]<typename T>(T*) {
+    int64_t off = 0;
+    for (size_t g = 0; g < w.size(); ++g) {
+      const int64_t out = w[g]->dim(0), in = w[g]->dim(1), n = counts[g];
+      if (n > 0)
+        cuda::linear_backward(gemm(), h<T>(dy) + off * out, h<T>(x) + off * in, h<T>(*w[g]), h<T>(dx) + off * in,
+                              f(*dw[g]), nullptr, n, out, in, side.next());
+      off += n;
+    }
+  });
+}
+
 void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db, bool accumulate_dw) {
   const int64_t out = dw.dim(0), in = dw.dim(1), rows = x.numel() / in;
   with_half(dy, [&]<typename T>(T*) {

@@ -39,6 +39,7 @@ void GroupedExperts::build(ParamStore& ps, const std::string& prefix, const Tran
   swiglu = c.swiglu;
   openai_gelu = c.openai_gelu;
   recompute_act = c.recomputes("moe_act");
+  grouped_gemm = c.moe.grouped_gemm;
   const int blocks = swiglu ? 2 : 1;  // fc1 = [gate; up]: each ETP rank holds [gate_r; up_r]
   const TPSplit column = etp > 1 ? TPSplit{0, blocks, r, etp} : TPSplit{};
   const TPSplit row = etp > 1 ? TPSplit{1, 1, r, etp} : TPSplit{};
@@ -58,10 +59,24 @@ namespace {
 // Rows [off, off + n) of t.
 Tensor rows(const Tensor& t, int64_t off, int64_t n) { return t.slice(off, n); }
 
+// Grouped GEMMs (--moe-grouped-gemm) need bias-free experts.
+bool grouped(const std::vector<Linear>& lin, bool grouped_gemm) { return grouped_gemm && !lin.empty() && !lin[0].bias; }
+
+std::vector<const Tensor*> weights(const std::vector<Linear>& lin) {
+  std::vector<const Tensor*> w;
+  for (const Linear& l : lin) w.push_back(&l.weight->value);
+  return w;
+}
+
 // y rows of each expert = x rows x W^T (+ b), written in place.
 void expert_gemms(const std::vector<Linear>& lin, const Tensor& x, Tensor& y, const std::vector<int64_t>& counts,
-                  PassContext& ctx) {
+                  bool grouped_gemm, PassContext& ctx) {
   ScopedOpTimer t(ctx.times, &OpTimes::expert_gemm);
+  if (grouped(lin, grouped_gemm)) {
+    for (const Linear& l : lin) ctx.before_use(l.weight);
+    ops::grouped_linear_forward(x, weights(lin), counts, y);
+    return;
+  }
   int64_t off = 0;
   for (size_t i = 0; i < lin.size(); ++i) {
     ctx.before_use(lin[i].weight);
@@ -77,9 +92,16 @@ void expert_gemms(const std::vector<Linear>& lin, const Tensor& x, Tensor& y, co
 
 // dx rows of each expert (written), and its weight (and bias) gradients (accumulated).
 Tensor expert_gemms_backward(const std::vector<Linear>& lin, const Tensor& dy, const Tensor& x,
-                             const std::vector<int64_t>& counts, PassContext& ctx) {
+                             const std::vector<int64_t>& counts, bool grouped_gemm, PassContext& ctx) {
   ScopedOpTimer t(ctx.times, &OpTimes::expert_gemm);
   Tensor dx = Tensor::empty({x.dim(0), x.dim(1)}, dy.dtype(), dy.device());
+  if (grouped(lin, grouped_gemm)) {
+    std::vector<Tensor*> dw;
+    for (const Linear& l : lin) dw.push_back(&l.weight->grad);
+    ops::grouped_linear_backward(dy, x, weights(lin), dw, counts, dx);
+    for (const Linear& l : lin) ctx.grad_ready(l.weight);
+    return dx;
+  }
   int64_t off = 0;
   for (size_t i = 0; i < lin.size(); ++i) {
     if (counts[i] > 0) {
@@ -105,14 +127,14 @@ Tensor GroupedExperts::forward(const Tensor& xp, const std::vector<int64_t>& cou
   s.xp = xp;
   s.counts = counts;
   s.h = Tensor::empty({n, fc1.empty() ? 0 : fc1[0].weight->value.dim(0)}, xp.dtype(), xp.device());
-  expert_gemms(fc1, xp, s.h, counts, ctx);
+  expert_gemms(fc1, xp, s.h, counts, grouped_gemm, ctx);
   {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     if (n > 0) s.a = swiglu ? ops::swiglu_forward(s.h) : ops::gelu_forward(s.h, openai_gelu);
     else s.a = Tensor::empty({0, local_ffn}, xp.dtype(), xp.device());
   }
   Tensor y = Tensor::empty({n, hidden}, xp.dtype(), xp.device());
-  expert_gemms(fc2, s.a, y, counts, ctx);
+  expert_gemms(fc2, s.a, y, counts, grouped_gemm, ctx);
   if (recompute_act) s.a = Tensor();  // [rows, moe_ffn] per layer: rebuilt from h in backward
   return y;
 }
@@ -123,14 +145,14 @@ Tensor GroupedExperts::backward(const Tensor& dyp, Saved& s, PassContext& ctx) c
     s.a = s.xp.dim(0) > 0 ? (swiglu ? ops::swiglu_forward(s.h) : ops::gelu_forward(s.h, openai_gelu))
                           : Tensor::empty({0, local_ffn}, s.xp.dtype(), s.xp.device());
   }
-  const Tensor da = expert_gemms_backward(fc2, dyp, s.a, s.counts, ctx);
+  const Tensor da = expert_gemms_backward(fc2, dyp, s.a, s.counts, grouped_gemm, ctx);
   Tensor dh;
   {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     if (s.xp.dim(0) > 0) dh = swiglu ? ops::swiglu_backward(da, s.h) : ops::gelu_backward(da, s.h, openai_gelu);
     else dh = s.h;
   }
-  Tensor dx = expert_gemms_backward(fc1, dh, s.xp, s.counts, ctx);
+  Tensor dx = expert_gemms_backward(fc1, dh, s.xp, s.counts, grouped_gemm, ctx);
   s = Saved{};
   return dx;
 }

@@ -14,6 +14,7 @@ struct GroupedExperts {
   int64_t local_ffn = 0;                    // moe_ffn_hidden_size / ETP: this rank's columns
   bool swiglu = false, openai_gelu = false;
   bool recompute_act = false;  // --recompute-modules moe_act: backward recomputes the activation
+  bool grouped_gemm = false;   // --moe-grouped-gemm: one grouped op for the local experts (streams on the GPU)
   std::vector<Linear> fc1, fc2;
 
   struct Saved {

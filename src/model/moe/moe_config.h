@@ -47,7 +47,7 @@ struct MoEConfig {
 
   // Dispatch and kernels.
   std::string token_dispatcher = "allgather";  // --moe-token-dispatcher-type allgather|alltoall
-  bool grouped_gemm = false;                   // --moe-grouped-gemm (the GPU path always groups; accepted)
+  bool grouped_gemm = false;                   // --moe-grouped-gemm: the GPU runs the experts' GEMMs on several streams
   bool permute_fusion = false;                 // --moe-permute-fusion (accepted; permutation is one kernel)
 
   bool enabled() const { return num_experts > 0; }

@@ -8,12 +8,6 @@
 namespace mt::model {
 namespace {
 
-// A host copy of a small device tensor (the routing statistics of one layer).
-std::vector<float> to_host(const Tensor& t) {
-  const Tensor h = t.to_device(Device::CPU);
-  return {h.data<float>(), h.data<float>() + h.numel()};
-}
-
 }  // namespace
 
 void TopKRouter::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, int64_t layer_index,
@@ -69,8 +63,11 @@ void TopKRouter::forward(const Tensor& x, int64_t B, Saved& s, PassContext& ctx,
   probs = s.probs;
   s.aux_coef = Tensor();
   s.z_coef = 0.f;
-  if (ctx.training && ((moe.uses_aux_loss() && moe.aux_loss_coeff > 0) || moe.z_loss_coeff > 0))
+  if (ctx.training && ((moe.uses_aux_loss() && moe.aux_loss_coeff > 0) || moe.z_loss_coeff > 0)) {
     ops::moe_aux_stats(s.logits, spec(true), B, s.stat_sums, s.stat_counts, s.stat_z);
+    // No wait here: the dispatch's read of the plan's counts comes first (load_balancing).
+    stats_mirror.start({s.stat_sums, s.stat_counts, s.stat_z});
+  }
 }
 
 void TopKRouter::finish_forward(const std::vector<int32_t>& counts, Saved& s, PassContext& ctx) const {
@@ -85,8 +82,11 @@ void TopKRouter::finish_forward(const std::vector<int32_t>& counts, Saved& s, Pa
 void TopKRouter::load_balancing(Saved& s, PassContext& ctx) const {
   const Tensor& logits = s.logits;
   const int64_t B = s.B;
-  const std::vector<float> sums = to_host(s.stat_sums), z = to_host(s.stat_z);
-  std::vector<float> counts = to_host(s.stat_counts);
+  const std::vector<float>& all = stats_mirror.wait();  // sums [B, E], counts [B, E], z [1]
+  const size_t be = static_cast<size_t>(s.stat_sums.numel());
+  const std::vector<float> sums(all.begin(), all.begin() + be);
+  std::vector<float> counts(all.begin() + be, all.begin() + 2 * be);
+  const std::vector<float> z(all.begin() + 2 * be, all.end());
   s.stat_sums = s.stat_counts = s.stat_z = Tensor();
   // The gradient coefficients carry this pass's aux grad scale (MoEAuxLossAutoScaler's).
   const double g = ctx.moe_aux_grad_scale;

@@ -5,6 +5,7 @@
 // gradient to the logits' in backward, scaled by PassContext::moe_aux_grad_scale.
 #include <vector>
 
+#include "kernels/host_mirror.h"
 #include "kernels/moe_routing.h"
 #include "model/layers.h"
 
@@ -27,6 +28,9 @@ struct TopKRouter {
   // Tokens each expert received in this step's training forwards (the dispatch map, after
   // dropping), for the expert-bias update.
   mutable std::vector<double> tokens_per_expert;
+  // Where forward's load-balancing statistics reach the host (one layer's forward at a time:
+  // started in forward, read in finish_forward).
+  mutable ops::HostMirror stats_mirror;
 
   struct Saved {
     Tensor x, logits;       // router input; f32 [T, E]
