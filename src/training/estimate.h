@@ -17,6 +17,10 @@ namespace mt::estimate {
 struct Options {
   double gpu_memory_gib = 80.0;  // --gpu-memory-gib (default: an 80 GB H100)
   int64_t world_size = 0;        // --world-size (0: TP x PP x CP, i.e. DP 1)
+  // CPU runs: whether the binary links the CUDA libraries, which the process then maps (about
+  // 160 MiB of resident memory); default: how this binary was built.
+  bool cuda_build = built_with_cuda();
+  static bool built_with_cuda();
 };
 
 // One pipeline rank's memory in bytes (every TP/CP/DP/EP rank of a stage holds the same).
@@ -69,7 +73,7 @@ struct Estimate {
 Arguments validated(Arguments a, const Options& o, int64_t vocab);
 
 // The estimate of a validated run.
-Estimate estimate(const Arguments& a);
+Estimate estimate(const Arguments& a, const Options& o = {});
 
 // Layout changes that would make the run fit (each tried through validated() and estimate()):
 // one line each, best first; empty when it fits already or nothing was found.

@@ -89,7 +89,7 @@ std::vector<Suggestion> suggestions(const Arguments& parsed, const Options& o, i
   // The needed bytes with `a`, or a negative value where the layout is invalid.
   auto try_args = [&](const Arguments& a) -> double {
     try {
-      return estimate(validated(a, o, vocab)).needed_bytes();
+      return estimate(validated(a, o, vocab), o).needed_bytes();
     } catch (const Error&) {
       return -1;
     }
@@ -182,7 +182,7 @@ int estimate_main(const std::vector<std::string>& argv) {
   const int64_t vocab = estimate::vocabulary(a);
   set_log_level(LogLevel::Warn);  // validation's notes (e.g. SP without TP) are not the report
   const Arguments v = estimate::validated(a, o, vocab);
-  const estimate::Estimate e = estimate::estimate(v);
+  const estimate::Estimate e = estimate::estimate(v, o);
   const double budget = o.gpu_memory_gib * double(1 << 30);
   std::vector<estimate::Suggestion> s;
   if (e.needed_bytes() > budget) s = estimate::suggestions(a, o, vocab, budget);

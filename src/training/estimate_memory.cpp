@@ -218,7 +218,7 @@ double layer_activation_bytes(const Arguments& a, int64_t layer, bool gpu) {
   return attention_bytes(a, d) + mlp_bytes(a, d, a.model.moe.is_moe_layer(layer));
 }
 
-Estimate estimate(const Arguments& a) {
+Estimate estimate(const Arguments& a, const Options& o) {
   Estimate e;
   e.gpu = a.device == "cuda";
   e.tp = a.tensor_model_parallel_size;
@@ -304,11 +304,22 @@ Estimate estimate(const Arguments& a) {
     e.outside_pool = (0.6 + 0.3 * comms) * double(1 << 30);
     e.slack_fraction = 0.05;  // the stream-ordered pool's fragmentation
   } else {
-    e.outside_pool = 200.0 * double(1 << 20);  // the process: binary, libraries, OpenBLAS buffers
+    // The process itself (binary, libraries, OpenBLAS): the quickstart shape measured 677 MiB of
+    // resident memory with a CPU-only build against 635 MiB of tensors here, and 831-867 MiB
+    // with a CUDA build on the GPU machine's host (BENCHMARKS.md).
+    e.outside_pool = (45.0 + (o.cuda_build ? 160.0 : 0.0)) * double(1 << 20);
     e.slack_fraction = 0.0;
   }
   e.comm = comm_volumes(a, e);
   return e;
+}
+
+bool Options::built_with_cuda() {
+#ifdef MT_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
 }
 
 const StageMemory& Estimate::peak_stage() const {
