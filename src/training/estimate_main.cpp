@@ -35,8 +35,9 @@ Arguments validated(Arguments a, const Options& o, int64_t vocab) {
   // Megatron's (sequence split over CP, ring attention): validate as the CP = 1 run on the
   // CP-fold smaller world, which gives the same data-parallel size.
   if (cp > 1 && a.model.seq_length % (2 * cp) != 0)
-    fail("--seq-length {} must be divisible by 2 x --context-parallel-size ({}) (each CP rank takes two chunks)",
-         a.model.seq_length, 2 * cp);
+    fail("--seq-length {} must be divisible by 2 x --context-parallel-size {} = {} (each context-parallel rank takes "
+         "two chunks of the sequence)",
+         a.model.seq_length, cp, 2 * cp);
   a.context_parallel_size = 1;
   a.world_size = world / cp;
   validate_args(a, vocab);

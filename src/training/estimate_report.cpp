@@ -25,6 +25,8 @@ std::vector<const StageMemory*> shown(const Estimate& e) {
   return v;
 }
 
+std::string count(double n) { return n < 1e9 ? fmt::format("{:.1f} M", n / 1e6) : fmt::format("{:.3f} B", n / 1e9); }
+
 std::string describe_recompute(const Arguments& a) {
   const auto& m = a.model;
   if (m.recompute_full())
@@ -41,9 +43,9 @@ std::string report(const Arguments& a, const Estimate& e, const Options& o, cons
   std::string r;
   auto line = [&r](const std::string& s) { r += s + "\n"; };
   const char* prec = m.bf16 ? "bf16" : m.fp16 ? "fp16" : "fp32";
-  line(fmt::format("megatron estimate: {} layers, hidden {}, {:.3f} B parameters{} (vocabulary {} padded to {}), {} on {}",
-                   m.num_layers, m.hidden_size, static_cast<double>(m.num_parameters()) / 1e9,
-                   m.moe.enabled() ? fmt::format(" ({:.3f} B active)", static_cast<double>(m.num_active_parameters()) / 1e9)
+  line(fmt::format("megatron estimate: {} layers, hidden {}, {} parameters{} (vocabulary {} padded to {}), {} on {}",
+                   m.num_layers, m.hidden_size, count(static_cast<double>(m.num_parameters())),
+                   m.moe.enabled() ? fmt::format(" ({} active)", count(static_cast<double>(m.num_active_parameters())))
                                    : std::string(),
                    m.orig_vocab_size, m.vocab_size, prec, e.gpu ? "GPUs" : "the CPU"));
   std::string layout = fmt::format("{} {} = TP {} x CP {} x DP {} x PP {}", e.world_size, e.gpu ? "GPUs" : "ranks",
@@ -53,9 +55,10 @@ std::string report(const Arguments& a, const Estimate& e, const Options& o, cons
   if (m.moe.enabled())
     layout += fmt::format("; experts: EP {} x expert-TP {} x expert-DP {}", e.ep, e.etp, e.edp);
   line("layout: " + layout);
-  line(fmt::format("batch: micro-batch {} x sequence {}, global batch {}: {} micro-batches per step per data-parallel "
+  line(fmt::format("batch: micro-batch {} x sequence {}, global batch {}: {} micro-batch{} per step per data-parallel "
                    "rank | recompute: {} | optimizer: {}{}",
-                   a.micro_batch_size, m.seq_length, a.global_batch_size, e.microbatches, describe_recompute(a),
+                   a.micro_batch_size, m.seq_length, a.global_batch_size, e.microbatches, e.microbatches == 1 ? "" : "es",
+                   describe_recompute(a),
                    a.optimizer.type, a.use_distributed_optimizer ? " (distributed)" : ""));
   if (e.cp > 1)
     line("note: pretrain does not train with --context-parallel-size > 1 yet; this models Megatron's ring attention");
