@@ -82,7 +82,7 @@ double attention_bytes(const Arguments& a, const Dims& d) {
   const auto& c = a.model;
   const double D = static_cast<double>(c.kv_channels), hl = local_heads(a), gl = local_groups(a);
   const double stats = d.tsp * 4.0 * (c.rmsnorm() ? 1.0 : 2.0);  // rstd (and mean) in fp32
-  double b = 3 * (d.tsp * d.h * d.e + stats);                        // input_layernorm in, qkv in, pre_mlp_layernorm in
+  double b = 3 * d.tsp * d.h * d.e + 2 * stats;  // the two norms' inputs (and statistics), linear_qkv's input
   b += d.t * (hl + 2 * gl) * D * d.e;                                // q, k, v
   if (c.qk_layernorm) b += d.t * (hl + gl) * D * d.e + d.t * (hl + gl) * 4.0 * (c.rmsnorm() ? 1.0 : 2.0);
   if (!c.recomputes("core_attn"))  // the core's output and log-sum-exp
@@ -103,7 +103,7 @@ double mlp_bytes(const Arguments& a, const Dims& d, bool moe_layer) {
   const auto& m = c.moe;
   const double E = static_cast<double>(m.num_experts), rows = rows_to_experts(a, d);
   const double f = static_cast<double>(m.moe_ffn_hidden_size) / d.etp;
-  double b = in + d.tsp * E * 12.0 + d.tsp * E * 8.0;  // router logits, selection, probs; the dispatch plan
+  double b = in + d.tsp * E * 16.0;  // the router's fp32 logits and probabilities, the dispatch plan's rows and weights
   const double plan_rows = m.token_dispatcher == "allgather" ? rows * d.ep : rows;
   b += plan_rows * d.h * d.e;                          // the experts' outputs before unpermute
   b += rows * d.h * d.e + rows * f * (c.swiglu ? 2.0 : 1.0) * d.e;  // experts' input and fc1 output

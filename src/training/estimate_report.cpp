@@ -80,7 +80,7 @@ std::string report(const Arguments& a, const Estimate& e, const Options& o, cons
     row(fmt::format("weights ({} copy)", prec), [](const StageMemory& s) { return gib(s.weights); });
   row("main params (fp32)", [](const StageMemory& s) { return gib(s.main_params); });
   row("grads (fp32 main grads)", [](const StageMemory& s) { return gib(s.grads); });
-  row(a.use_distributed_optimizer ? "optimizer state (sharded over DP)" : "optimizer state",
+  row(a.use_distributed_optimizer ? "optimizer (sharded over DP)" : "optimizer state",
       [](const StageMemory& s) { return gib(s.optimizer); });
   row("activations", [](const StageMemory& s) { return gib(s.activations); });
   row("  passes in flight at the peak", [](const StageMemory& s) { return fmt::format("{}", s.in_flight); });
