@@ -58,13 +58,18 @@ struct Estimate {
   int64_t microbatches = 1;       // per step per DP rank
   std::vector<StageMemory> stages;
   double outside_pool = 0;        // CUDA context, cuBLASLt/cuDNN workspaces, NCCL buffers (GPU)
-  double slack_fraction = 0;      // allocator fragmentation allowance, of the pool peak
+  double slack_fraction = 0;      // allocator fragmentation allowance (see slack())
   std::vector<CommVolume> comm;   // for the busiest pipeline rank
   double flops_per_step = 0;      // model FLOPs of one global batch (Megatron's formula)
 
+  // The allocator's fragmentation on top of a stage's tensors: on the GPU a share of the pool
+  // peak (stream-ordered pool); on the CPU a share of the activations and workspaces, the many
+  // mid-sized blocks glibc's heap keeps mapped after they are freed.
+  double slack(const StageMemory& s) const;
+  double needed(const StageMemory& s) const { return s.pool_peak() + slack(s) + outside_pool; }
+  // The stage needing the most, and what one GPU (or the host) needs for it.
   const StageMemory& peak_stage() const;
-  // What one GPU (or the host) needs: the busiest stage's pool peak, slack, and what lives outside the pool.
-  double needed_bytes() const;
+  double needed_bytes() const { return needed(peak_stage()); }
 };
 
 // Pretrain's arguments for an estimate: parsed (by the caller), then completed where estimate

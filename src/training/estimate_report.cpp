@@ -89,10 +89,11 @@ std::string report(const Arguments& a, const Estimate& e, const Options& o, cons
   row("logits and head", [](const StageMemory& s) { return gib(s.logits); });
   row("backward workspace", [](const StageMemory& s) { return gib(s.workspace); });
   row(e.gpu ? "= tensor pool peak (*)" : "= tensors at the peak", [](const StageMemory& s) { return gib(s.pool_peak()); });
-  if (e.gpu) row("+ allocator slack (5%)", [&e](const StageMemory& s) { return gib(s.pool_peak() * e.slack_fraction); });
+  row(e.gpu ? "+ allocator slack (5%)" : "+ heap slack (10% of activations)",
+      [&e](const StageMemory& s) { return gib(e.slack(s)); });
   row(e.gpu ? "+ CUDA context, libraries, NCCL" : "+ the process (binary, libraries)",
       [&e](const StageMemory&) { return gib(e.outside_pool); });
-  row("= needed", [&e](const StageMemory& s) { return gib(s.pool_peak() * (1 + e.slack_fraction) + e.outside_pool); });
+  row("= needed", [&e](const StageMemory& s) { return gib(e.needed(s)); });
   if (e.stages.size() > stages.size())
     line(fmt::format("  (stages 2-{} hold what stage 1 holds, give or take their layer counts)", e.stages.size() - 3));
   if (e.gpu) line("  (*) what pretrain's \"peak GPU memory\" line reports (rank 0's)");
@@ -116,8 +117,9 @@ std::string report(const Arguments& a, const Estimate& e, const Options& o, cons
 
   const double budget = o.gpu_memory_gib * kGiB, need = e.needed_bytes();
   const bool fits = need <= budget;
-  line(fmt::format("\n{}: {} GiB needed on the busiest {} (stage {}) of {} GiB (--gpu-memory-gib){}",
-                   fits ? "fits" : "DOES NOT FIT", gib(need), e.gpu ? "GPU" : "rank", e.peak_stage().rank,
+  line(fmt::format("\n{}: {} GiB{} needed on the busiest {} (stage {}) of {} GiB (--gpu-memory-gib){}",
+                   fits ? "fits" : "DOES NOT FIT", gib(need),
+                   need < 10 * kGiB ? fmt::format(" ({:.0f} MiB)", need / (1 << 20)) : std::string(), e.gpu ? "GPU" : "rank", e.peak_stage().rank,
                    o.gpu_memory_gib, fits ? fmt::format(", {:.0f}% used", 100 * need / budget) : std::string()));
   if (!fits) {
     if (sugg.empty()) line("  no layout change found that fits: more GPUs (--world-size) or a smaller model");

@@ -187,6 +187,24 @@ TEST(Estimate, CpuQuickstartShape) {
   for (double measured : {831.0, 840.0, 856.0, 867.0}) EXPECT_NEAR(with_cuda, measured, 0.1 * measured);
 }
 
+TEST(Estimate, CpuLayersScale) {
+  // BENCHMARKS.md, "megatron estimate: CPU calibration" (AMD EPYC, 2 cores, CPU-only build,
+  // 4a5aa40): maximum resident memory of a hidden-256 model (seq 256, micro-batch 16, vocabulary
+  // 1000) with 2, 6 and 12 layers, and of the quickstart shape, from /usr/bin/time -v.
+  Options cpu_only;
+  cpu_only.cuda_build = false;
+  const Args shape = {"--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "256",
+                      "--max-position-embeddings", "256", "--normalization", "RMSNorm", "--swiglu",
+                      "--position-embedding-type", "rope", "--disable-bias-linear",
+                      "--untie-embeddings-and-output-weights", "--ffn-hidden-size", "1024", "--vocab-size", "1000",
+                      "--micro-batch-size", "16", "--global-batch-size", "16", "--attention-dropout", "0",
+                      "--hidden-dropout", "0", "--device", "cpu"};
+  for (auto [layers, mib] : {std::pair{"2", 301.8}, {"6", 753.8}, {"12", 1342.0}})
+    EXPECT_NEAR(run(shape + Args{"--num-layers", layers}, 1, cpu_only).needed_bytes() / (1 << 20), mib, 0.1 * mib)
+        << layers << " layers";
+  EXPECT_NEAR(run(kCpuBench, 1, cpu_only).needed_bytes() / (1 << 20), 676.9, 67.7) << "quickstart shape";
+}
+
 // ---- Sizing by hand --------------------------------------------------------------------------
 
 // Llama-3 70B at TP=8 x PP=4 with the distributed optimizer on 64 GPUs (DP = 64 / 32 = 2).
