@@ -49,14 +49,16 @@ std::vector<CommVolume> comm_volumes(const Arguments& a, const Estimate& e) {
       // Per layer: forward all-gathers before linear_qkv and linear_fc1, reduce-scatters after
       // linear_proj and linear_fc2; backward re-gathers the two inputs, gathers the two output
       // gradients and reduce-scatters the two input gradients.
+      // MoE layers' MLPs route sequence shards to experts: no TP collective there (their
+      // expert-TP and EP traffic is the EP row below), so they count the attention half.
       v.what = "sequence parallel: all-gather + reduce-scatter of [tokens, hidden] per linear pair";
-      double per_mb = L * act * r * (4 * forwards + 6);
+      double per_mb = ((L - Lm) * (4 * forwards + 6) + Lm * (2 * forwards + 3)) * act * r;
       if (busiest->embedding) per_mb += act * r;      // the embedding's reduce-scatter
       if (busiest->head) per_mb += 3 * act * r;       // the head's gather, re-gather, reduce-scatter
       v.bytes = M * per_mb;
     } else {
       v.what = "all-reduce of [tokens, hidden]: 2 per layer forward, 2 backward";
-      double per_mb = L * act * 2 * r * (2 * forwards + 2);
+      double per_mb = ((L - Lm) * (2 * forwards + 2) + Lm * (forwards + 1)) * act * 2 * r;
       if (busiest->embedding) per_mb += act * 2 * r;
       if (busiest->head) per_mb += act * 2 * r;
       v.bytes = M * per_mb;

@@ -106,28 +106,45 @@ std::vector<Suggestion> suggestions(const Arguments& parsed, const Options& o, i
     if (fits.size() > 4) fits.resize(4);
     return fits;
   }
-  // No single change fits: combine them, each round taking the one that saves the most.
-  Arguments a = parsed;
-  std::string flags;
-  std::vector<bool> used(changes.size(), false);
-  for (size_t round = 0; round < changes.size(); ++round) {
+  // No single change fits: combine them, each round taking the one that saves the most, then
+  // drop those the others make unnecessary.
+  auto with = [&](const std::vector<size_t>& picked) {
+    Arguments a = parsed;
+    for (size_t i : picked) changes[i].apply(a);
+    return try_args(a);
+  };
+  auto describe = [&](const std::vector<size_t>& picked, double need) {
+    std::string flags;
+    for (size_t i : picked) flags += (flags.empty() ? "" : " ") + changes[i].flags;
+    return Suggestion{flags, need, need <= budget};
+  };
+  std::vector<size_t> picked;
+  double need = -1;
+  while (picked.size() < changes.size() && picked.size() < 6) {
     double best = -1;
     size_t pick = changes.size();
     for (size_t i = 0; i < changes.size(); ++i) {
-      if (used[i]) continue;
-      Arguments b = a;
-      changes[i].apply(b);
-      const double need = try_args(b);
-      if (need >= 0 && (best < 0 || need < best)) best = need, pick = i;
+      if (std::find(picked.begin(), picked.end(), i) != picked.end()) continue;
+      std::vector<size_t> trial = picked;
+      trial.push_back(i);
+      const double n = with(trial);
+      if (n >= 0 && (best < 0 || n < best)) best = n, pick = i;
     }
     if (pick == changes.size()) break;
-    used[pick] = true;
-    changes[pick].apply(a);
-    flags += (flags.empty() ? "" : " ") + changes[pick].flags;
-    if (best <= budget) return {{flags, best, true}};
-    if (round + 1 == changes.size() || round >= 5) return {{flags, best, false}};
+    picked.push_back(pick);
+    need = best;
+    if (need <= budget) break;
   }
-  return {};
+  if (picked.empty()) return {};
+  if (need <= budget)
+    for (size_t k = 0; k < picked.size() && picked.size() > 1;) {
+      std::vector<size_t> fewer = picked;
+      fewer.erase(fewer.begin() + static_cast<std::ptrdiff_t>(k));
+      const double n = with(fewer);
+      if (n >= 0 && n <= budget) picked = fewer, need = n;
+      else ++k;
+    }
+  return {describe(picked, need)};
 }
 
 namespace {
