@@ -285,11 +285,13 @@ Estimate estimate(const Arguments& a, const Options& o) {
     s.in_flight = passes;
     // At the peak: the passes in flight, then the next backward's transients. The head's
     // backward comes first (its logits still alive); a layer's backward comes after the logits
-    // of that pass are freed.
+    // of that pass are freed, on top of what recomputation rebuilt for it. (Where an interleaved
+    // schedule holds several passes of the head's chunk, the others' logits count under
+    // activations.)
     const double kept_logits = s.head ? hb.kept : 0.0;
     s.activations = act - kept_logits;
     s.logits = kept_logits;
-    const double layer_ws = std::max(workspace, rebuild + workspace * 0.5);
+    const double layer_ws = rebuild + workspace;
     s.workspace = std::max(s.head ? hb.transient : 0.0, layer_ws - kept_logits);
     s.workspace = std::max(s.workspace, 0.0);
     e.stages.push_back(s);
