@@ -189,6 +189,7 @@ size_t TransformerLayer::saved_bytes(const Saved& s) {
   for (const Tensor* t : {&m.router.x, &m.router.logits, &m.router.selected, &m.router.probs, &m.dispatch.token_rows, &m.dispatch.probs, &m.dispatch.yp,
                           &m.experts.xp, &m.experts.h, &m.experts.a, &m.shared.x, &m.shared.h, &m.shared.a, &m.gate})
     add(*t);
+  add(s.moe_input);  // --recompute-modules moe: the MoE layer keeps its input only
   if (s.group && s.group_index == 0) add(s.group->input);
   return total;
 }

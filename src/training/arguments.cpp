@@ -14,7 +14,8 @@ namespace mt {
 namespace {
 
 struct Registered {
-  FlagParser parser{"pretrain"};
+  explicit Registered(const std::string& command = "pretrain") : parser(command) {}
+  FlagParser parser;
   ModelAliases model_aliases;
 };
 
@@ -35,10 +36,14 @@ void register_flags(Registered& r, Arguments& a) {
 
 bool Arguments::was_given(const char* flag) const { return std::find(given.begin(), given.end(), flag) != given.end(); }
 
-Arguments parse_pretrain_args(const std::vector<std::string>& argv) {
+Arguments parse_pretrain_args(const std::vector<std::string>& argv) { return parse_pretrain_args(argv, "pretrain", {}); }
+
+Arguments parse_pretrain_args(const std::vector<std::string>& argv, const std::string& command,
+                              const ExtraFlags& extra) {
   Arguments a;
-  Registered r;
+  Registered r(command);
   register_flags(r, a);
+  if (extra) extra(r.parser);
   r.parser.parse(argv);
   if (r.parser.help_requested()) throw Error("help:" + r.parser.help());
   a.given = r.parser.given_names();
@@ -46,10 +51,11 @@ Arguments parse_pretrain_args(const std::vector<std::string>& argv) {
   return a;
 }
 
-std::string pretrain_help() {
+std::string pretrain_help(const std::string& command, const ExtraFlags& extra) {
   Arguments a;
-  Registered r;
+  Registered r(command);
   register_flags(r, a);
+  if (extra) extra(r.parser);
   return r.parser.help();
 }
 

@@ -3,6 +3,7 @@
 // validation rules. Flags may also come from --config FILE.yaml (same keys, with dashes or
 // underscores); flags on the command line override the file.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,6 +20,8 @@
 #include "training/moe_layer_freq.h"
 
 namespace mt {
+
+class FlagParser;
 
 // Bounds shared by the commands' count flags (FlagParser IntRange): far above any real run, low
 // enough that the ints and products made from them cannot wrap.
@@ -138,12 +141,17 @@ struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, Lo
 
 // Parses pretrain flags (and --config). Throws mt::Error naming the flag on any problem.
 Arguments parse_pretrain_args(const std::vector<std::string>& argv);
+// The same for another command taking pretrain's flags (`megatron estimate`): `extra` registers
+// that command's own flags in the same parser, so typos, --config and --help cover them too.
+using ExtraFlags = std::function<void(FlagParser&)>;
+Arguments parse_pretrain_args(const std::vector<std::string>& argv, const std::string& command,
+                              const ExtraFlags& extra);
 // Validates cross-flag rules and fills derived values (Megatron's validate_args).
 void validate_args(Arguments& a, int64_t tokenizer_vocab_size);
 // The parallel-size rules (the first part of validate_args, arguments_parallel.cpp): sizes,
 // world-size divisibility, derived DP.
 void validate_parallel_args(Arguments& a);
-std::string pretrain_help();
+std::string pretrain_help(const std::string& command = "pretrain", const ExtraFlags& extra = {});
 
 // The sections' conversions into their layers' options.
 parallel::PipelineOptions pipeline_options(const ParallelArgs& a);  // for parallel::PipelineLayout

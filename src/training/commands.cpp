@@ -13,7 +13,8 @@ int run_command(const std::string& cmd, const std::vector<std::string>& args) {
   if (cmd == "launch") return launch_main(args);
   if (cmd == "convert") return convert_main(args);
   if (cmd == "logits") return logits_main(args);
-  static const std::vector<std::string> known = {"pretrain", "generate", "preprocess", "launch", "convert", "logits"};
+  if (cmd == "estimate") return estimate_main(args);
+  static const std::vector<std::string> known = {"pretrain", "generate", "preprocess", "launch", "convert", "logits", "estimate"};
   std::string s = closest_match(cmd, known);
   fail("unknown command '{}'{}; run 'megatron --help' for the list", cmd,
        s.empty() ? "" : " (did you mean '" + s + "'?)");

@@ -13,4 +13,6 @@ int convert_main(const std::vector<std::string>& args);
 int logits_main(const std::vector<std::string>& args);
 // `megatron launch --nproc-per-node N ... -- pretrain ...`: starts and supervises local ranks.
 int launch_main(const std::vector<std::string>& args);
+// `megatron estimate <pretrain flags> --gpu-memory-gib G --world-size N`: memory, communication, FLOPs.
+int estimate_main(const std::vector<std::string>& args);
 }  // namespace mt

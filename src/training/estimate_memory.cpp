@@ -1,0 +1,339 @@
+// The memory half of `megatron estimate`: this engine's per-rank bytes, module by module.
+// Sizes are doubles (bytes of real runs reach 1e11; the shapes were range-checked by
+// validation, so nothing here can overflow a double's exact integer range in practice).
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "parallel/pipeline_layout.h"
+#include "parallel/schedule.h"
+#include "training/estimate.h"
+
+namespace mt::estimate {
+namespace {
+
+// The sizes every formula below uses, for one micro-batch on one rank.
+struct Dims {
+  double t = 0;    // tokens a rank's attention and MLP GEMMs see: micro-batch x seq / CP
+  double tsp = 0;  // tokens of the residual stream on a rank: t / TP under sequence parallelism
+  double e = 2;    // bytes of a stored activation (bf16/fp16 on the GPU; the CPU stores fp32)
+  double h = 0, tp = 1, etp = 1, ep = 1;
+  bool gpu = true;
+};
+
+Dims dims_of(const Arguments& a, bool gpu) {
+  Dims d;
+  d.gpu = gpu;
+  d.tp = static_cast<double>(a.tensor_model_parallel_size);
+  d.ep = static_cast<double>(a.expert_model_parallel_size);
+  d.etp = static_cast<double>(a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size
+                                                                : a.tensor_model_parallel_size);
+  d.t = static_cast<double>(a.micro_batch_size) * static_cast<double>(a.model.seq_length) /
+        static_cast<double>(a.context_parallel_size);
+  d.tsp = a.sequence_parallel ? d.t / d.tp : d.t;
+  d.e = gpu ? 2.0 : 4.0;
+  d.h = static_cast<double>(a.model.hidden_size);
+  return d;
+}
+
+// Query heads and key/value groups of one TP rank (Megatron replicates a group over TP / G
+// ranks when TP > G).
+double local_heads(const Arguments& a) {
+  return static_cast<double>(a.model.num_attention_heads) / static_cast<double>(a.tensor_model_parallel_size);
+}
+double local_groups(const Arguments& a) {
+  const int64_t tp = a.tensor_model_parallel_size, g = a.model.num_query_groups;
+  return tp > g ? 1.0 : static_cast<double>(g) / static_cast<double>(tp);
+}
+
+// Parameters of one layer on one rank; `expert` gets the routed experts' share.
+int64_t layer_params(const Arguments& a, int64_t layer, int64_t& expert) {
+  const auto& c = a.model;
+  const int64_t tp = a.tensor_model_parallel_size, h = c.hidden_size, norm = c.rmsnorm() ? h : 2 * h;
+  const int64_t etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : tp;
+  const int64_t qkv = c.qkv_out();
+  int64_t n = 2 * norm + qkv * h / tp + (c.add_qkv_bias ? qkv / tp : 0) + c.num_attention_heads * c.kv_channels * h / tp +
+              (c.add_bias_linear ? h : 0);
+  if (c.qk_layernorm) n += 2 * (c.rmsnorm() ? c.kv_channels : 2 * c.kv_channels);
+  // An MLP of width f split over `split` ranks: fc1 (and its bias) column-, fc2 row-parallel.
+  auto mlp = [&](int64_t f, int64_t split) {
+    const int64_t fc1 = (c.swiglu ? 2 : 1) * f;
+    return fc1 * h / split + (c.add_bias_linear ? fc1 / split + h : 0) + f * h / split;
+  };
+  expert = 0;
+  if (!c.moe.is_moe_layer(layer)) return n + mlp(c.ffn_hidden_size, tp);
+  const auto& m = c.moe;
+  n += m.num_experts * h + (m.enable_expert_bias ? m.num_experts : 0);
+  expert = m.num_experts / a.expert_model_parallel_size * mlp(m.moe_ffn_hidden_size, etp);
+  if (m.shared_expert_intermediate_size > 0) n += mlp(m.shared_expert_intermediate_size, tp);
+  if (m.shared_expert_gate) n += h;
+  return n + expert;
+}
+
+double rows_to_experts(const Arguments& a, const Dims& d) {
+  // Routed rows a rank's experts receive: each of the group's tokens goes to top-k experts; the
+  // expert-TP members each see their whole group's rows. The allgather dispatcher keeps the
+  // rows of every expert of the EP group (its plan), the alltoall one only its own.
+  return d.tsp * static_cast<double>(a.model.moe.topk) * d.etp;
+}
+
+// The attention half of a layer and its two norms: what Norm, SelfAttention keep in Saved.
+double attention_bytes(const Arguments& a, const Dims& d) {
+  const auto& c = a.model;
+  const double D = static_cast<double>(c.kv_channels), hl = local_heads(a), gl = local_groups(a);
+  const double stats = d.tsp * 4.0 * (c.rmsnorm() ? 1.0 : 2.0);  // rstd (and mean) in fp32
+  double b = 3 * d.tsp * d.h * d.e + 2 * stats;  // the two norms' inputs (and statistics), linear_qkv's input
+  b += d.t * (hl + 2 * gl) * D * d.e;                                // q, k, v
+  if (c.qk_layernorm) b += d.t * (hl + gl) * D * d.e + d.t * (hl + gl) * 4.0 * (c.rmsnorm() ? 1.0 : 2.0);
+  if (!c.recomputes("core_attn"))  // the core's output and log-sum-exp
+    b += d.t * hl * D * d.e + static_cast<double>(a.micro_batch_size) * hl * static_cast<double>(c.seq_length) * 4.0;
+  return b;
+}
+
+// The MLP half: the dense MLP's input, fc1 output and activation, or the MoE layer's router,
+// dispatch and experts.
+double mlp_bytes(const Arguments& a, const Dims& d, bool moe_layer) {
+  const auto& c = a.model;
+  const double in = d.tsp * d.h * d.e;
+  if (!moe_layer) {
+    const double f = static_cast<double>(c.ffn_hidden_size) / d.tp;
+    return in + d.t * f * (c.swiglu ? 3.0 : 2.0) * d.e;
+  }
+  if (c.recomputes("moe")) return in;  // the layer keeps its input only
+  const auto& m = c.moe;
+  const double E = static_cast<double>(m.num_experts), rows = rows_to_experts(a, d);
+  const double f = static_cast<double>(m.moe_ffn_hidden_size) / d.etp;
+  double b = in + d.tsp * E * 16.0;  // the router's fp32 logits and probabilities, the dispatch plan's rows and weights
+  const double plan_rows = m.token_dispatcher == "allgather" ? rows * d.ep : rows;
+  b += plan_rows * d.h * d.e;                          // the experts' outputs before unpermute
+  b += rows * d.h * d.e + rows * f * (c.swiglu ? 2.0 : 1.0) * d.e;  // experts' input and fc1 output
+  if (!c.recomputes("moe_act")) b += rows * f * d.e;               // the activation's output
+  if (m.shared_expert_intermediate_size > 0)
+    b += d.t * static_cast<double>(m.shared_expert_intermediate_size) / d.tp * (c.swiglu ? 3.0 : 2.0) * d.e;
+  return b;
+}
+
+// Transient bytes of one layer's backward on top of what is saved: the MLP's activation and fc1
+// gradients, and the gathered input / output gradient of the residual stream.
+double layer_backward_workspace(const Arguments& a, const Dims& d, bool moe_layer) {
+  const auto& c = a.model;
+  double w = 2 * d.t * d.h * d.e;
+  if (!moe_layer) return w + d.t * static_cast<double>(c.ffn_hidden_size) / d.tp * (c.swiglu ? 3.0 : 2.0) * d.e;
+  const double f = static_cast<double>(c.moe.moe_ffn_hidden_size) / d.etp;
+  return w + rows_to_experts(a, d) * (f * (c.swiglu ? 3.0 : 2.0) + d.h) * d.e;
+}
+
+// The head's logits per micro-batch in flight, and the transient of its backward. The GPU
+// without TP forms the loss gradient inside the forward, over the logits (fused cross-entropy):
+// one [tokens, V] half tensor lives from forward to backward. Otherwise (vocab-parallel or CPU
+// cross-entropy) the backward allocates the gradient beside the kept logits.
+struct HeadBytes {
+  double kept = 0, transient = 0;
+};
+HeadBytes head_bytes(const Arguments& a, const Dims& d) {
+  const double v = static_cast<double>(a.model.vocab_size) / d.tp;
+  const double logits = d.t * v * d.e;
+  HeadBytes hb;
+  hb.kept = logits + 2 * (d.tsp * d.h * d.e);  // + the final norm's input and output
+  const bool fused = d.gpu && a.tensor_model_parallel_size == 1;
+  hb.transient = (fused ? 0.0 : logits) + d.t * d.h * d.e;
+  return hb;
+}
+
+// Activations one pass of a chunk of `n` layers (from global index `first`) keeps, with full
+// recomputation applied, and the extra bytes its backward rebuilds at once.
+struct ChunkBytes {
+  double kept = 0, rebuild = 0, workspace = 0;
+};
+ChunkBytes chunk_bytes(const Arguments& a, const Dims& d, int64_t first, int64_t n) {
+  const auto& c = a.model;
+  ChunkBytes cb;
+  const double input = d.tsp * d.h * d.e;
+  const int64_t N = c.recompute_full() ? c.recompute_num_layers : 0;
+  double group = 0, biggest_group = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t l = first + j;
+    const bool moe = c.moe.is_moe_layer(l);
+    const double full = layer_activation_bytes(a, l, d.gpu);
+    cb.workspace = std::max(cb.workspace, layer_backward_workspace(a, d, moe));
+    if (!c.recompute_full()) {
+      cb.kept += full;
+      // Selective recomputation rebuilds one layer's core output in its backward.
+      if (c.recomputes("core_attn"))
+        cb.rebuild = std::max(cb.rebuild, d.t * local_heads(a) * static_cast<double>(c.kv_channels) * d.e);
+      continue;
+    }
+    if (c.recompute_method == "uniform") {
+      if (j % N == 0) {
+        cb.kept += input;
+        group = 0;
+      }
+      group += full;
+      biggest_group = std::max(biggest_group, group);
+    } else if (j < N) {  // block: the first N layers of the chunk, one group each
+      cb.kept += input;
+      biggest_group = std::max(biggest_group, full);
+    } else {
+      cb.kept += full;
+    }
+  }
+  cb.rebuild = std::max(cb.rebuild, biggest_group);
+  return cb;
+}
+
+// Passes (micro-batch, chunk) holding activations at once on pipeline rank r, by walking its
+// schedule (1F1B: PP - r; interleaved: Megatron's warm-up + 1), weighted by each chunk's bytes.
+// Returns the largest sum, and the passes it counts.
+std::pair<double, int64_t> in_flight(const Arguments& a, int r, const std::vector<double>& per_chunk) {
+  const int pp = static_cast<int>(a.pipeline_model_parallel_size), vpp = static_cast<int>(per_chunk.size());
+  const int64_t M = a.global_batch_size / (a.micro_batch_size * a.data_parallel_size);
+  parallel::ScheduleSpec spec{.pp = pp, .vpp = vpp, .rank = r, .microbatches = M,
+                              .group = a.microbatch_group_size_per_vp_stage};
+  // Walking the schedule is linear in M x VPP; beyond a million passes the steady state is
+  // reached long before: warm-up + 1 passes of the largest chunk.
+  if (M * vpp > (int64_t{1} << 20)) {
+    const int64_t n = std::min(parallel::warmup_passes(spec) + 1, M * vpp);
+    return {static_cast<double>(n) * *std::max_element(per_chunk.begin(), per_chunk.end()), n};
+  }
+  double live = 0, best = 0;
+  int64_t count = 0, best_count = 0;
+  for (const parallel::Action& act : parallel::build_schedule(spec)) {
+    const double b = per_chunk[static_cast<size_t>(act.chunk)];
+    if (act.kind == parallel::Action::Forward) {
+      live += b;
+      ++count;
+      if (live > best) best = live, best_count = count;
+    } else {
+      live -= b;
+      --count;
+    }
+  }
+  return {best, best_count};
+}
+
+}  // namespace
+
+double layer_activation_bytes(const Arguments& a, int64_t layer, bool gpu) {
+  const Dims d = dims_of(a, gpu);
+  return attention_bytes(a, d) + mlp_bytes(a, d, a.model.moe.is_moe_layer(layer));
+}
+
+Estimate estimate(const Arguments& a, const Options& o) {
+  Estimate e;
+  e.gpu = a.device == "cuda";
+  e.tp = a.tensor_model_parallel_size;
+  e.pp = a.pipeline_model_parallel_size;
+  e.vpp = a.virtual_pipeline_model_parallel_size;
+  e.cp = a.context_parallel_size;
+  e.dp = a.data_parallel_size;
+  e.world_size = e.tp * e.pp * e.cp * e.dp;
+  e.ep = a.expert_model_parallel_size;
+  e.etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : e.tp;
+  e.edp = e.tp * e.cp * e.dp / (e.ep * e.etp);
+  e.microbatches = a.global_batch_size / (a.micro_batch_size * a.data_parallel_size);
+  const Dims d = dims_of(a, e.gpu);
+  const auto& c = a.model;
+  const parallel::PipelineLayout layout(c.num_layers, pipeline_options(a));
+  const bool half = c.bf16 || c.fp16;
+  // Optimizer state per parameter: Adam's two fp32 moments, SGD's momentum (if any).
+  const double state = a.optimizer.type == "adam" ? 8.0 : a.optimizer.sgd_momentum != 0 ? 4.0 : 0.0;
+  for (int r = 0; r < layout.pp(); ++r) {
+    StageMemory s;
+    s.rank = r;
+    s.embedding = r == 0;
+    s.head = r == layout.pp() - 1;
+    int64_t params = 0, expert = 0;
+    std::vector<double> per_chunk;
+    double rebuild = 0, workspace = 0;
+    const auto chunks = layout.chunks(r);
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      const auto [b, en] = chunks[ci];
+      s.layers += en - b;
+      for (int64_t l = b; l < en; ++l) {
+        int64_t ex = 0;
+        params += layer_params(a, l, ex);
+        expert += ex;
+      }
+      const ChunkBytes cb = chunk_bytes(a, d, b, en - b);
+      per_chunk.push_back(cb.kept);
+      rebuild = std::max(rebuild, cb.rebuild);
+      workspace = std::max(workspace, cb.workspace);
+      if (en > b) s.layer_activation = layer_activation_bytes(a, b, e.gpu);
+    }
+    const int64_t h = c.hidden_size, V = c.vocab_size / e.tp;
+    if (s.embedding)
+      params += V * h + (c.position_embedding_type == "learned_absolute" ? c.max_position_embeddings * h : 0);
+    const HeadBytes hb = head_bytes(a, d);
+    if (s.head) {
+      params += c.rmsnorm() ? h : 2 * h;  // the final norm
+      // The output layer; a tied one is the embedding itself unless the pipeline splits them.
+      if (c.untie_embeddings_and_output_weights || layout.pp() > 1) params += V * h;
+      per_chunk.back() += hb.kept;  // the last chunk of the last rank holds the head
+    }
+    s.params = params;
+    s.expert_params = expert;
+    const double n = static_cast<double>(params), ne = static_cast<double>(expert);
+    s.main_params = 4.0 * n;
+    s.grads = 4.0 * n;
+    s.weights = half ? (e.gpu ? 2.0 : 4.0) * n : 0.0;  // fp32: the weights are the main params
+    // The distributed optimizer shards the state over DP (dense) and expert-DP (experts); the
+    // fp32 main params stay whole on every rank here (Megatron shards them too).
+    const double dense_shards = a.use_distributed_optimizer ? static_cast<double>(e.dp * e.cp) : 1.0;
+    const double expert_shards = a.use_distributed_optimizer ? static_cast<double>(e.edp) : 1.0;
+    s.optimizer = state * ((n - ne) / dense_shards + ne / expert_shards);
+    const auto [act, passes] = in_flight(a, r, per_chunk);
+    s.in_flight = passes;
+    // At the peak: the passes in flight, then the next backward's transients. The head's
+    // backward comes first (its logits still alive); a layer's backward comes after the logits
+    // of that pass are freed, on top of what recomputation rebuilt for it. (Where an interleaved
+    // schedule holds several passes of the head's chunk, the others' logits count under
+    // activations.)
+    const double kept_logits = s.head ? hb.kept : 0.0;
+    s.activations = act - kept_logits;
+    s.logits = kept_logits;
+    const double layer_ws = rebuild + workspace;
+    s.workspace = std::max(s.head ? hb.transient : 0.0, layer_ws - kept_logits);
+    s.workspace = std::max(s.workspace, 0.0);
+    e.stages.push_back(s);
+  }
+  if (e.gpu) {
+    // Outside the tensor pool (not in the "peak GPU memory" line): the CUDA context and kernels
+    // (~0.5 GiB), cuBLASLt's 32 MiB workspaces and cuDNN's plans, and NCCL's buffers per
+    // communicator. Allowances, not measurements.
+    int comms = 0;
+    for (int64_t g : {e.tp, e.pp, e.cp, e.dp, e.ep > 1 ? e.ep * e.etp : int64_t{1}})
+      if (g > 1) ++comms;
+    e.outside_pool = (0.6 + 0.3 * comms) * double(1 << 30);
+    e.slack_fraction = 0.05;  // the stream-ordered pool's fragmentation
+  } else {
+    // The process itself (binary, libraries, OpenBLAS): the quickstart shape measured 677 MiB of
+    // resident memory with a CPU-only build against 635 MiB of tensors here, and 831-867 MiB
+    // with a CUDA build on the GPU machine's host (BENCHMARKS.md).
+    e.outside_pool = (45.0 + (o.cuda_build ? 160.0 : 0.0)) * double(1 << 20);
+    // Resident memory of the same shape with 2, 6 and 12 layers (BENCHMARKS.md, estimate
+    // calibration) exceeded the tensors by 2-9% of the activations more than the process' own.
+    e.slack_fraction = 0.10;
+  }
+  e.comm = comm_volumes(a, e);
+  return e;
+}
+
+bool Options::built_with_cuda() {
+#ifdef MT_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+double Estimate::slack(const StageMemory& s) const {
+  return slack_fraction * (gpu ? s.pool_peak() : s.activations + s.workspace);
+}
+
+const StageMemory& Estimate::peak_stage() const {
+  MT_CHECK(!stages.empty(), "an estimate without stages");
+  return *std::max_element(stages.begin(), stages.end(),
+                           [this](const StageMemory& x, const StageMemory& y) { return needed(x) < needed(y); });
+}
+
+}  // namespace mt::estimate
