@@ -240,6 +240,13 @@ std::vector<Case> cases() {
                  linear_backward_data_into(act(d, {rows, out}, 8), act(d, {out, in}, 2), slice);
                  return Outputs{dx};
                }});
+  c.push_back({"moe_expert_bias_update", 1e-7, [=](Device d) {
+                 // Counts above, at and below their mean (10): -rate, 0, +rate.
+                 Tensor bias = f32(d, {5}, 40);
+                 const std::vector<float> counts{12, 10, 3, 25, 0};
+                 moe_expert_bias_update(bias, upload(counts.data(), {5}, DType::F32, d), 1e-3f);
+                 return Outputs{bias};
+               }});
   c.push_back({"grouped_linear", 1e-2, [=](Device d) {
                  // Four groups, one empty, of uneven rows; dw accumulates into non-zero values.
                  const std::vector<int64_t> counts{17, 0, 40, 7};

@@ -51,6 +51,22 @@ void moe_aux_backward(const Tensor& logits, const RouterSpec& spec, int64_t B, c
   cpu::moe_aux_backward(f(logits), spec, logits.dim(0), B, f(coef), z_coef, f(dlogits));
 }
 
+void moe_expert_bias_update(Tensor& bias, const Tensor& counts, float rate) {
+  require_cpu(bias, DType::F32, "moe_expert_bias_update");
+  require_cpu(counts, DType::F32, "moe_expert_bias_update");
+  const int64_t E = bias.numel();
+  MT_CHECK(counts.numel() == E, "moe_expert_bias_update: {} counts for {} experts", counts.numel(), E);
+  const float* c = counts.data<float>();
+  double mean = 0;
+  for (int64_t e = 0; e < E; ++e) mean += c[e];
+  mean /= static_cast<double>(E);
+  float* b = bias.data<float>();
+  for (int64_t e = 0; e < E; ++e) {
+    const double off = mean - c[e];
+    b[e] += static_cast<float>((off > 0) - (off < 0)) * rate;
+  }
+}
+
 Tensor moe_capacity(Tensor& probs, const Tensor& selected, int64_t capacity, bool by_position, bool pad) {
   require_cpu(probs, DType::F32, "moe_capacity");
   Tensor map = Tensor::empty(probs.shape(), DType::I32);

@@ -630,6 +630,22 @@ void dispatch_plan(const int32_t* map, int64_t n, int64_t E, int32_t* token_rows
   MT_CUDA_LAUNCH_CHECK();
 }
 
+// One block: thread 0 sums the counts in expert order (fp64, as the CPU), then every expert's
+// bias takes its step.
+__global__ void expert_bias_update_kernel(float* bias, const float* counts, int E, float rate) {
+  __shared__ double mean;
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int e = 0; e < E; ++e) s += counts[e];
+    mean = s / E;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const double off = mean - counts[e];
+    bias[e] += static_cast<float>((off > 0) - (off < 0)) * rate;
+  }
+}
+
 }  // namespace
 }  // namespace mt::cuda
 
@@ -696,6 +712,14 @@ void moe_aux_backward(const Tensor& logits, const RouterSpec& spec, int64_t B, c
   const float* g = cuda_data<float>(coef, DType::F32, B * E, "moe_aux_backward (coef)");
   float* dl = router_data<float>(dlogits, DType::F32, n, E, "moe_aux_backward (dlogits)");
   cuda::aux_backward(l, spec, n, B, g, z_coef, dl, compute_stream());
+}
+
+void moe_expert_bias_update(Tensor& bias, const Tensor& counts, float rate) {
+  const int64_t E = bias.numel();
+  float* b = cuda_data<float>(bias, DType::F32, E, "moe_expert_bias_update (bias)");
+  const float* c = cuda_data<float>(counts, DType::F32, E, "moe_expert_bias_update (counts)");
+  cuda::expert_bias_update_kernel<<<1, 256, 0, compute_stream()>>>(b, c, static_cast<int>(E), rate);
+  MT_CUDA_LAUNCH_CHECK();
 }
 
 Tensor moe_capacity(Tensor& probs, const Tensor& selected, int64_t capacity, bool by_position, bool pad_to_capacity) {

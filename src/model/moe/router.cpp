@@ -160,17 +160,12 @@ Tensor TopKRouter::backward(const Tensor& dprobs, Saved& s, PassContext& ctx) co
 void TopKRouter::update_expert_bias(const std::function<void(std::vector<double>&)>& reduce) {
   if (!expert_bias) return;
   reduce(tokens_per_expert);
-  double mean = 0;
-  for (double c : tokens_per_expert) mean += c;
-  mean /= static_cast<double>(tokens_per_expert.size());
-  // Megatron's get_updated_expert_bias: each bias moves one step of the rate toward balance.
-  Tensor host = expert_bias->main.to_device(Device::CPU);
-  float* b = host.data<float>();
-  for (size_t e = 0; e < tokens_per_expert.size(); ++e) {
-    const double off = mean - tokens_per_expert[e];
-    b[e] += static_cast<float>((off > 0) - (off < 0)) * static_cast<float>(moe.bias_update_rate);
-  }
-  expert_bias->main.copy_from(host);
+  // Megatron's get_updated_expert_bias: each bias moves one step of the rate toward balance, on
+  // the bias's device (the counts go up without a wait; nothing comes back).
+  const std::vector<float> counts(tokens_per_expert.begin(), tokens_per_expert.end());
+  const Tensor c = ops::upload(counts.data(), {static_cast<int64_t>(counts.size())}, DType::F32,
+                               expert_bias->main.device());
+  ops::moe_expert_bias_update(expert_bias->main, c, static_cast<float>(moe.bias_update_rate));
   tokens_per_expert.assign(tokens_per_expert.size(), 0.0);
 }
 
