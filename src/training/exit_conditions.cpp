@@ -1,6 +1,7 @@
 #include "training/exit_conditions.h"
 
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 
 #include "core/error.h"
@@ -17,6 +18,7 @@ ExitConditions::ExitConditions(const OpsArgs& a, comm::CommPtr world)
   if (const char* t = std::getenv("MT_TEST_MINUTES_PER_ITERATION")) test_minutes_per_iteration_ = std::atof(t);
   if (!a.exit_signal_handler) return;
   signal_ = exit_signal_number(a.exit_signal);
+  signal_name_ = a.exit_signal.rfind("SIG", 0) == 0 ? a.exit_signal : "SIG" + a.exit_signal;
   g_signal_received = 0;
   struct sigaction sa {};
   sa.sa_handler = on_exit_signal;
@@ -45,7 +47,7 @@ std::optional<std::string> ExitConditions::check(int64_t iterations) {
   if (minutes_ > 0 && minutes > static_cast<double>(minutes_)) why = 1;
   if (handler_ && g_signal_received) why = 2;
   if (world_ && world_->size() > 1) why = world_->all_reduce_value(why, comm::ReduceOp::Max);
-  if (why == 2) return fmt::format("received {} (--exit-signal-handler)", strsignal(signal_));
+  if (why == 2) return fmt::format("received {} (--exit-signal-handler)", signal_name_);
   if (why == 1) return fmt::format("the run has trained {:.1f} minutes (--exit-duration-in-mins {})", minutes, minutes_);
   return std::nullopt;
 }

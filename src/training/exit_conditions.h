@@ -34,6 +34,7 @@ class ExitConditions {
 
   comm::CommPtr world_;
   int signal_ = SIGTERM;
+  std::string signal_name_;
   bool handler_ = false;
   int64_t minutes_ = 0;
   double test_minutes_per_iteration_ = 0;  // MT_TEST_MINUTES_PER_ITERATION (tests): fake elapsed time

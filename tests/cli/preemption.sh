@@ -57,7 +57,7 @@ for layout in "2" "4 --tensor-model-parallel-size 2"; do
   wait "$pid"; rc=$?
   check "$n ranks: SIGTERM -> launcher exits 0 (rc $rc)" [ "$rc" -eq 0 ]
   check "$n ranks: every rank exited 0" grep -q "every rank exited 0 after the signal" "$log"
-  check "$n ranks: exit message names the signal" grep -q "received Terminated (--exit-signal-handler)" "$log"
+  check "$n ranks: exit message names the signal" grep -q "received SIGTERM (--exit-signal-handler)" "$log"
   k=$(cat "$ck/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0)
   check "$n ranks: checkpoint at the stopping iteration ($k)" grep -qE "exiting at iteration $k: " "$log"
   check "$n ranks: stopped mid-run" test "$k" -ge 3 -a "$k" -lt 100000

@@ -231,7 +231,7 @@ TEST(ExitConditions, SignalAndDuration) {
     std::raise(SIGUSR2);  // handled: the process goes on
     const auto why = e.check(2);
     ASSERT_TRUE(why.has_value());
-    EXPECT_NE(why->find("--exit-signal-handler"), std::string::npos);
+    EXPECT_NE(why->find("received SIGUSR2 (--exit-signal-handler)"), std::string::npos) << *why;
   }
   OpsArgs d;
   d.exit_duration_in_mins = 3;
