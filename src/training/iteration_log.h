@@ -40,7 +40,7 @@ class IterationLog {
   // The logging rank's metrics sinks (TensorBoard, JSON lines, Prometheus); null elsewhere.
   void set_metrics(RunMetrics* m) { metrics_ = m; }
   bool is_log_rank() const { return pg_.rank == log_rank_; }
-  // --timing-log-level: where the step time went (every pipeline stage's line).
+  // --log-op-breakdown: where the step time went (every pipeline stage's line).
   void op_breakdown(model::OpTimes& times, double train_time) const;
   void print(const std::string& text) const;
   static double now_s();  // the clock of the iteration times (steady, seconds)
