@@ -73,7 +73,7 @@ GPT2XL=(--num-layers 48 --hidden-size 1600 --num-attention-heads 25 --seq-length
         --vocab-size 50257 --micro-batch-size 8 --global-batch-size 8)
 bench gpt2-1.5b "${GPT2XL[@]}"
 # Where the time goes (CUDA-event op breakdown; costs a few percent, so a run of its own).
-bench llama-1.5b-timed "${LLAMA_1_5B[@]}" --global-batch-size 32 --timing-log-level 1
+bench llama-1.5b-timed "${LLAMA_1_5B[@]}" --global-batch-size 32 --log-op-breakdown
 # Per-kernel GPU time of a few llama-1.5b steps (Nsight Systems, when the image has it).
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 if [ -n "${MT_NSYS:-}" ] && [ -n "$NSYS" ]; then

@@ -7,7 +7,7 @@
 # pipeline bubble against (PP-1)/(M+PP-1), 1F1B against interleaved. Logs go to $OUT.
 # Knobs: MT_COMMIT, MT_BENCH_ITERS, MT_ONE_GPU_TOKS (a one-GPU rate to reuse), MT_RUN_TIMEOUT,
 # MT_CTEST_TIMEOUT/MT_CTEST_ARGS, MT_PP_M (micro-batch counts), MT_PP_SPLITS (even balanced),
-# MT_PP_EXTRA (flags added to the PP runs, e.g. --timing-log-level 1 for per-stage times),
+# MT_PP_EXTRA (flags added to the PP runs, e.g. --log-op-breakdown for per-stage times),
 # MT_LLAMA8_ITERS, MT_TP_TIMED=1 (adds a timed TP run), MT_RUN_EXTRA (flags added to every training run, e.g. --attention-backend flash).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -106,7 +106,7 @@ if has cands; then  # more of cuBLASLt's candidates per GEMM shape for the autot
   for c in 16 32; do MT_GEMM_TUNE_CANDIDATES=$c run llama-1.5b-1gpu-cands$c 1 "${LLAMA[@]}" --global-batch-size 32; done
 fi
 if has breakdown; then  # per-op GPU time (CUDA events cost a little, so a run of its own)
-  run llama-1.5b-1gpu-timed 1 "${LLAMA[@]}" --global-batch-size 32 --timing-log-level 1
+  run llama-1.5b-1gpu-timed 1 "${LLAMA[@]}" --global-batch-size 32 --log-op-breakdown
 fi
 if has dp; then
   run llama-1.5b-dp2-overlap 2 "${LLAMA[@]}" --global-batch-size 64 --overlap-grad-reduce
@@ -143,7 +143,7 @@ if has tp; then
     --tp-comm-overlap
   if [ -n "${MT_TP_TIMED:-}" ]; then  # per-op breakdown of the overlapped run (CUDA events cost a little)
     run llama-8b-tp2-sp-overlap-timed 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 \
-      --sequence-parallel --tp-comm-overlap --timing-log-level 1
+      --sequence-parallel --tp-comm-overlap --log-op-breakdown
   fi
 fi
 if has pp8b; then

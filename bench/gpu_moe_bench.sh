@@ -27,7 +27,7 @@ for accum in ${MT_MOE_ACCUM:-1}; do
   name=moe-2b-accum$accum
   "$M" pretrain "${MOE_2B[@]}" --global-batch-size $gbs --mock-data --bf16 --device cuda --train-iters "$ITERS" \
     --log-interval 1 --eval-iters 0 --no-progress-bar --lr 1e-4 --clip-grad 1.0 --attention-dropout 0 \
-    --hidden-dropout 0 --timing-log-level 1 --data-cache-path /tmp/mt_cache >"$OUT/$name.txt" 2>&1
+    --hidden-dropout 0 --log-op-breakdown --data-cache-path /tmp/mt_cache >"$OUT/$name.txt" 2>&1
   rc=$?
   if [ $rc -ne 0 ]; then
     echo "$name failed (rc $rc)"; tail -5 "$OUT/$name.txt"

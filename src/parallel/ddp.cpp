@@ -1,5 +1,7 @@
 #include "parallel/ddp.h"
 
+#include <functional>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -255,11 +257,12 @@ void DataParallel::before_use(const model::Param& p) {
 
 namespace {
 
-// Sum of squares over the owned parts of the dense (or the expert) parameters that this rank
-// counts: TP (ETP) shards on every rank of their group, replicated ones on its rank 0, a tied
+// The owned parts of the dense (or the expert) parameters that this rank counts in a global
+// norm: TP (ETP) shards on every rank of their group, replicated ones on its rank 0, a tied
 // embedding's pipeline replica not at all.
-double owned_squares(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& owned, int tp_rank,
-                     bool expert) {
+std::vector<std::pair<int64_t, int64_t>> counted_ranges(model::ParamStore& ps,
+                                                        const std::vector<std::pair<int64_t, int64_t>>& owned,
+                                                        int tp_rank, bool expert) {
   std::vector<std::pair<int64_t, int64_t>> counted;  // flat ranges, in buffer order per parameter
   for (const auto& p : ps.params()) {
     if (p.expert != expert) continue;
@@ -270,7 +273,28 @@ double owned_squares(model::ParamStore& ps, const std::vector<std::pair<int64_t,
       if (a < b) counted.emplace_back(a, b);
     }
   }
-  return ops::grad_norm_squared(ps.grad_buffer(), counted);
+  return counted;
+}
+
+double owned_squares(model::ParamStore& ps, const std::vector<std::pair<int64_t, int64_t>>& owned, int tp_rank,
+                     bool expert) {
+  return ops::grad_norm_squared(ps.grad_buffer(), counted_ranges(ps, owned, tp_rank, expert));
+}
+
+using RangesFn = std::function<double(const std::vector<std::pair<int64_t, int64_t>>&)>;
+
+// A per-element sum (`local` over this rank's counted ranges) reduced to the global value the
+// way the grad norm is: dense over TP x PP (and DP when sharded), experts over ETP x EP x PP
+// (and expert DP when sharded).
+double global_sum(model::ParamStore& ps, const DataParallel& ddp, const ProcessGroups& pg, bool moe,
+                  const RangesFn& local) {
+  const auto owned = ddp.owned_ranges();
+  double v = pg.mp->all_reduce_value(local(counted_ranges(ps, owned, pg.tp_rank(), false)));
+  if (ddp.sharded() && pg.dp->size() > 1) v = pg.dp->all_reduce_value(v);
+  if (!moe) return v;
+  double ex = pg.expert_mp->all_reduce_value(local(counted_ranges(ps, owned, pg.etp->rank(), true)));
+  if (ddp.experts_sharded()) ex = pg.edp->all_reduce_value(ex);
+  return v + ex;
 }
 
 }  // namespace
@@ -283,15 +307,25 @@ double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64
 }
 
 double global_grad_norm(model::ParamStore& ps, const DataParallel& ddp, const ProcessGroups& pg, bool moe) {
-  const auto owned = ddp.owned_ranges();
-  double sq = pg.mp->all_reduce_value(owned_squares(ps, owned, pg.tp_rank(), false));
-  if (ddp.sharded() && pg.dp->size() > 1) sq = pg.dp->all_reduce_value(sq);
-  if (!moe) return std::sqrt(sq);
-  // Each expert lives on one ETP x EP slice of a stage (replicated over EDP): summed over
-  // ETP x EP x PP, where stages without MoE layers take part with 0.
-  double ex = pg.expert_mp->all_reduce_value(owned_squares(ps, owned, pg.etp->rank(), true));
-  if (ddp.experts_sharded()) ex = pg.edp->all_reduce_value(ex);
-  return std::sqrt(sq + ex);
+  return std::sqrt(global_sum(ps, ddp, pg, moe, [&](const auto& r) { return ops::grad_norm_squared(ps.grad_buffer(), r); }));
+}
+
+double global_params_norm(model::ParamStore& ps, const DataParallel& ddp, const ProcessGroups& pg, bool moe) {
+  // The fp32 main parameters: the same sum of squares as the gradients' (the op reads any fp32 buffer).
+  return std::sqrt(global_sum(ps, ddp, pg, moe, [&](const auto& r) { return ops::grad_norm_squared(ps.main_buffer(), r); }));
+}
+
+double global_grad_zeros(model::ParamStore& ps, const DataParallel& ddp, const ProcessGroups& pg, bool moe) {
+  // A diagnostic (--log-num-zeros-in-grad): counted on the host, copying device ranges over.
+  return global_sum(ps, ddp, pg, moe, [&](const auto& ranges) {
+    double zeros = 0;
+    for (auto [lo, hi] : ranges) {
+      const Tensor h = ps.grad_buffer().slice(lo, hi - lo).to_device(Device::CPU);
+      const float* g = h.data<float>();
+      for (int64_t i = 0; i < hi - lo; ++i) zeros += g[i] == 0.f ? 1.0 : 0.0;
+    }
+    return zeros;
+  });
 }
 
 void all_reduce_sequence_parallel_grads(model::ParamStore& ps, comm::Communicator& tp) {

@@ -120,6 +120,10 @@ double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64
 // expert's ETP shards, or ETP rank 0's copy) are summed over ETP x EP x PP, and over EDP with
 // the distributed optimizer. Without `moe`, exactly the dense form.
 double global_grad_norm(model::ParamStore& ps, const DataParallel& ddp, const ProcessGroups& pg, bool moe);
+// --log-params-norm and --log-num-zeros-in-grad: the fp32 main parameters' global norm, and the
+// global count of zero gradient elements, counted as the grad norm counts.
+double global_params_norm(model::ParamStore& ps, const DataParallel& ddp, const ProcessGroups& pg, bool moe);
+double global_grad_zeros(model::ParamStore& ps, const DataParallel& ddp, const ProcessGroups& pg, bool moe);
 
 // Megatron's finalize step for sequence parallelism: the gradients of parameters marked
 // `sequence_parallel` are partial per TP rank; sum them over TP (one coalesced all-reduce).

@@ -209,7 +209,13 @@ model::LossSums PipelineRunner::run(const std::vector<model::Batch>& batches, bo
     const Action& a = passes[k];
     x.prefetch(a);
     if (k + 1 < passes.size()) x.prefetch(passes[k + 1]);  // arrives while this pass computes
-    Tensor in = x.take(a);
+    const bool fwd = a.kind == Action::Forward;
+    PhaseTimer* timer = forward_only ? nullptr : phase_timer_;  // Megatron times training steps only
+    Tensor in;
+    {
+      PhaseScope t(timer, fwd ? "forward-recv" : "backward-recv");
+      in = x.take(a);
+    }
     model::PassContext ctx = base;
     // Training: the head may form its logits' gradient in the forward (fused cross-entropy).
     if (!forward_only) ctx.loss_grad_scale = loss_grad_scale;
@@ -222,17 +228,27 @@ model::LossSums PipelineRunner::run(const std::vector<model::Batch>& batches, bo
     if (a.kind == Action::Forward) {
       model::GPTModel::Saved& s = saved[{a.chunk, a.microbatch}];
       model::LossSums ls;
-      Tensor out = model_.forward_chunk(a.chunk, batch, in, s, ctx, &ls);
+      Tensor out;
+      {
+        PhaseScope t(timer, "forward-compute");
+        out = model_.forward_chunk(a.chunk, batch, in, s, ctx, &ls);
+      }
       total.loss_sum += ls.loss_sum;  // micro-batch order on the last stage, as on one rank
       total.tokens += ls.tokens;
       max_in_flight_ = std::max<int64_t>(max_in_flight_, static_cast<int64_t>(saved.size()));
       if (forward_only) saved.erase({a.chunk, a.microbatch});
+      PhaseScope t(timer, "forward-send");
       x.give(a, out);
     } else {
       auto it = saved.find({a.chunk, a.microbatch});
       MT_CHECK(it != saved.end(), "backward of micro-batch {} chunk {} before its forward", a.microbatch, a.chunk);
-      Tensor dx = model_.backward_chunk(a.chunk, it->second, in, loss_grad_scale, ctx);
+      Tensor dx;
+      {
+        PhaseScope t(timer, "backward-compute");
+        dx = model_.backward_chunk(a.chunk, it->second, in, loss_grad_scale, ctx);
+      }
       saved.erase(it);  // activations go as soon as their backward ran
+      PhaseScope t(timer, "backward-send");
       x.give(a, dx);
     }
   }

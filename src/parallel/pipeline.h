@@ -23,6 +23,7 @@
 #include "comm/communicator.h"
 #include "model/gpt_model.h"
 #include "parallel/ddp.h"
+#include "parallel/phase_timer.h"
 
 namespace mt::parallel {
 
@@ -40,6 +41,9 @@ class PipelineRunner {
   // Forwards only (evaluation); loss sums as for train.
   model::LossSums evaluate(const std::vector<model::Batch>& batches, const model::PassContext& ctx);
 
+  // --timing-log-level 2: the per-micro-batch phases are timed through `t` (null: not timed).
+  void set_phase_timer(PhaseTimer* t) { phase_timer_ = t; }
+
   // The most micro-batch passes whose activations this rank kept at once in the last call.
   int64_t max_in_flight() const { return max_in_flight_; }
 
@@ -51,6 +55,7 @@ class PipelineRunner {
   comm::CommPtr pp_;
   int64_t group_;
   int64_t max_in_flight_ = 0;
+  PhaseTimer* phase_timer_ = nullptr;
 };
 
 }  // namespace mt::parallel

@@ -29,6 +29,7 @@ void register_flags(Registered& r, Arguments& a) {
   register_logging_flags(p, a);
   register_checkpoint_flags(p, a);
   register_parallel_flags(p, a);
+  register_ops_flags(p, a);
   p.enable_config();
 }
 
@@ -67,6 +68,7 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   validate_optimizer_args(a);
   validate_logging_args(a);
   validate_checkpoint_args(a);
+  validate_ops_args(a);
   finish_optimizer_args(a);
   validate_data_args(a);
   finish_model_args(a, tokenizer_vocab_size);

@@ -17,6 +17,7 @@
 #include "optim/optimizer.h"
 #include "parallel/ddp.h"
 #include "parallel/pipeline_layout.h"
+#include "training/arguments_ops.h"
 #include "training/moe_layer_freq.h"
 
 namespace mt {
@@ -91,8 +92,8 @@ struct OptimizerArgs {
 // Log line and evaluation (arguments_logging.cpp).
 struct LoggingArgs {
   int64_t log_interval = 100;
-  // Megatron's --timing-log-level: >= 1 times every op category on the GPU too (CUDA events;
-  // a few percent of step time), printed as a breakdown at the end. The CPU always times.
+  // Megatron's --timing-log-level: its timers (training/timers.h), printed each log interval;
+  // 1: once-per-iteration phases, 2: also per-micro-batch ones (--timing-log-option in OpsArgs).
   int64_t timing_log_level = 0;
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
@@ -134,7 +135,8 @@ struct ParallelArgs {
   std::string distributed_backend = "nccl";  // CPU tensors always use Gloo
 };
 
-struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs {
+struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs,
+                   OpsArgs {
   std::vector<std::string> given;  // flag names given by the user (for conflict checks)
   bool was_given(const char* flag) const;
 };

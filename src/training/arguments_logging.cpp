@@ -9,15 +9,15 @@ namespace mt {
 void register_logging_flags(FlagParser& p, LoggingArgs& a) {
   p.value("--log-interval", &a.log_interval, "iterations between log lines (default 100)", {1, INT64_MAX});
   p.value("--timing-log-level", &a.timing_log_level,
-          "0: no per-op timing on the GPU (default); 1 or 2: time op categories with CUDA events and print the "
-          "breakdown at the end");
+          "Megatron's timers each log interval: 0 none (default), 1 once-per-iteration phases (forward-backward, "
+          "grad sync, optimizer), 2 also per-micro-batch ones (forward-compute, pipeline send/recv)");
   p.value("--eval-interval", &a.eval_interval, "iterations between evaluations (default 1000)", {1, INT64_MAX});
   p.value("--eval-iters", &a.eval_iters, "iterations per evaluation (default 100; 0 disables)", {0, kMaxSteps});
   p.store_true("--eval-at-start", &a.eval_at_start, "megatron.cpp: also evaluate before the first iteration");
   p.custom("--no-progress-bar", false, [&a](const std::string&) { a.log_progress_bar = false; },
            "no progress bar even on a terminal");
   // Megatron-LM flags that are known but not implemented yet: rejected by name.
-  for (const char* f : {"--tensorboard-dir", "--wandb-project"}) p.unsupported(f, "not implemented yet");
+  p.unsupported("--wandb-project", "not implemented yet (use --tensorboard-dir or --metrics-jsonl)");
 }
 
 void validate_logging_args(const LoggingArgs& a) {

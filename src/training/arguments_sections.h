@@ -54,6 +54,10 @@ void validate_logging_args(const LoggingArgs& a);
 void register_checkpoint_flags(FlagParser& p, CheckpointArgs& a);
 void validate_checkpoint_args(const CheckpointArgs& a);
 
+// Operations (arguments_ops.h): metrics sinks, timers' options, stopping, NaN policy, stragglers.
+void register_ops_flags(FlagParser& p, OpsArgs& a);
+void validate_ops_args(const OpsArgs& a);
+
 void register_parallel_flags(FlagParser& p, ParallelArgs& a);
 // validate_parallel_args (arguments.h) runs first; the pipeline rules after the model is known.
 void validate_pipeline_args(Arguments& a);

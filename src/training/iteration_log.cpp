@@ -28,6 +28,8 @@ void IterationLog::start(const checkpoint::TrainingState& state) {
   logged_skipped_ = state.skipped_iterations;
   logged_nan_ = state.nan_iterations;
   t_interval_ = now_s();
+  t_start_ = t_interval_;
+  start_iter_ = state.iteration;
 }
 
 void IterationLog::record(const StepResult& r, const checkpoint::TrainingState& state, double lr,
@@ -45,9 +47,23 @@ void IterationLog::record(const StepResult& r, const checkpoint::TrainingState& 
   }
   tokens_count_ += opt_.global_batch_size * model_.seq_length;
   const int64_t it = state.iteration;
+  if (metrics_) {
+    IterationMetrics m;
+    m.iteration = it;
+    m.consumed_samples = state.consumed_train_samples;
+    m.batch_size = opt_.global_batch_size;
+    m.learning_rate = lr;
+    m.lm_loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0.0;
+    m.loss_scale = scaler ? static_cast<double>(scaler->scale()) : 1.0;
+    m.grad_norm = r.grad_norm;
+    m.params_norm = r.params_norm;
+    m.num_zeros = r.num_zeros;
+    m.moe_losses = r.moe_losses;
+    metrics_->iteration(m);
+  }
   if (it % opt_.log_interval == 0) {
     double elapsed = now_s() - t_interval_;
-    print_line(elapsed, tokens_ > 0 ? loss_sum_ / tokens_ : 0.0, r.grad_norm, state, lr, scaler);
+    print_line(elapsed, tokens_ > 0 ? loss_sum_ / tokens_ : 0.0, r, state, lr, scaler);
     iters_ = 0;
     advanced_ = 0;
     moe_losses_.clear();
@@ -55,17 +71,30 @@ void IterationLog::record(const StepResult& r, const checkpoint::TrainingState& 
     tokens_count_ = 0;
     t_interval_ = now_s();
   } else if (bar_) {
-    int64_t done = it % opt_.log_interval, width = 30;
-    int64_t fill = done * width / opt_.log_interval;
-    std::printf("\r iteration %ld/%ld [%s%s]", static_cast<long>(it), static_cast<long>(opt_.total_iters),
-                std::string(static_cast<size_t>(fill), '#').c_str(),
-                std::string(static_cast<size_t>(width - fill), ' ').c_str());
+    std::printf("\r%s", progress(it).c_str());
     std::fflush(stdout);
   }
 }
 
-void IterationLog::print_line(double elapsed_s, double loss, double grad_norm, const checkpoint::TrainingState& state,
-                              double lr, const optim::GradScaler* scaler) {
+// The terminal's progress line between log lines: the interval's bar and the time left at the
+// run's average pace so far (evaluations and checkpoints included).
+std::string IterationLog::progress(int64_t it) const {
+  const int64_t done = it % opt_.log_interval, width = 30;
+  const int64_t fill = done * width / opt_.log_interval;
+  std::string eta;
+  if (it > start_iter_) {
+    const double left = (now_s() - t_start_) / static_cast<double>(it - start_iter_) *
+                        static_cast<double>(opt_.total_iters - it);
+    const auto s = static_cast<int64_t>(left);
+    eta = fmt::format(" ETA {}:{:02d}:{:02d}", s / 3600, s / 60 % 60, s % 60);
+  }
+  return fmt::format(" iteration {}/{} [{}{}]{}", it, opt_.total_iters, std::string(static_cast<size_t>(fill), '#'),
+                     std::string(static_cast<size_t>(width - fill), ' '), eta);
+}
+
+void IterationLog::print_line(double elapsed_s, double loss, const StepResult& r,
+                              const checkpoint::TrainingState& state, double lr, const optim::GradScaler* scaler) {
+  const double grad_norm = r.grad_norm;
   const int64_t n = std::max<int64_t>(iters_, 1);
   const double ms = elapsed_s / static_cast<double>(n) * 1000.0;
   const double tflops = flops_per_iteration(model_, opt_.global_batch_size, model_.seq_length) /
@@ -80,8 +109,33 @@ void IterationLog::print_line(double elapsed_s, double loss, double grad_norm, c
       opt_.show_mfu ? fmt::format(" | MFU: {:.1f}%", 100.0 * tflops / 989.0) : std::string(), lr,
       opt_.global_batch_size, loss, moe_line(), scaler ? static_cast<double>(scaler->scale()) : 1.0,
       // A step skipped for an fp16 overflow has no grad norm: Megatron leaves the field out.
-      std::isnan(grad_norm) && scaler ? std::string() : fmt::format(" grad norm: {:.3f} |", grad_norm),
+      (std::isnan(grad_norm) && scaler ? std::string() : fmt::format(" grad norm: {:.3f} |", grad_norm)) +
+          (r.num_zeros ? fmt::format(" num zeros: {:.0f} |", *r.num_zeros) : std::string()) +
+          (r.params_norm ? fmt::format(" params norm: {:.3f} |", *r.params_norm) : std::string()),
       state.skipped_iterations - logged_skipped_, state.nan_iterations - logged_nan_);
+  if (metrics_) {
+    IntervalMetrics m;
+    m.iteration = state.iteration;
+    m.total_iters = opt_.total_iters;
+    m.consumed_samples = state.consumed_train_samples;
+    m.batch_size = opt_.global_batch_size;
+    m.iteration_time_s = ms / 1000.0;
+    m.tflops_per_gpu = tflops;
+    m.tokens_per_s = tok_s;
+    m.learning_rate = lr;
+    m.lm_loss = loss;
+    m.loss_scale = scaler ? static_cast<double>(scaler->scale()) : 1.0;
+    m.grad_norm = grad_norm;
+    m.params_norm = r.params_norm;
+    m.num_zeros = r.num_zeros;
+    m.skipped = state.skipped_iterations - logged_skipped_;
+    m.nan = state.nan_iterations - logged_nan_;
+    m.skipped_total = state.skipped_iterations;
+    m.nan_total = state.nan_iterations;
+    for (const auto& [name, sum] : moe_losses_)
+      if (name) m.moe_losses.emplace_back(name, sum / static_cast<double>(std::max<int64_t>(advanced_, 1)));
+    metrics_->interval(m);
+  }
   // Megatron counts skipped and nan iterations per log interval (the totals go in checkpoints).
   logged_skipped_ = state.skipped_iterations;
   logged_nan_ = state.nan_iterations;

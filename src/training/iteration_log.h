@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/op_times.h"
 #include "parallel/process_groups.h"
+#include "training/run_metrics.h"
 #include "training/step_runner.h"
 
 namespace mt {
@@ -36,16 +37,20 @@ class IterationLog {
   // Time spent outside training (evaluation, checkpoints) that the iteration time leaves out.
   void exclude(double seconds) { t_interval_ += seconds; }
   void validation(const char* set, double loss, int64_t iteration) const;
-  // --timing-log-level: where the step time went (every pipeline stage's line).
+  // The logging rank's metrics sinks (TensorBoard, JSON lines, Prometheus); null elsewhere.
+  void set_metrics(RunMetrics* m) { metrics_ = m; }
+  bool is_log_rank() const { return pg_.rank == log_rank_; }
+  // --log-op-breakdown: where the step time went (every pipeline stage's line).
   void op_breakdown(model::OpTimes& times, double train_time) const;
   void print(const std::string& text) const;
   static double now_s();  // the clock of the iteration times (steady, seconds)
 
  private:
-  void print_line(double elapsed_s, double loss, double grad_norm, const checkpoint::TrainingState& state, double lr,
-                  const optim::GradScaler* scaler);
+  void print_line(double elapsed_s, double loss, const StepResult& r, const checkpoint::TrainingState& state,
+                  double lr, const optim::GradScaler* scaler);
 
   std::string moe_line() const;
+  std::string progress(int64_t it) const;
 
   IterationLogOptions opt_;
   const model::TransformerConfig& model_;
@@ -59,6 +64,9 @@ class IterationLog {
   int64_t iters_ = 0, tokens_count_ = 0;
   int64_t advanced_ = 0;  // iterations of the interval that updated (not skipped)
   int64_t logged_skipped_ = 0, logged_nan_ = 0;  // totals at the last log line
+  RunMetrics* metrics_ = nullptr;
+  double t_start_ = 0;        // for the progress line's ETA
+  int64_t start_iter_ = 0;
 };
 
 }  // namespace mt

@@ -275,10 +275,23 @@ int supervise(const LaunchOptions& o, Started& started, const Signals& sigs) {
   } else if (!started.error.empty()) {
     stop_all(SIGTERM, 2);
   }
+  // A stopping signal from outside (SLURM's SIGTERM before preemption, Ctrl-C) is forwarded and
+  // the ranks decide: with --exit-signal-handler they finish the iteration, save and exit 0, which
+  // can take longer than --grace-seconds, so only a second stopping signal starts the grace
+  // period before SIGKILL. The launcher exits 0 when every rank did.
+  bool by_signal = false, all_ok = true;
   while (left > 0) {
     if (const int sig = wait_signal(sigs.waited, 100); sig && sig != SIGCHLD) {
-      if (!stopping && sigismember(&sigs.stopping, sig)) stop_all(sig, 128 + sig);
-      else signal_running(sig);  // forward: the ranks decide (e.g. save and exit)
+      if (!stopping && sigismember(&sigs.stopping, sig)) {
+        stop_all(sig, 128 + sig);
+        by_signal = true;
+        stop_deadline = SteadyClock::time_point::max();
+      } else {
+        signal_running(sig);  // forward: the ranks decide (e.g. save and exit)
+        if (by_signal && sigismember(&sigs.stopping, sig) && stop_deadline == SteadyClock::time_point::max())
+          stop_deadline = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                                   std::chrono::duration<double>(o.grace_seconds));
+      }
     }
     // Reap everything that ended. Among failures seen together, a rank killed by a signal is
     // named first: the others usually exit with a code because a peer vanished.
@@ -291,6 +304,7 @@ int supervise(const LaunchOptions& o, Started& started, const Signals& sigs) {
       it->running = false;
       --left;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      all_ok = all_ok && ok;
       if (!ok && (!first_failed || (WIFSIGNALED(status) && !WIFSIGNALED(first_status)))) {
         first_failed = &*it;
         first_status = status;
@@ -309,6 +323,10 @@ int supervise(const LaunchOptions& o, Started& started, const Signals& sigs) {
       signal_running(SIGKILL);
       stop_deadline = SteadyClock::time_point::max();
     }
+  }
+  if (by_signal && all_ok) {
+    std::fprintf(stderr, "megatron launch: every rank exited 0 after the signal\n");
+    return 0;
   }
   return exit_code;
 }

@@ -1,10 +1,13 @@
 #include "training/step_runner.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
+#include "core/error.h"
 #include "core/log.h"
 #include "kernels/ops.h"
+#include "training/timers.h"
 
 namespace mt {
 
@@ -32,14 +35,27 @@ StepRunner::StepRunner(StepOptions o, const parallel::ProcessGroups& pg, model::
       schedule_(schedule),
       dropout_rng_(dropout_rng),
       tp_rng_(tp_rng),
-      optimizer_(ddp_.make_optimizer(opt_.optimizer)) {}
+      optimizer_(ddp_.make_optimizer(opt_.optimizer)) {
+  // A test hook: the loss of iteration ITER is NaN on rank RANK (how a bad sample or an
+  // overflow shows up), to check that the run stops there and names the rank.
+  if (const char* h = std::getenv("MT_TEST_NAN_LOSS")) {
+    long long it = 0, rank = -1;
+    if (std::sscanf(h, "%lld:%lld", &it, &rank) == 2 && rank == pg_.rank) nan_test_iteration_ = it;
+  }
+}
 
 StepRunner::~StepRunner() = default;
 
 StepResult StepRunner::step(const std::vector<model::Batch>& batches, checkpoint::TrainingState& state,
                             model::OpTimes* times) {
   StepResult r;
-  const model::LossSums local = forward_backward(batches, times);
+  model::LossSums local;
+  {
+    TimerScope t(timers_, "forward-backward", 1);
+    local = forward_backward(batches, times);
+  }
+  if (nan_test_iteration_ == state.iteration + 1) local.loss_sum = std::numeric_limits<double>::quiet_NaN();
+  local_loss_finite_ = std::isfinite(local.loss_sum);
   finalize_grads(times);
   reduce_loss(local, r);
   reduce_moe_losses(static_cast<int64_t>(batches.size()), r);
@@ -99,9 +115,18 @@ void StepRunner::finalize_grads(model::OpTimes* times) {
   // The part of the gradient reduction that backward did not hide.
   model::ScopedOpTimer t(times, &model::OpTimes::communication);
   auto& ps = model_.params();
-  ddp_.finish_grad_sync();
-  parallel::all_reduce_embedding_grads(ps, *pg_.embedding);
-  parallel::all_reduce_sequence_parallel_grads(ps, *pg_.tp);
+  {
+    TimerScope t(timers_, "all-grads-sync", 1);
+    ddp_.finish_grad_sync();
+  }
+  {
+    TimerScope t(timers_, "embedding-grads-all-reduce", 1);
+    parallel::all_reduce_embedding_grads(ps, *pg_.embedding);
+  }
+  {
+    TimerScope t(timers_, "layernorm-grads-all-reduce", 1);  // the sequence-parallel norms' grads
+    parallel::all_reduce_sequence_parallel_grads(ps, *pg_.tp);
+  }
   update_expert_biases();
 }
 
@@ -147,13 +172,27 @@ void StepRunner::reduce_loss(const model::LossSums& local, StepResult& r) {
 }
 
 void StepRunner::apply_update(StepResult& r, checkpoint::TrainingState& state, model::OpTimes* times) {
+  TimerScope whole(timers_, "optimizer", 1);
   optim::GradScaler* scaler = grad_scaler();
-  const bool found_inf = scaler && unscale_and_check(*scaler);
+  bool found_inf = false;
+  if (scaler) {
+    TimerScope t(timers_, "optimizer-unscale-and-check-inf", 1);
+    found_inf = unscale_and_check(*scaler);
+  }
+  const bool moe = model_.config().moe.enabled();
   // Skipped for an overflow, the norm is not computed (Megatron's None; NaN here, left out of
-  // the log line).
+  // the log line). Megatron's clip-main-grad timer covers the norm and the clipping.
+  std::optional<TimerScope> clip_timer(std::in_place, timers_, "optimizer-clip-main-grad", 1);
   r.grad_norm = found_inf ? std::numeric_limits<double>::quiet_NaN()
-                          : parallel::global_grad_norm(model_.params(), ddp_, pg_, model_.config().moe.enabled());
+                          : parallel::global_grad_norm(model_.params(), ddp_, pg_, moe);
   const double loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0.0;
+  if (opt_.stop_on_nan && (!std::isfinite(loss) || (!found_inf && !std::isfinite(r.grad_norm))))
+    stop_on_nan(loss, r.grad_norm, state.iteration + 1);
+  clip_timer.reset();  // clip_and_step times the clipping itself
+  if (opt_.count_zeros && !found_inf) {
+    TimerScope t(timers_, "optimizer-count-zeros", 1);
+    r.num_zeros = parallel::global_grad_zeros(model_.params(), ddp_, pg_, moe);
+  }
   if (found_inf) {
     // An fp16 overflow: expected while the dynamic scale settles. Skipped and counted as
     // Megatron does (a nan iteration only when the loss itself is not finite).
@@ -175,6 +214,29 @@ void StepRunner::apply_update(StepResult& r, checkpoint::TrainingState& state, m
   }
 }
 
+void StepRunner::stop_on_nan(double loss, double grad_norm, int64_t iteration) {
+  // Every rank reaches here together (the loss and the norm are global). Name the first rank
+  // whose own loss was not finite, else the first whose gradients hold a NaN/Inf.
+  const bool loss_bad = !std::isfinite(loss);
+  int64_t first = local_loss_finite_ ? INT64_MAX : pg_.rank;
+  if (!loss_bad) {
+    auto& ps = model_.params();
+    const double sq = ops::grad_norm_squared(ps.grad_buffer(), {{0, ps.numel()}});
+    first = std::isfinite(sq) ? INT64_MAX : pg_.rank;
+  }
+  first = pg_.world->all_reduce_value(first, comm::ReduceOp::Min);
+  const std::string who = first == INT64_MAX ? std::string("(no single rank's own value)") : fmt::format("on rank {}", first);
+  if (loss_bad)
+    fail("iteration {}: the lm loss is {} {} (its local forward loss); stopping (--check-for-nan-in-loss-and-grad, "
+         "Megatron's default): resume from the last checkpoint, or pass --no-check-for-nan-in-loss-and-grad to "
+         "skip such iterations and count them",
+         iteration, loss, who);
+  fail("iteration {}: the grad norm is {}, first seen {} (its gradients after the data-parallel reduction); stopping "
+       "(--check-for-nan-in-loss-and-grad, Megatron's default): resume from the last checkpoint, or pass "
+       "--no-check-for-nan-in-loss-and-grad to skip such iterations and count them",
+       iteration, grad_norm, who);
+}
+
 bool StepRunner::unscale_and_check(optim::GradScaler& scaler) {
   // Megatron's fp16 optimizer: unscale the grads this rank steps on (its owned slices with the
   // distributed optimizer), look for inf/nan, and agree over the model- and data-parallel
@@ -189,13 +251,22 @@ bool StepRunner::unscale_and_check(optim::GradScaler& scaler) {
 void StepRunner::clip_and_step(double grad_norm, checkpoint::TrainingState& state) {
   auto& ps = model_.params();
   const int64_t steps = state.scheduler_samples;  // the scheduler counts samples of updates
-  if (opt_.clip_grad > 0) ops::clip_grads(ps.grad_buffer(), optimizer_ranges(), grad_norm, opt_.clip_grad);
+  if (opt_.clip_grad > 0) {
+    TimerScope t(timers_, "optimizer-clip-main-grad", 1);
+    ops::clip_grads(ps.grad_buffer(), optimizer_ranges(), grad_norm, opt_.clip_grad);
+  }
   // The update writes the compute copy in the same pass; with the distributed optimizer the
   // parameter all-gather refreshes it instead, bucket by bucket, once the other slices are in.
   const bool gather = ddp_.sharded();
-  optimizer_->step(ps.main_buffer(), ps.grad_buffer(), schedule_.lr(steps), schedule_.weight_decay(steps),
-                   gather ? ops::HalfCopy{} : compute_copy(ps));
-  if (gather) ddp_.start_param_gather();
+  {
+    TimerScope t(timers_, "optimizer-inner-step", 1);
+    optimizer_->step(ps.main_buffer(), ps.grad_buffer(), schedule_.lr(steps), schedule_.weight_decay(steps),
+                     gather ? ops::HalfCopy{} : compute_copy(ps));
+  }
+  if (gather) {
+    TimerScope t(timers_, "params-all-gather", 1);  // started here; with overlap it completes later
+    ddp_.start_param_gather();
+  }
   state.optimizer_steps = optimizer_->step_count();
 }
 

@@ -43,6 +43,8 @@ struct StepResult {
   // over micro-batches and MoE layers, averaged over data-parallel ranks), in its order; empty for
   // dense models.
   std::vector<std::pair<const char*, double>> moe_losses;
+  // --log-params-norm / --log-num-zeros-in-grad (the trainer fills them; global values).
+  std::optional<double> params_norm, num_zeros;
 };
 using IterationResult = StepResult;
 
@@ -52,7 +54,13 @@ struct StepOptions {
   optim::OptimizerConfig optimizer;                     // weight_decay: the schedule's start value
   double clip_grad = 1.0;                               // 0: no clipping
   std::optional<optim::GradScalerConfig> loss_scaling;  // --fp16
+  // --check-for-nan-in-loss-and-grad (default): a NaN/Inf loss or grad norm stops the run, naming
+  // the iteration and the first rank that saw it; false: the update is skipped and counted.
+  bool stop_on_nan = true;
+  bool count_zeros = false;  // --log-num-zeros-in-grad: StepResult::num_zeros
 };
+
+class Timers;
 
 class StepRunner {
  public:
@@ -72,6 +80,8 @@ class StepRunner {
   // Dropout streams: this stage's, and Megatron's model-parallel one (seed + 2718 + TP rank).
   RngState& dropout_rng() { return dropout_rng_; }
   RngState& tp_rng() { return tp_rng_; }
+  // Megatron's timers of the step's phases (null: none).
+  void set_timers(Timers* t) { timers_ = t; }
 
  private:
   model::LossSums forward_backward(const std::vector<model::Batch>& batches, model::OpTimes* times);
@@ -82,6 +92,7 @@ class StepRunner {
   void update_expert_biases();
   void apply_update(StepResult& r, checkpoint::TrainingState& state, model::OpTimes* times);
   bool unscale_and_check(optim::GradScaler& scaler);
+  [[noreturn]] void stop_on_nan(double loss, double grad_norm, int64_t iteration);
   void clip_and_step(double grad_norm, checkpoint::TrainingState& state);
   // The flat ranges this rank steps on: its owned slices with the distributed optimizer, else the
   // whole buffer.
@@ -97,6 +108,9 @@ class StepRunner {
   model::MoELossSums moe_losses_;  // this step's, summed by the MoE layers' training forwards
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::GradScaler> grad_scaler_;
+  Timers* timers_ = nullptr;
+  bool local_loss_finite_ = true;  // this rank's own loss sum, before the reduction
+  int64_t nan_test_iteration_ = 0;  // MT_TEST_NAN_LOSS=ITER:RANK (tests): this rank's loss is NaN there
 };
 
 }  // namespace mt

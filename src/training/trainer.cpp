@@ -24,6 +24,7 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   setup_model();
   setup_pipeline();
   saver_ = std::make_unique<checkpoint::Saver>(rank_info());
+  time_ops_ = args_.log_op_breakdown;
   setup_device();
   setup_schedule();
   setup_step_runner();
@@ -34,6 +35,7 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   lo.progress_bar = args_.log_progress_bar;
   lo.show_mfu = args_.device == "cuda";
   log_ = std::make_unique<IterationLog>(lo, args_.model, pg_);
+  setup_ops();
 }
 
 void Trainer::setup_data_parallel() {
@@ -62,7 +64,6 @@ void Trainer::setup_device() {
   if (args_.device != "cuda") return;
   ops::gpu_context();  // fails if the run made none
   model_->to_device(Device::CUDA);
-  time_ops_ = args_.timing_log_level >= 1;
   if (time_ops_) op_times_.set_device(Device::CUDA);
 }
 
@@ -75,6 +76,8 @@ void Trainer::setup_step_runner() {
   so.optimizer.weight_decay = static_cast<float>(args_.start_weight_decay);
   so.clip_grad = args_.clip_grad;
   if (args_.model.fp16) so.loss_scaling = args_.grad_scaler;
+  so.stop_on_nan = args_.check_for_nan_in_loss_and_grad;
+  so.count_zeros = args_.log_num_zeros_in_grad;
   // Megatron seeds each pipeline stage's dropout with seed + 100 x stage, so stages that draw
   // the same offsets still get different masks.
   const uint64_t stage_seed = args_.seed + 100 * static_cast<uint64_t>(pg_.pp->rank());
@@ -148,6 +151,7 @@ std::vector<model::Batch> Trainer::train_batches() {
   // DP rank r takes the r-th micro-batch of each chunk.
   const int64_t gbs = args_.global_batch_size, mbs = args_.micro_batch_size, dp = pg_.dp->size();
   std::vector<model::Batch> mbatches;
+  TimerScope t(timers_.get(), "batch-generator", 2);
   for (int64_t m = 0; m < gbs / (mbs * dp); ++m)
     mbatches.push_back(make_batch(*train_, state_.consumed_train_samples + (m * dp + pg_.dp_rank()) * mbs, mbs));
   return mbatches;
@@ -156,7 +160,11 @@ std::vector<model::Batch> Trainer::train_batches() {
 IterationResult Trainer::train_step() {
   const double t_start = IterationLog::now_s();
   IterationResult r = step_->step(train_batches(), state_, time_ops_ ? &op_times_ : nullptr);
-  train_time_ += IterationLog::now_s() - t_start;
+  const double took = IterationLog::now_s() - t_start;
+  train_time_ += took;
+  interval_step_s_ += took;
+  interval_steps_++;
+  iterations_run_++;
   return r;
 }
 
@@ -198,7 +206,7 @@ int Trainer::run() {
   const bool eval_on = args_.eval_iters > 0 && valid_ != nullptr;
   if (eval_on && args_.eval_at_start && state_.iteration == 0) {
     int64_t consumed = 0;  // the start-of-training evaluation does not move the validation position
-    log_->validation("validation", evaluate(*valid_, consumed, args_.eval_iters), state_.iteration);
+    report_validation(evaluate(*valid_, consumed, args_.eval_iters), state_.iteration);
   }
   // Evaluation and checkpoints are kept out of the iteration time.
   auto timed_apart = [&](auto&& fn) {
@@ -210,13 +218,23 @@ int Trainer::run() {
   while (state_.iteration < total_iters_) {
     IterationResult r = train_step();
     if (saver_->pending()) saver_->poll();  // completes an async save once every rank has written it
+    before_log(r);
     log_->record(r, state_, schedule_->lr(state_.scheduler_samples), step_->grad_scaler());
+    after_log();
     const int64_t it = state_.iteration;
     if (eval_on && it % args_.eval_interval == 0 && it < total_iters_)
       timed_apart([&] {
-        log_->validation("validation", evaluate(*valid_, state_.consumed_valid_samples, args_.eval_iters), it);
+        report_validation(evaluate(*valid_, state_.consumed_valid_samples, args_.eval_iters), it);
       });
-    if (!args_.save.empty() && args_.save_interval > 0 && it % args_.save_interval == 0) timed_apart([&] { save(); });
+    const bool saved = !args_.save.empty() && args_.save_interval > 0 && it % args_.save_interval == 0;
+    if (saved) timed_apart([&] { save(); });
+    if (auto why = exit_requested()) {
+      // Preemption or the time limit: this iteration's state is what resumes bit-identically.
+      log_info("exiting at iteration {}: {}{}", it, *why, args_.save.empty() ? " (no --save: nothing saved)" : "");
+      if (!args_.save.empty() && !saved) save();
+      saver_->wait();
+      return 0;
+    }
     if (args_.exit_interval > 0 && it % args_.exit_interval == 0) {
       log_info("exiting at iteration {} (--exit-interval {})", it, args_.exit_interval);
       if (!args_.save.empty() && (args_.save_interval == 0 || it % args_.save_interval != 0)) save();
@@ -225,7 +243,7 @@ int Trainer::run() {
     }
   }
   if (eval_on)
-    log_->validation("validation", evaluate(*valid_, state_.consumed_valid_samples, args_.eval_iters), state_.iteration);
+    report_validation(evaluate(*valid_, state_.consumed_valid_samples, args_.eval_iters), state_.iteration);
   if (!args_.save.empty() && (args_.save_interval == 0 || state_.iteration % args_.save_interval != 0)) save();
   saver_->wait();  // exit only after an async save completed
   if (model_->params().device() != Device::CPU) {

@@ -5,6 +5,8 @@
 // runner (step_runner.h), and hands results to iteration logging (iteration_log.h), evaluation
 // and checkpoints (trainer_checkpoint.cpp; the schema is in checkpoint/).
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "checkpoint/checkpoint.h"
 #include "data/sample_source.h"
@@ -17,8 +19,11 @@
 #include "parallel/pipeline.h"
 #include "parallel/process_groups.h"
 #include "training/arguments.h"
+#include "training/exit_conditions.h"
 #include "training/iteration_log.h"
+#include "training/run_metrics.h"
 #include "training/step_runner.h"
+#include "training/timers.h"
 
 namespace mt {
 
@@ -61,6 +66,12 @@ class Trainer {
   std::vector<model::Batch> train_batches();
   void maybe_load();
   void upcycle();  // --moe-use-upcycling
+  // Operating the run (trainer_ops.cpp): metrics sinks, timers, stopping, stragglers.
+  void setup_ops();
+  void before_log(IterationResult& r);  // every rank, after each step (collectives at log lines)
+  void after_log();                     // the timer and straggler blocks after a log line
+  void report_validation(double loss, int64_t iteration);
+  std::optional<std::string> exit_requested();
   checkpoint::RankInfo rank_info() const;
 
   Arguments args_;
@@ -76,9 +87,17 @@ class Trainer {
   checkpoint::TrainingState state_;
   std::unique_ptr<checkpoint::Saver> saver_;
   model::OpTimes op_times_;
-  bool time_ops_ = true;   // on the GPU only with --timing-log-level >= 1
+  bool time_ops_ = false;  // --log-op-breakdown
   double train_time_ = 0;  // wall time inside train_step, what the op breakdown is a share of
   int64_t total_iters_ = 0;
+  std::unique_ptr<RunMetrics> metrics_;  // the logging rank's TensorBoard / JSON lines / Prometheus
+  std::unique_ptr<Timers> timers_;       // Megatron's timers (--timing-log-level)
+  std::unique_ptr<ExitConditions> exit_;  // --exit-signal-handler, --exit-duration-in-mins
+  int64_t iterations_run_ = 0;            // by this process (the exit test hook's clock)
+  double interval_step_s_ = 0;            // --log-straggler: this rank's step time in the interval
+  int64_t interval_steps_ = 0;
+  Timers::Report timer_report_;  // of the last log line
+  std::string straggler_line_;
 };
 
 }  // namespace mt
