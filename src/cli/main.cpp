@@ -22,7 +22,8 @@ void usage() {
       "  preprocess  tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py flags)\n"
       "  launch      start N local ranks: megatron launch --nproc-per-node N -- pretrain ...\n"
       "  convert     HuggingFace models to checkpoints and back: convert --from hf|megatron --input D --output D\n"
-      "  logits      forward pass to .npy: logits --load DIR_OR_HF_DIR --input-ids IDS.npy --output L.npy\n\n"
+      "  logits      forward pass to .npy: logits --load DIR_OR_HF_DIR --input-ids IDS.npy --output L.npy\n"
+      "  flags       every Megatron-LM pretrain flag and its status here (--markdown: docs/megatron-flags.md)\n\n"
       "run 'megatron <command> --help' for its flags\n");
 }
 

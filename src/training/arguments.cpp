@@ -9,6 +9,7 @@
 #include "model/gpt_model.h"
 #include "training/arguments_sections.h"
 #include "training/flag_parser.h"
+#include "training/megatron_flags.h"
 
 namespace mt {
 namespace {
@@ -18,16 +19,27 @@ struct Registered {
   ModelAliases model_aliases;
 };
 
+// --help lists the sections under Megatron's argument groups, in its order.
 void register_flags(Registered& r, Arguments& a) {
   FlagParser& p = r.parser;
+  p.group("model");
   register_model_flags(p, a, r.model_aliases);
+  p.group("mixture of experts");
   register_moe_flags(p, a.model.moe, a);
-  register_data_flags(p, a);
+  p.group("training");
   register_training_flags(p, a);
+  p.group("learning rate and optimizer");
   register_optimizer_flags(p, a);
-  register_logging_flags(p, a);
+  p.group("checkpointing");
   register_checkpoint_flags(p, a);
+  p.group("distributed");
   register_parallel_flags(p, a);
+  p.group("data and tokenizer");
+  register_data_flags(p, a);
+  p.group("logging and evaluation");
+  register_logging_flags(p, a);
+  register_run_flags(p, a);
+  register_megatron_table(p);
   p.enable_config();
 }
 
@@ -53,6 +65,23 @@ std::string pretrain_help() {
   return r.parser.help();
 }
 
+std::vector<std::string> pretrain_flag_names() {
+  Arguments a;
+  Registered r;
+  register_flags(r, a);
+  return r.parser.registered_names();
+}
+
+std::vector<std::string> pretrain_rejected_registered() {
+  Arguments a;
+  Registered r;
+  register_flags(r, a);
+  std::vector<std::string> both;
+  for (const auto& n : r.parser.registered_names())
+    if (r.parser.rejected(n)) both.push_back(n);
+  return both;
+}
+
 void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   validate_parallel_args(a);
   validate_moe_args(a);
@@ -69,6 +98,7 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
     model::check_tensor_parallel(a.model, a.tensor_model_parallel_size, a.sequence_parallel);
   validate_pipeline_args(a);
   validate_recompute_args(a);
+  validate_run_args(a);
 }
 
 }  // namespace mt

@@ -131,7 +131,17 @@ struct ParallelArgs {
   std::string distributed_backend = "nccl";  // CPU tensors always use Gloo
 };
 
-struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs {
+// How the run proceeds around the training loop (arguments_run.cpp): evaluation-only runs,
+// missing checkpoints, the sample order, and printing the configuration.
+struct RunArgs {
+  bool skip_train = false;                  // --skip-train: load, evaluate validation and test, exit
+  bool exit_on_missing_checkpoint = false;  // --exit-on-missing-checkpoint: no checkpoint in --load is an error
+  std::string dataloader_type = "single";   // --dataloader-type single|cyclic
+  bool print_config = false;                // --print-config / --dry-run: print the resolved arguments, exit
+};
+
+struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs,
+                   RunArgs {
   std::vector<std::string> given;  // flag names given by the user (for conflict checks)
   bool was_given(const char* flag) const;
 };
@@ -144,6 +154,10 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size);
 // world-size divisibility, derived DP.
 void validate_parallel_args(Arguments& a);
 std::string pretrain_help();
+// Every flag pretrain registers, and those also rejected by the Megatron flag table (none, when
+// the table and the sections agree): for the table's consistency test and its document.
+std::vector<std::string> pretrain_flag_names();
+std::vector<std::string> pretrain_rejected_registered();
 
 // The sections' conversions into their layers' options.
 parallel::PipelineOptions pipeline_options(const ParallelArgs& a);  // for parallel::PipelineLayout

@@ -55,6 +55,10 @@ void register_checkpoint_flags(FlagParser& p, CheckpointArgs& a);
 void validate_checkpoint_args(const CheckpointArgs& a);
 
 void register_parallel_flags(FlagParser& p, ParallelArgs& a);
+
+// Registers its flags under the groups they belong to (training, checkpointing, data).
+void register_run_flags(FlagParser& p, RunArgs& a);
+void validate_run_args(const Arguments& a);
 // validate_parallel_args (arguments.h) runs first; the pipeline rules after the model is known.
 void validate_pipeline_args(Arguments& a);
 

@@ -16,8 +16,6 @@ void register_training_flags(FlagParser& p, TrainingArgs& a) {
   p.value("--exit-interval", &a.exit_interval, "exit after the iteration divisible by this", {0, INT64_MAX});
   p.value("--device", &a.device, "where to train", {"auto", "cpu", "cuda"});
   p.value("--num-threads", &a.num_threads, "CPU threads (default: all cores)", {0, kMaxThreads});
-  // Megatron-LM flags that are known but not implemented yet: rejected by name.
-  p.unsupported("--exit-signal-handler", "not implemented yet");
 }
 
 void validate_training_args(Arguments& a) {

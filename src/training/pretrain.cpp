@@ -199,6 +199,7 @@ int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEn
   std::optional<Activity> building(std::in_place, fmt::format("building the model ({} parameters)", a.model.num_parameters()));
   Trainer trainer(a, std::move(tok), groups);
   trainer.set_data(std::move(splits.train), std::move(splits.valid));
+  trainer.set_test_data(std::move(splits.test));
   building.reset();
   Activity training("training");
   int rc = trainer.run();

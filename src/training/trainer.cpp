@@ -1,6 +1,7 @@
 #include "training/trainer.h"
 
 #include <exception>
+#include <random>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -117,7 +118,25 @@ void Trainer::set_data(std::unique_ptr<data::SampleSource> train, std::unique_pt
   valid_ = std::move(valid);
 }
 
-model::Batch Trainer::make_batch(data::SampleSource& src, int64_t first, int64_t count) const {
+// Megatron's cyclic sampler visits every sample once per epoch in a random order drawn afresh each
+// epoch from the epoch number; here the draw is a Fisher-Yates shuffle with an MT19937-64 seeded
+// by --seed and the epoch (torch's generator is not reproduced, so the order is not Megatron's).
+int64_t Trainer::cyclic_index(int64_t position, int64_t size) const {
+  const int64_t epoch = position / size;
+  if (epoch != cyclic_epoch_) {
+    cyclic_perm_.resize(static_cast<size_t>(size));
+    for (int64_t i = 0; i < size; ++i) cyclic_perm_[static_cast<size_t>(i)] = i;
+    std::mt19937_64 rng(args_.seed * 1000003ULL + static_cast<uint64_t>(epoch));
+    for (int64_t i = size - 1; i > 0; --i) {
+      const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
+      std::swap(cyclic_perm_[static_cast<size_t>(i)], cyclic_perm_[static_cast<size_t>(j)]);
+    }
+    cyclic_epoch_ = epoch;
+  }
+  return cyclic_perm_[static_cast<size_t>(position % size)];
+}
+
+model::Batch Trainer::make_batch(data::SampleSource& src, int64_t first, int64_t count, bool cyclic) const {
   const int64_t S = args_.model.seq_length;
   model::Batch b;
   b.B = count;
@@ -128,7 +147,7 @@ model::Batch Trainer::make_batch(data::SampleSource& src, int64_t first, int64_t
   std::vector<int32_t> buf(static_cast<size_t>(S + 1));
   const int32_t eod = tokenizer_ ? tokenizer_->eod() : -1;
   for (int64_t i = 0; i < count; ++i) {
-    int64_t idx = (first + i) % src.size();
+    const int64_t idx = cyclic ? cyclic_index(first + i, src.size()) : (first + i) % src.size();
     src.get(idx, buf.data());
     for (int64_t t = 0; t < S; ++t) {
       size_t o = static_cast<size_t>(i * S + t);
@@ -149,7 +168,8 @@ std::vector<model::Batch> Trainer::train_batches() {
   const int64_t gbs = args_.global_batch_size, mbs = args_.micro_batch_size, dp = pg_.dp->size();
   std::vector<model::Batch> mbatches;
   for (int64_t m = 0; m < gbs / (mbs * dp); ++m)
-    mbatches.push_back(make_batch(*train_, state_.consumed_train_samples + (m * dp + pg_.dp_rank()) * mbs, mbs));
+    mbatches.push_back(make_batch(*train_, state_.consumed_train_samples + (m * dp + pg_.dp_rank()) * mbs, mbs,
+                                  args_.dataloader_type == "cyclic"));
   return mbatches;
 }
 
@@ -181,9 +201,24 @@ double Trainer::evaluate(data::SampleSource& source, int64_t& consumed, int64_t 
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
+void Trainer::evaluate_at_end() {
+  if (args_.eval_iters == 0) return;
+  if (valid_)
+    log_->validation("validation", evaluate(*valid_, state_.consumed_valid_samples, args_.eval_iters), state_.iteration);
+  if (test_) {
+    int64_t consumed = 0;  // Megatron evaluates the test set from its start
+    log_->validation("test", evaluate(*test_, consumed, args_.eval_iters), state_.iteration);
+  }
+}
+
 int Trainer::run() {
   MT_CHECK(train_ != nullptr, "training data not set");
   maybe_load();
+  if (args_.skip_train) {
+    log_info("--skip-train: evaluating at iteration {} without training", state_.iteration);
+    evaluate_at_end();
+    return 0;
+  }
   const auto& m = args_.model;
   log_info("model: {} layers, hidden {}, {} heads ({} query groups, head dim {}), ffn {}, vocab {} (padded from {}), "
            "seq {}, {} parameters{}{}",
@@ -224,8 +259,7 @@ int Trainer::run() {
       return 0;
     }
   }
-  if (eval_on)
-    log_->validation("validation", evaluate(*valid_, state_.consumed_valid_samples, args_.eval_iters), state_.iteration);
+  evaluate_at_end();
   if (!args_.save.empty() && (args_.save_interval == 0 || state_.iteration % args_.save_interval != 0)) save();
   saver_->wait();  // exit only after an async save completed
   if (model_->params().device() != Device::CPU) {

@@ -57,6 +57,15 @@ void Trainer::save() {
 void Trainer::maybe_load() {
   if (args_.load.empty()) return;
   if (args_.moe_use_upcycling) return upcycle();
+  // Megatron's `--save X --load X` idiom: the first run finds no directory and starts from scratch.
+  if (std::error_code ec; !std::filesystem::exists(args_.load, ec)) {
+    if (args_.exit_on_missing_checkpoint)
+      fail("--load '{}' does not exist and --exit-on-missing-checkpoint is set; point --load at a checkpoint "
+           "directory or drop the flag to train from scratch",
+           args_.load);
+    log_warn("--load {}: the directory does not exist, training from scratch", args_.load);
+    return;
+  }
   if (checkpoint::detect_checkpoint(args_.load) == checkpoint::CheckpointKind::HuggingFace) {
     // Weights only: a HuggingFace model starts a run (continued pretraining or fine-tuning).
     // Under PP or EP this rank holds only part of the model: the rest of the files is others'.
@@ -67,6 +76,10 @@ void Trainer::maybe_load() {
   }
   auto it = checkpoint::latest_iteration(args_.load);
   if (!it) {
+    if (args_.exit_on_missing_checkpoint)
+      fail("--load '{}' holds no checkpoint (no latest_checkpointed_iteration.txt) and --exit-on-missing-checkpoint "
+           "is set",
+           args_.load);
     log_warn("--load {}: no latest_checkpointed_iteration.txt, training from scratch", args_.load);
     return;
   }
