@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/error_report.h"
+#include "core/version.h"
 #include "training/commands.h"
 
 namespace {
@@ -23,8 +24,9 @@ void usage() {
       "  launch      start N local ranks: megatron launch --nproc-per-node N -- pretrain ...\n"
       "  convert     HuggingFace models to checkpoints and back: convert --from hf|megatron --input D --output D\n"
       "  logits      forward pass to .npy: logits --load DIR_OR_HF_DIR --input-ids IDS.npy --output L.npy\n"
+      "  inspect-data  the samples pretrain would read (JSON lines); --info PREFIX summarises a .bin/.idx\n"
       "  flags       every Megatron-LM pretrain flag and its status here (--markdown: docs/megatron-flags.md)\n\n"
-      "run 'megatron <command> --help' for its flags\n");
+      "run 'megatron <command> --help' for its flags, 'megatron --version' for the version\n");
 }
 
 }  // namespace
@@ -33,6 +35,10 @@ int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage();
     return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    std::printf("%s\n", mt::megatron_version().c_str());
+    return 0;
   }
   const std::string cmd = argv[1], prefix = "megatron " + cmd;
   mt::report_terminate_as_error(prefix);

@@ -72,6 +72,16 @@ std::vector<std::string> pretrain_flag_names() {
   return r.parser.registered_names();
 }
 
+std::vector<FlagParser::Current> pretrain_current_values(const Arguments& a) {
+  Arguments copy = a;  // registration binds the parser to the fields it reads
+  Registered r;
+  register_flags(r, copy);
+  // The alias switches as the resolved model has them (the others' meaning is in the fields they set).
+  r.model_aliases.disable_bias_linear = !a.model.add_bias_linear;
+  r.model_aliases.add_qkv_bias = a.model.add_qkv_bias && !a.model.add_bias_linear;
+  return r.parser.current_values();
+}
+
 std::vector<std::string> pretrain_rejected_registered() {
   Arguments a;
   Registered r;

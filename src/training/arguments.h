@@ -16,6 +16,7 @@
 #include "optim/optimizer.h"
 #include "parallel/ddp.h"
 #include "parallel/pipeline_layout.h"
+#include "training/flag_parser.h"
 #include "training/moe_layer_freq.h"
 
 namespace mt {
@@ -138,6 +139,7 @@ struct RunArgs {
   bool exit_on_missing_checkpoint = false;  // --exit-on-missing-checkpoint: no checkpoint in --load is an error
   std::string dataloader_type = "single";   // --dataloader-type single|cyclic
   bool print_config = false;                // --print-config / --dry-run: print the resolved arguments, exit
+  bool use_checkpoint_args = false;         // --use-checkpoint-args: the model and tokenizer from --load's checkpoint
 };
 
 struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs,
@@ -157,6 +159,8 @@ std::string pretrain_help();
 // Every flag pretrain registers, and those also rejected by the Megatron flag table (none, when
 // the table and the sections agree): for the table's consistency test and its document.
 std::vector<std::string> pretrain_flag_names();
+// Every bound pretrain flag's value in `a` (FlagParser::current_values): --print-config, checkpoints.
+std::vector<FlagParser::Current> pretrain_current_values(const Arguments& a);
 std::vector<std::string> pretrain_rejected_registered();
 
 // The sections' conversions into their layers' options.

@@ -10,7 +10,8 @@ namespace limits = model::limits;
 
 void register_data_flags(FlagParser& p, DataArgs& a) {
   p.value("--tokenizer-type", &a.tokenizer.type, "tokenizer",
-          {"GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer"});
+          {"GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+           "Llama2Tokenizer", "TikTokenizer", "NullTokenizer"});
   p.value("--vocab-file", &a.tokenizer.vocab_file, "GPT-2 encoder.json");
   p.value("--merge-file", &a.tokenizer.merge_file, "GPT-2 vocab.bpe");
   p.value("--tokenizer-model", &a.tokenizer.tokenizer_model, "tokenizer.json / directory / SentencePiece .model");

@@ -24,6 +24,9 @@ void register_run_flags(FlagParser& p, RunArgs& a) {
   p.custom("--dry-run", false, [&a](const std::string&) { a.print_config = true; },
            "megatron.cpp: same as --print-config");
   p.group("checkpointing");
+  p.store_true("--use-checkpoint-args", &a.use_checkpoint_args,
+               "take the model shape and the tokenizer (its files are in the checkpoint) from --load's checkpoint; "
+               "flags given here still win");
   p.store_true("--exit-on-missing-checkpoint", &a.exit_on_missing_checkpoint,
                "with --load: stop with an error when it holds no checkpoint, instead of training from scratch");
 }
@@ -31,6 +34,7 @@ void register_run_flags(FlagParser& p, RunArgs& a) {
 void validate_run_args(const Arguments& a) {
   if (a.exit_on_missing_checkpoint && a.load.empty())
     fail("--exit-on-missing-checkpoint needs --load DIR (the checkpoint that must exist)");
+  if (a.use_checkpoint_args && a.load.empty()) fail("--use-checkpoint-args needs --load DIR (the checkpoint to read)");
   if (a.skip_train && a.eval_iters == 0)
     fail("--skip-train evaluates and exits, but --eval-iters is 0: give --eval-iters N");
 }

@@ -15,7 +15,9 @@ int run_command(const std::string& cmd, const std::vector<std::string>& args) {
   if (cmd == "convert") return convert_main(args);
   if (cmd == "logits") return logits_main(args);
   if (cmd == "flags") return flags_main(args);
-  static const std::vector<std::string> known = {"pretrain", "generate", "preprocess", "launch", "convert", "logits", "flags"};
+  if (cmd == "inspect-data") return inspect_data_main(args);
+  static const std::vector<std::string> known = {"pretrain", "generate", "preprocess",   "launch",
+                                                 "convert",  "logits",   "inspect-data", "flags"};
   std::string s = closest_match(cmd, known);
   fail("unknown command '{}'{}; run 'megatron --help' for the list", cmd,
        s.empty() ? "" : " (did you mean '" + s + "'?)");

@@ -13,4 +13,6 @@ int convert_main(const std::vector<std::string>& args);
 int logits_main(const std::vector<std::string>& args);
 // `megatron launch --nproc-per-node N ... -- pretrain ...`: starts and supervises local ranks.
 int launch_main(const std::vector<std::string>& args);
+// `megatron inspect-data`: the samples pretrain would read (JSON lines), or a dataset's summary.
+int inspect_data_main(const std::vector<std::string>& args);
 }  // namespace mt

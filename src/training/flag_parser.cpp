@@ -89,12 +89,14 @@ void FlagParser::store_true(const std::string& name, bool* t, const std::string&
   auto& f = add(name, help);
   f.takes_value = false;
   f.set = [t](const std::string&) { *t = true; };
+  f.get = [t] { return std::vector<std::string>{*t ? "true" : "false"}; };
 }
 
 void FlagParser::store_false(const std::string& name, bool* t, const std::string& help) {
   auto& f = add(name, help);
   f.takes_value = false;
   f.set = [t](const std::string&) { *t = false; };
+  f.get = [t] { return std::vector<std::string>{*t ? "false" : "true"}; };
 }
 
 // --help states a default where the field starts non-zero (0 and "" mostly mean "derived" here,
@@ -109,24 +111,28 @@ void FlagParser::value(const std::string& name, int64_t* t, const std::string& h
   auto& f = add(name, help);
   f.default_text = default_of(*t, help);
   f.set = [t, name, range](const std::string& v) { *t = parse_int(name, v, range); };
+  f.get = [t] { return std::vector<std::string>{fmt::format("{}", *t)}; };
 }
 
 void FlagParser::value(const std::string& name, uint64_t* t, const std::string& help) {
   auto& f = add(name, help);
   f.default_text = default_of(*t, help);
   f.set = [t, name](const std::string& v) { *t = parse_uint(name, v); };
+  f.get = [t] { return std::vector<std::string>{fmt::format("{}", *t)}; };
 }
 
 void FlagParser::value(const std::string& name, double* t, const std::string& help) {
   auto& f = add(name, help);
   f.default_text = default_of(*t, help);
   f.set = [t, name](const std::string& v) { *t = parse_float(name, v); };
+  f.get = [t] { return std::vector<std::string>{fmt::format("{}", *t)}; };
 }
 
 void FlagParser::value(const std::string& name, float* t, const std::string& help) {
   auto& f = add(name, help);
   f.default_text = default_of(*t, help);
   f.set = [t, name](const std::string& v) { *t = parse_float32(name, v); };
+  f.get = [t] { return std::vector<std::string>{fmt::format("{}", *t)}; };
 }
 
 void FlagParser::value(const std::string& name, std::string* t, const std::string& help,
@@ -148,12 +154,14 @@ void FlagParser::value(const std::string& name, std::string* t, const std::strin
     }
     *t = v;
   };
+  f.get = [t] { return std::vector<std::string>{*t}; };
 }
 
 void FlagParser::list(const std::string& name, std::vector<std::string>* t, const std::string& help) {
   auto& f = add(name, help);
   f.is_list = true;
   f.set_list = [t](const std::vector<std::string>& v) { *t = v; };
+  f.get = [t] { return *t; };
 }
 
 void FlagParser::custom(const std::string& name, bool takes_value, std::function<void(const std::string&)> fn,
@@ -172,6 +180,15 @@ void FlagParser::ignored(const std::string& name, bool takes_value, bool is_list
 }
 
 void FlagParser::unsupported(const std::string& name, const std::string& why) { unsupported_[name] = why; }
+
+std::vector<FlagParser::Current> FlagParser::current_values() const {
+  std::vector<Current> out;
+  for (const auto& n : order_) {
+    const Flag& f = flags_.at(n);
+    if (f.get) out.push_back({n, f.group, !f.takes_value, f.is_list, f.get()});
+  }
+  return out;
+}
 
 bool FlagParser::given(const std::string& name) const {
   return std::find(given_.begin(), given_.end(), name) != given_.end();

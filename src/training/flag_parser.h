@@ -49,6 +49,16 @@ class FlagParser {
   bool registered(const std::string& name) const { return flags_.count(name) != 0; }
   bool rejected(const std::string& name) const { return unsupported_.count(name) != 0; }
   const std::vector<std::string>& registered_names() const { return order_; }
+  // The current value of every flag bound to a field (custom and ignored flags have none), in
+  // registration order: switches as {"true"} / {"false"} (whether the switch is in effect),
+  // values as their shortest text, lists as their items. What --print-config prints and a
+  // checkpoint records.
+  struct Current {
+    std::string name, group;
+    bool is_switch = false, is_list = false;
+    std::vector<std::string> values;
+  };
+  std::vector<Current> current_values() const;
 
   // Parses argv; records the names given. `--config FILE.yaml` (if registered via
   // enable_config) is applied first, then the command line overrides it.
@@ -69,6 +79,7 @@ class FlagParser {
     std::string help;
     std::string group;
     std::string default_text;  // the target's value at registration, shown by --help
+    std::function<std::vector<std::string>()> get;  // the target's current value (bound flags only)
   };
   Flag& add(const std::string& name, const std::string& help);
   void apply(const Flag& f, const std::vector<std::string>& values, const std::string& source);

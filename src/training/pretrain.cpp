@@ -19,6 +19,7 @@
 #include "training/commands.h"
 #include "training/convert.h"
 #include "training/memory_check.h"
+#include "training/resolved_args.h"
 #include "training/trainer.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/ops_cuda.h"
@@ -116,6 +117,14 @@ int pretrain_main(const std::vector<std::string>& argv) {
     }
     throw;
   }
+  // --use-checkpoint-args: the checkpoint's model and tokenizer flags first, so the command line wins.
+  if (a.use_checkpoint_args) {
+    if (a.load.empty()) fail("--use-checkpoint-args needs --load DIR (the checkpoint to read)");
+    std::vector<std::string> words = checkpoint_arg_words(a);
+    log_info("--use-checkpoint-args: {} flags from {}", words.size(), a.load);
+    words.insert(words.end(), argv.begin(), argv.end());
+    a = parse_pretrain_args(words);
+  }
   // --load HF_DIR: the model's shape comes from its config.json (a conflicting flag is an error).
   std::optional<checkpoint::HfSpec> hf;
   if (!a.load.empty() && std::filesystem::exists(a.load) &&
@@ -137,6 +146,10 @@ int pretrain_main(const std::vector<std::string>& argv) {
   auto tok = tokenizer_for(a);
   validate_args(a, tok->vocab_size());
   if (hf) apply_hf_vocab(a, *hf, tok->vocab_size(), (std::filesystem::path(a.load) / "config.json").string());
+  if (a.print_config) {  // --print-config / --dry-run: the arguments as the run would use them
+    std::printf("%s\n", resolved_arguments(a).dump(2).c_str());
+    return 0;
+  }
   if (a.device == "cpu") check_training_memory(a);
   if (env.world_size == 1) return train(a, std::move(tok), env, threads);
   // Several ranks: a failure on one must end this process promptly (peers may be waiting on it,

@@ -9,6 +9,7 @@
 #include "checkpoint/upcycle.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "training/resolved_args.h"
 #include "training/trainer.h"
 
 #include <chrono>
@@ -43,10 +44,14 @@ void Trainer::save() {
   st.tp_rng_seed = step_->tp_rng().seed;
   st.tp_rng_offset = step_->tp_rng().offset;
   st.args = checkpoint::model_args_to_json(args_.model, args_.tokenizer);
+  // Self-contained: the tokenizer's files travel with the checkpoint, and every resolved argument.
+  st.args["tokenizer_files"] = checkpoint::tokenizer_files_json(args_.tokenizer);
+  st.args["run_args"] = resolved_arguments(args_);
   if (auto* gs = grad_scaler()) st.grad_scaler = gs->state();
   std::optional<checkpoint::OptimizerState> os;
   if (!args_.no_save_optim) os = checkpoint::optimizer_state(step_->optimizer(), ddp_->sharded());
-  const checkpoint::SaveOptions o = save_options(args_);
+  checkpoint::SaveOptions o = save_options(args_);
+  o.assets = checkpoint::tokenizer_assets(args_.tokenizer);
   saver_->save(args_.save, st, model_->params(), os ? &*os : nullptr, o);
   // What an async save costs the training loop: the copies to host memory before writing starts.
   if (o.async)
