@@ -39,6 +39,8 @@ void register_flags(Registered& r, Arguments& a) {
   p.group("logging and evaluation");
   register_logging_flags(p, a);
   register_run_flags(p, a);
+  p.group("profiling");
+  register_profile_flags(p, a);
   register_megatron_table(p);
   p.enable_config();
 }
@@ -109,6 +111,7 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   validate_pipeline_args(a);
   validate_recompute_args(a);
   validate_run_args(a);
+  validate_profile_args(a);
 }
 
 }  // namespace mt

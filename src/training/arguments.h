@@ -142,8 +142,17 @@ struct RunArgs {
   bool use_checkpoint_args = false;         // --use-checkpoint-args: the model and tokenizer from --load's checkpoint
 };
 
+// Profiler hooks (arguments_profile.cpp), Megatron's: cudaProfilerStart before iteration
+// profile_step_start + 1 and cudaProfilerStop after iteration profile_step_end, on the listed ranks.
+struct ProfileArgs {
+  bool profile = false;
+  int64_t profile_step_start = 10, profile_step_end = 12;
+  std::vector<std::string> profile_ranks = {"0"};
+  bool nvtx_ranges = false;  // NVTX ranges per layer and pipeline action (also on with --profile)
+};
+
 struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs,
-                   RunArgs {
+                   RunArgs, ProfileArgs {
   std::vector<std::string> given;  // flag names given by the user (for conflict checks)
   bool was_given(const char* flag) const;
 };

@@ -1,11 +1,13 @@
 #include "training/trainer.h"
 
+#include <algorithm>
 #include <exception>
 #include <random>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/device.h"
+#include "kernels/profiler.h"
 
 namespace mt {
 
@@ -60,6 +62,7 @@ void Trainer::setup_pipeline() {
 // its state there); the host keeps the loop. The run picked the device and made its GPU context
 // (and set the attention backend) in pretrain.
 void Trainer::setup_device() {
+  ops::set_nvtx_enabled(args_.nvtx_ranges || args_.profile);
   if (args_.device != "cuda") return;
   ops::gpu_context();  // fails if the run made none
   model_->to_device(Device::CUDA);
@@ -242,8 +245,23 @@ int Trainer::run() {
     log_->exclude(IterationLog::now_s() - t0);
   };
   log_->start(state_);
+  // Megatron's --profile window: the profiler runs over iterations (start, end] on the listed ranks.
+  const bool profiling = args_.profile && std::find(args_.profile_ranks.begin(), args_.profile_ranks.end(),
+                                                    std::to_string(pg_.rank)) != args_.profile_ranks.end();
+  if (profiling && !ops::profiler_available())
+    log_info("--profile: this build has no CUDA backend, so there is no CUDA profiler to start (on the CPU, profile "
+             "with perf); training goes on");
+  bool profiler_on = false;
   while (state_.iteration < total_iters_) {
+    if (profiling && state_.iteration == args_.profile_step_start && ops::profiler_available()) {
+      ops::profiler_start();
+      profiler_on = true;
+    }
     IterationResult r = train_step();
+    if (profiler_on && state_.iteration == args_.profile_step_end) {
+      ops::profiler_stop();
+      profiler_on = false;
+    }
     if (saver_->pending()) saver_->poll();  // completes an async save once every rank has written it
     log_->record(r, state_, schedule_->lr(state_.scheduler_samples), step_->grad_scaler());
     const int64_t it = state_.iteration;
