@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/gpt_model.h"
 #include "training/arguments_sections.h"
+#include "training/batch_schedule.h"
 #include "training/flag_parser.h"
 #include "training/megatron_flags.h"
 
@@ -98,6 +99,7 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   validate_parallel_args(a);
   validate_moe_args(a);
   validate_model_args(a);
+  validate_batch_schedule_args(a);  // may set the global batch size, which the batch checks need
   validate_training_args(a);
   validate_optimizer_args(a);
   validate_logging_args(a);

@@ -140,6 +140,8 @@ struct RunArgs {
   std::string dataloader_type = "single";   // --dataloader-type single|cyclic
   bool print_config = false;                // --print-config / --dry-run: print the resolved arguments, exit
   bool use_checkpoint_args = false;         // --use-checkpoint-args: the model and tokenizer from --load's checkpoint
+  std::vector<std::string> rampup_batch_size;  // --rampup-batch-size START INCREMENT SAMPLES (batch_schedule.h)
+  std::string step_batch_size_schedule;        // --step-batch-size-schedule "THRESHOLD:BS ..."
 };
 
 // Profiler hooks (arguments_profile.cpp), Megatron's: cudaProfilerStart before iteration

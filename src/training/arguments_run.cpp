@@ -19,6 +19,11 @@ void register_run_flags(FlagParser& p, RunArgs& a) {
            },
            "single: the dataset's own (shuffled) sample order, read once (default); cyclic: a fresh random "
            "permutation of the samples every epoch");
+  p.list("--rampup-batch-size", &a.rampup_batch_size,
+         "START INCREMENT SAMPLES: the global batch grows from START by INCREMENT, linearly over SAMPLES samples, "
+         "to --global-batch-size (Megatron's ramp-up)");
+  p.value("--step-batch-size-schedule", &a.step_batch_size_schedule,
+          "\"THRESHOLD:BS ...\": global batch size BS from THRESHOLD tokens on (K/M/B/T suffixes), as Megatron 0.20");
   p.store_true("--print-config", &a.print_config,
                "megatron.cpp: print every resolved argument (after validation and defaults) as JSON and exit");
   p.custom("--dry-run", false, [&a](const std::string&) { a.print_config = true; },

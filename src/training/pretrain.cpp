@@ -16,6 +16,7 @@
 #include "parallel/grid.h"
 #include "parallel/process_groups.h"
 #include "kernels/cpu/threads.h"
+#include "training/batch_schedule.h"
 #include "training/commands.h"
 #include "training/convert.h"
 #include "training/memory_check.h"
@@ -197,7 +198,7 @@ int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEn
            tok->vocab_size(), tok->eod());
 
   const int64_t gbs = a.global_batch_size;
-  const int64_t iters = a.train_iters > 0 ? a.train_iters : a.train_samples / gbs;
+  const int64_t iters = a.train_iters > 0 ? a.train_iters : BatchSchedule(a).iterations_for(a.train_samples);
   const int64_t eval_runs = a.eval_iters > 0 ? iters / a.eval_interval + 2 : 0;
   int64_t num_samples[3] = {iters * gbs, eval_runs * a.eval_iters * gbs, a.eval_iters * gbs};
   // Rank 0 builds (and caches) the dataset indexes first; the others then read its caches.

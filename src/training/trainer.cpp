@@ -14,7 +14,8 @@ namespace mt {
 Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, parallel::ProcessGroups groups)
     : args_(std::move(args)), tokenizer_(std::move(tokenizer)), pg_(std::move(groups)) {
   const int64_t gbs = args_.global_batch_size;
-  total_iters_ = args_.train_iters > 0 ? args_.train_iters : args_.train_samples / gbs;
+  batch_schedule_ = BatchSchedule(args_);
+  total_iters_ = args_.train_iters > 0 ? args_.train_iters : batch_schedule_.iterations_for(args_.train_samples);
   if (total_iters_ <= 0) fail("--train-samples ({}) is smaller than one global batch ({})", args_.train_samples, gbs);
   MT_CHECK(pg_.tp->size() == args_.tensor_model_parallel_size && pg_.dp->size() == args_.data_parallel_size,
            "process groups (tp {}, dp {}) do not match the arguments (tp {}, dp {})", pg_.tp->size(), pg_.dp->size(),
@@ -165,10 +166,10 @@ model::Batch Trainer::make_batch(data::SampleSource& src, int64_t first, int64_t
 
 optim::GradScaler* Trainer::grad_scaler() { return step_->grad_scaler(); }
 
-std::vector<model::Batch> Trainer::train_batches() {
+std::vector<model::Batch> Trainer::train_batches(int64_t gbs) {
   // Megatron's pretraining sampler: the global batch is read in chunks of mbs x DP samples and
   // DP rank r takes the r-th micro-batch of each chunk.
-  const int64_t gbs = args_.global_batch_size, mbs = args_.micro_batch_size, dp = pg_.dp->size();
+  const int64_t mbs = args_.micro_batch_size, dp = pg_.dp->size();
   std::vector<model::Batch> mbatches;
   for (int64_t m = 0; m < gbs / (mbs * dp); ++m)
     mbatches.push_back(make_batch(*train_, state_.consumed_train_samples + (m * dp + pg_.dp_rank()) * mbs, mbs,
@@ -178,7 +179,12 @@ std::vector<model::Batch> Trainer::train_batches() {
 
 IterationResult Trainer::train_step() {
   const double t_start = IterationLog::now_s();
-  IterationResult r = step_->step(train_batches(), state_, time_ops_ ? &op_times_ : nullptr);
+  const int64_t gbs = batch_schedule_.at(state_.consumed_train_samples);
+  if (!batch_schedule_.constant()) {
+    step_->set_global_batch_size(gbs);
+    log_->set_global_batch_size(gbs);
+  }
+  IterationResult r = step_->step(train_batches(gbs), state_, time_ops_ ? &op_times_ : nullptr);
   train_time_ += IterationLog::now_s() - t_start;
   return r;
 }

@@ -17,6 +17,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/process_groups.h"
 #include "training/arguments.h"
+#include "training/batch_schedule.h"
 #include "training/iteration_log.h"
 #include "training/step_runner.h"
 
@@ -63,7 +64,7 @@ class Trainer {
   model::Batch make_batch(data::SampleSource& src, int64_t first, int64_t count, bool cyclic = false) const;
   int64_t cyclic_index(int64_t position, int64_t size) const;
   void evaluate_at_end();  // the validation and test sets at the current iteration
-  std::vector<model::Batch> train_batches();
+  std::vector<model::Batch> train_batches(int64_t global_batch_size);
   void maybe_load();
   void upcycle();  // --moe-use-upcycling
   checkpoint::RankInfo rank_info() const;
@@ -86,6 +87,7 @@ class Trainer {
   bool time_ops_ = true;   // on the GPU only with --timing-log-level >= 1
   double train_time_ = 0;  // wall time inside train_step, what the op breakdown is a share of
   int64_t total_iters_ = 0;
+  BatchSchedule batch_schedule_;  // the global batch size at each step
 };
 
 }  // namespace mt
