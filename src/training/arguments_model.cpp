@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "model/gpt_model.h"
 #include "parallel/pipeline_layout.h"
 #include "training/arguments_sections.h"
@@ -105,8 +106,14 @@ void validate_model_args(Arguments& a) {
          "--attention-backend auto (which uses the flash kernels while dropout is on)");
   if (a.was_given("--deterministic-mode") && a.nondeterministic_attention)
     fail("--deterministic-mode and --nondeterministic-attention contradict each other; drop one");
-  if (a.attention_backend == "fused" && a.device == "cpu")
-    fail("--attention-backend fused runs cuDNN on the GPU; it cannot be combined with --device cpu");
+  if (a.attention_backend == "fused" && a.device == "cpu") {
+    // A GPU script run where there is no GPU (--device auto): the choice has nothing to select.
+    if (!a.was_given("--device"))
+      log_warn("--attention-backend fused selects cuDNN attention on the GPU; this run is on the CPU (--device auto "
+               "found no GPU), which has one attention implementation");
+    else
+      fail("--attention-backend fused runs cuDNN on the GPU; it cannot be combined with --device cpu");
+  }
 }
 
 void finish_model_args(Arguments& a, int64_t tokenizer_vocab_size) {

@@ -22,8 +22,14 @@ void register_run_flags(FlagParser& p, RunArgs& a) {
   p.list("--rampup-batch-size", &a.rampup_batch_size,
          "START INCREMENT SAMPLES: the global batch grows from START by INCREMENT, linearly over SAMPLES samples, "
          "to --global-batch-size (Megatron's ramp-up)");
-  p.value("--step-batch-size-schedule", &a.step_batch_size_schedule,
-          "\"THRESHOLD:BS ...\": global batch size BS from THRESHOLD tokens on (K/M/B/T suffixes), as Megatron 0.20");
+  // Taken as one or several words: Megatron's own GPT-3 example passes the schedule through an
+  // unquoted array expansion, which splits it at the spaces.
+  p.custom_list("--step-batch-size-schedule",
+                [&a](const std::vector<std::string>& words) {
+                  a.step_batch_size_schedule.clear();
+                  for (const auto& w : words) a.step_batch_size_schedule += (a.step_batch_size_schedule.empty() ? "" : " ") + w;
+                },
+                "THRESHOLD:BS ...: global batch size BS from THRESHOLD tokens on (K/M/B/T suffixes), as Megatron 0.20");
   p.store_true("--print-config", &a.print_config,
                "megatron.cpp: print every resolved argument (after validation and defaults) as JSON and exit");
   p.custom("--dry-run", false, [&a](const std::string&) { a.print_config = true; },

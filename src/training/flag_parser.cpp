@@ -164,6 +164,13 @@ void FlagParser::list(const std::string& name, std::vector<std::string>* t, cons
   f.get = [t] { return *t; };
 }
 
+void FlagParser::custom_list(const std::string& name, std::function<void(const std::vector<std::string>&)> fn,
+                             const std::string& help) {
+  auto& f = add(name, help);
+  f.is_list = true;
+  f.set_list = std::move(fn);
+}
+
 void FlagParser::custom(const std::string& name, bool takes_value, std::function<void(const std::string&)> fn,
                         const std::string& help) {
   auto& f = add(name, help);

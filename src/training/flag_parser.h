@@ -37,6 +37,9 @@ class FlagParser {
   void value(const std::string& name, std::string* target, const std::string& help,
              std::vector<std::string> choices = {});
   void list(const std::string& name, std::vector<std::string>* target, const std::string& help);
+  // A list flag with its own handler (no current value: custom_list flags are not in current_values()).
+  void custom_list(const std::string& name, std::function<void(const std::vector<std::string>&)> fn,
+                   const std::string& help);
   // A flag with its own handler; `takes_value` false for switches.
   void custom(const std::string& name, bool takes_value, std::function<void(const std::string&)> fn,
               const std::string& help);

@@ -30,6 +30,11 @@
 namespace mt {
 
 std::unique_ptr<data::Tokenizer> tokenizer_for(Arguments& a) {
+  // Megatron's GPT-3 example names GPT-2's files without --tokenizer-type: they can only mean that.
+  if (a.tokenizer.type.empty() && !a.tokenizer.vocab_file.empty() && !a.tokenizer.merge_file.empty()) {
+    log_info("--vocab-file and --merge-file without --tokenizer-type: GPT2BPETokenizer");
+    a.tokenizer.type = "GPT2BPETokenizer";
+  }
   if (a.tokenizer.type.empty()) {
     if (!a.data.mock) fail("--tokenizer-type is required");
     if (a.tokenizer.vocab_size <= 0) fail("--mock-data without a tokenizer needs --vocab-size N (NullTokenizer)");

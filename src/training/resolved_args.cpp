@@ -63,6 +63,7 @@ nlohmann::json resolved_arguments(const Arguments& a) {
                             {"attention_backend", a.attention_backend},
                             {"ckpt_format", a.ckpt_format},
                             {"dataloader_type", a.dataloader_type},
+                            {"step_batch_size_schedule", a.step_batch_size_schedule},
                             {"device", a.device}};
   return {{"megatron_version", megatron_version()}, {"arguments", flags}, {"derived", derived}};
 }
