@@ -4,6 +4,7 @@
 
 #ifdef MT_HAVE_CUDA
 #include <cuda_profiler_api.h>
+#include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
 
 #include "core/error.h"
