@@ -18,14 +18,14 @@ void usage() {
   std::printf(
       "usage: megatron <command> [flags]\n\n"
       "commands:\n"
-      "  pretrain    train a GPT/Llama model (Megatron-LM's pretrain_gpt.py flags)\n"
-      "  generate    sample text from a checkpoint\n"
-      "  preprocess  tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py flags)\n"
-      "  launch      start N local ranks: megatron launch --nproc-per-node N -- pretrain ...\n"
-      "  convert     HuggingFace models to checkpoints and back: convert --from hf|megatron --input D --output D\n"
-      "  logits      forward pass to .npy: logits --load DIR_OR_HF_DIR --input-ids IDS.npy --output L.npy\n"
+      "  pretrain      train a GPT/Llama model (Megatron-LM's pretrain_gpt.py flags)\n"
+      "  generate      sample text from a checkpoint\n"
+      "  preprocess    tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py flags)\n"
+      "  launch        start N local ranks: megatron launch --nproc-per-node N -- pretrain ...\n"
+      "  convert       HuggingFace models to checkpoints and back: convert --from hf|megatron --input D --output D\n"
+      "  logits        forward pass to .npy: logits --load DIR_OR_HF_DIR --input-ids IDS.npy --output L.npy\n"
       "  inspect-data  the samples pretrain would read (JSON lines); --info PREFIX summarises a .bin/.idx\n"
-      "  flags       every Megatron-LM pretrain flag and its status here (--markdown: docs/megatron-flags.md)\n\n"
+      "  flags         every Megatron-LM pretrain flag and its status here (--markdown: docs/megatron-flags.md)\n\n"
       "run 'megatron <command> --help' for its flags, 'megatron --version' for the version\n");
 }
 
