@@ -15,7 +15,8 @@ EX="$SRC/tests/cli/megatron_examples"
 mkdir -p "$TMP/bin"
 printf '#!/bin/sh\nexec "%s" launch "$@"\n' "$(realpath "$MEGATRON")" >"$TMP/bin/torchrun"
 chmod +x "$TMP/bin/torchrun"
-export PATH="$TMP/bin:$PATH" OMP_NUM_THREADS=1
+# MASTER_PORT: the Llama script reads it (default 29500, which other launch tests use when run in parallel).
+export PATH="$TMP/bin:$PATH" OMP_NUM_THREADS=1 MASTER_PORT=29541
 
 GPT3_WAITING=(--tensorboard-dir)
 LLAMA_WAITING=(--apply-layernorm-1p --decoupled-lr --decoupled-min-lr --exit-duration-in-mins --fp8-format
