@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake ninja-build pkg-config git
       libopenblas-dev libomp-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libfmt-dev libspdlog-dev
-      libpcre2-dev libsentencepiece-dev sentencepiece zlib1g-dev libssl-dev
+      libpcre2-dev libsentencepiece-dev sentencepiece zlib1g-dev libzstd-dev libssl-dev
       libgtest-dev libgmock-dev libbenchmark-dev time libgloo-dev
       libcpp-httplib-dev protobuf-compiler  # the Prometheus endpoint; protoc checks TensorBoard records in tests
       python3-numpy)  # numpy: reference for the GPT dataset index tests (run with /usr/bin/python3)

@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/tokenizer_files.h"
 #include "comm/communicator.h"
 #include "model/params.h"
 #include "optim/grad_scaler.h"
@@ -86,6 +87,9 @@ struct OptimizerState {
 OptimizerState optimizer_state(optim::Optimizer& opt, bool sharded);
 
 struct SaveOptions {
+  // Files copied into the iteration directory (the tokenizer's, checkpoint/tokenizer_files.h):
+  // read when save() is called, written by rank 0, listed with their checksums in metadata.json.
+  std::vector<Asset> assets;
   bool async = false;              // --async-save
   int64_t retain_interval = 0;     // --save-retain-interval: keep iterations divisible by it, and the latest
   int write_delay_ms = 0;          // tests: a slow disk, so a save can be interrupted part-way
@@ -128,7 +132,7 @@ class Saver {
 
 // Single-process convenience (one rank, synchronous).
 void save_checkpoint(const std::string& save, const TrainingState& state, model::ParamStore& params,
-                     optim::Optimizer* optimizer /* null: --no-save-optim */);
+                     optim::Optimizer* optimizer /* null: --no-save-optim */, const SaveOptions& o = {});
 
 // Reads SAVE/latest_checkpointed_iteration.txt: an iteration, or kReleaseIteration for
 // "release"; nullopt when the directory holds no checkpoint.

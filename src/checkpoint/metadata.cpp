@@ -3,6 +3,7 @@
 #include "checkpoint/io_util.h"
 #include "checkpoint/json_fields.h"
 #include "checkpoint/model_bounds.h"
+#include "checkpoint/tokenizer_files.h"
 #include "core/checked.h"
 #include "core/error.h"
 
@@ -17,7 +18,7 @@ std::map<std::string, FileInfo> parse_files(const nlohmann::json& j, const std::
   std::map<std::string, FileInfo> out;
   for (auto& [name, f] : j.items()) {
     // Only names inside the iteration directory: an absolute or ../ name would read elsewhere.
-    if (!is_plain_file_name(name))
+    if (!is_plain_file_name(name) && !is_asset_name(name))
       fail("{}: file name '{}' points outside the checkpoint directory", where, name.substr(0, 200));
     const std::string what = where + ": files." + name;
     if (f.is_number()) {  // version 1: the CRC only

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <fstream>
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <sstream>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/io_util.h"
@@ -36,6 +38,15 @@ nlohmann::json box_json(const Piece& p) {
 
 std::string rank_file(int rank) { return fmt::format("rank-{:05d}.json", rank); }
 
+// A file the checkpoint carries (a tokenizer's): small, read whole when the save starts.
+std::string read_asset(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("--save: cannot read '{}' to copy it into the checkpoint", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
 }  // namespace
 
 struct Saver::Job {
@@ -46,6 +57,7 @@ struct Saver::Job {
   std::deque<std::vector<float>> staged;  // stable addresses as it grows
   nlohmann::json sidecar;
   std::string state_text;  // rank 0
+  std::vector<std::pair<std::string, std::string>> assets;  // rank 0: name, bytes
   std::thread thread;
   std::atomic<int> status{0};  // 0 writing, 1 written, 2 failed
   std::string error;
@@ -83,7 +95,11 @@ void plan(const RankInfo& ri, const model::ParamStore& params, const float* main
   const std::string mp = ri.tp * ri.pp == 1 ? "" : fmt::format("-tp{}-pp{}", ri.tp_rank, ri.pp_rank);
   nlohmann::json tensors = nlohmann::json::object();
   auto add_piece = [&](FilePlan& f, const std::string& tensor, const Shape& shape, const Piece& pc, const float* data) {
-    f.entries.push_back({pc.key, DType::F32, {pc.numel()}, data, static_cast<size_t>(pc.numel()) * 4});
+    // A whole box is stored with its real shape, so other safetensors readers see the tensor
+    // (a TP shard: its shard's shape); a flat slice (the distributed optimizer's) stays 1-D.
+    const bool whole_box = pc.flat_lo == 0 && pc.flat_hi == pc.box.numel();
+    f.entries.push_back({pc.key, DType::F32, whole_box ? Shape(pc.box.extent) : Shape{pc.numel()}, data,
+                         static_cast<size_t>(pc.numel()) * 4});
     auto& t = tensors[tensor];
     t["shape"] = shape;
     t["pieces"].push_back(box_json(pc));
@@ -173,6 +189,12 @@ void write_files(Saver::Job& job, int rank) {
     job.sidecar["files"][f.name] = {{"crc32", crc}, {"bytes", fs::file_size(path)}};
   }
   if (rank == 0) {
+    for (const auto& [name, bytes] : job.assets) {
+      const fs::path ap = job.tmp / name;
+      fs::create_directories(ap.parent_path());
+      write_text_durable(ap, bytes);
+      job.sidecar["files"][name] = {{"crc32", crc32_file(ap.string())}, {"bytes", fs::file_size(ap)}};
+    }
     const fs::path sp = job.tmp / "state.json";
     write_text_durable(sp, job.state_text);
     job.sidecar["files"]["state.json"] = {{"crc32", crc32_file(sp.string())}, {"bytes", fs::file_size(sp)}};
@@ -320,7 +342,10 @@ void Saver::save(const std::string& dir, const TrainingState& st, model::ParamSt
     job->sidecar["rng"] = {{"rank", ri_.rank},       {"tp_rank", ri_.tp_rank},      {"pp_rank", ri_.pp_rank},
                            {"dp_rank", ri_.dp_rank}, {"seed", st.rng_seed},         {"offset", st.rng_offset},
                            {"tp_seed", st.tp_rng_seed}, {"tp_offset", st.tp_rng_offset}};
-  if (ri_.rank == 0) job->state_text = state_json(st, opt != nullptr).dump(2);
+  if (ri_.rank == 0) {
+    job->state_text = state_json(st, opt != nullptr).dump(2);
+    for (const Asset& a : o.assets) job->assets.emplace_back(a.name, read_asset(a.source));
+  }
   if (o.async) {
     stage(*job);
     Job* j = job.get();
@@ -394,11 +419,11 @@ int64_t Saver::finalize() {
 }
 
 void save_checkpoint(const std::string& save, const TrainingState& state, model::ParamStore& params,
-                     optim::Optimizer* optimizer) {
+                     optim::Optimizer* optimizer, const SaveOptions& o) {
   Saver s(RankInfo{});
   std::optional<OptimizerState> os;
   if (optimizer) os = optimizer_state(*optimizer, false);
-  s.save(save, state, params, os ? &*os : nullptr, {});
+  s.save(save, state, params, os ? &*os : nullptr, o);
 }
 
 }  // namespace mt::checkpoint

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/error_report.h"
+#include "core/version.h"
 #include "training/commands.h"
 
 namespace {
@@ -17,14 +18,16 @@ void usage() {
   std::printf(
       "usage: megatron <command> [flags]\n\n"
       "commands:\n"
-      "  pretrain    train a GPT/Llama model (Megatron-LM's pretrain_gpt.py flags)\n"
-      "  generate    sample text from a checkpoint\n"
-      "  preprocess  tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py flags)\n"
-      "  launch      start N local ranks: megatron launch --nproc-per-node N -- pretrain ...\n"
-      "  convert     HuggingFace models to checkpoints and back: convert --from hf|megatron --input D --output D\n"
-      "  logits      forward pass to .npy: logits --load DIR_OR_HF_DIR --input-ids IDS.npy --output L.npy\n"
-      "  estimate    per-GPU memory, communication and FLOPs of a pretrain run, and whether it fits\n\n"
-      "run 'megatron <command> --help' for its flags\n");
+      "  pretrain      train a GPT/Llama model (Megatron-LM's pretrain_gpt.py flags)\n"
+      "  generate      sample text from a checkpoint\n"
+      "  preprocess    tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py flags)\n"
+      "  launch        start N local ranks: megatron launch --nproc-per-node N -- pretrain ...\n"
+      "  convert       HuggingFace models to checkpoints and back: convert --from hf|megatron --input D --output D\n"
+      "  logits        forward pass to .npy: logits --load DIR_OR_HF_DIR --input-ids IDS.npy --output L.npy\n"
+      "  estimate      per-GPU memory, communication and FLOPs of a pretrain run, and whether it fits\n"
+      "  inspect-data  the samples pretrain would read (JSON lines); --info PREFIX summarises a .bin/.idx\n"
+      "  flags         every Megatron-LM pretrain flag and its status here (--markdown: docs/megatron-flags.md)\n\n"
+      "run 'megatron <command> --help' for its flags, 'megatron --version' for the version\n");
 }
 
 }  // namespace
@@ -33,6 +36,10 @@ int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage();
     return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    std::printf("%s\n", mt::megatron_version().c_str());
+    return 0;
   }
   const std::string cmd = argv[1], prefix = "megatron " + cmd;
   mt::report_terminate_as_error(prefix);

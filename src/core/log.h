@@ -13,6 +13,9 @@ enum class LogLevel { Debug = 0, Info = 1, Warn = 2, Error = 3 };
 void set_log_level(LogLevel level);
 LogLevel log_level();
 void set_log_rank(int rank);
+// Commands whose stdout is data (inspect-data's JSON lines) send the informational lines to
+// stderr too. Returns the previous setting.
+bool set_info_to_stderr(bool on);
 bool log_enabled(LogLevel level);
 void log_write(LogLevel level, const std::string& msg);
 

@@ -21,7 +21,7 @@ struct Flag {
 };
 
 const Flag kFlags[] = {
-    {"--input", "PATH...", "JSONL input files or glob patterns; *.gz is read with zlib"},
+    {"--input", "PATH...", "JSONL input files or glob patterns; *.gz is read with zlib, *.zst with libzstd"},
     {"--json-keys", "KEY...", "JSON keys to tokenize, one output per key (default: text)"},
     {"--output-prefix", "PREFIX", "writes PREFIX_{key}_document.bin/.idx"},
     {"--tokenizer-type", "TYPE", "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, NullTokenizer"},

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "data/gzip_reader.h"
+#include "data/zstd_reader.h"
 
 namespace mt::data {
 
@@ -45,9 +46,14 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns)
 }
 
 LineReader::LineReader(const std::string& path) : path_(path), buf_(kReadBuffer) {
-  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
-  if (gz) {
+  auto ends_with = [&](const char* ext) {
+    const size_t n = std::strlen(ext);
+    return path.size() > n && path.compare(path.size() - n, n, ext) == 0;
+  };
+  if (ends_with(".gz")) {
     gz_ = std::make_unique<GzipReader>(path);
+  } else if (ends_with(".zst")) {
+    zst_ = std::make_unique<ZstdReader>(path);
   } else {
     file_ = std::fopen(path.c_str(), "rb");
     if (!file_) fail("cannot open --input {}: {}", path, std::strerror(errno));
@@ -71,6 +77,8 @@ bool LineReader::refill() {
   size_t got;
   if (gz_) {
     got = gz_->read(buf_.data() + end_, want);  // after damage: what came before it, then 0
+  } else if (zst_) {
+    got = zst_->read(buf_.data() + end_, want);
   } else {
     got = std::fread(buf_.data() + end_, 1, want, file_);
     if (got < want && std::ferror(file_)) fail("reading {} failed: {}", path_, std::strerror(errno));
@@ -96,6 +104,10 @@ bool LineReader::next(std::string& line) {
         // The damage lies in the line after the last complete one; that line is not returned.
         fail("{}: corrupt or truncated gzip data at line {} ({}); re-create the file (gzip -t checks it)",
              path_, line_no_ + 1, gz_->error());
+      }
+      if (zst_ && !zst_->error().empty()) {
+        fail("{}: corrupt or truncated zstd data at line {} ({}); re-create the file (zstd -t checks it)", path_,
+             line_no_ + 1, zst_->error());
       }
       if (pos_ == end_) return false;
       // The last line has no newline.

@@ -10,6 +10,7 @@
 namespace mt::data {
 
 class GzipReader;
+class ZstdReader;
 
 // Expands each --input entry (a path or a glob pattern) into sorted file names. Throws
 // mt::Error naming the entry when a path does not exist or a pattern matches nothing.
@@ -32,6 +33,7 @@ class LineReader {
 
   std::string path_;
   std::unique_ptr<GzipReader> gz_;
+  std::unique_ptr<ZstdReader> zst_;  // .zst input
   std::FILE* file_ = nullptr;
   std::vector<char> buf_;
   size_t pos_ = 0, end_ = 0;

@@ -45,6 +45,9 @@ std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerOptions& opts) {
     return std::make_unique<SentencePieceTokenizer>(opts.tokenizer_model,
                                                     SentencePieceTokenizer::Flavor::Llama2);
   }
+  if (opts.type == "TikTokenizer")
+    fail("--tokenizer-type TikTokenizer: tiktoken vocabularies are not supported yet; use HuggingFaceTokenizer with "
+         "--tokenizer-model pointing at the model's tokenizer.json (Llama 3's tokenizer is published in both forms)");
   if (opts.type.empty()) fail("--tokenizer-type is required; valid types: {}", kValidTypes);
   fail("--tokenizer-type {} is not supported; valid types: {}", opts.type, kValidTypes);
 }

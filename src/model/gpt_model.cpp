@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "kernels/profiler.h"
 #include "model/vocab_parallel.h"
 
 namespace mt::model {
@@ -108,7 +109,10 @@ Tensor GPTModel::embed(const std::vector<int32_t>& ids_sb, int64_t S, int64_t B,
 
 Tensor GPTModel::run_layers(Tensor x, const Chunk& ch, int64_t S, int64_t B, Saved& s, PassContext& ctx) {
   s.layers.resize(ch.last - ch.first);
-  for (size_t i = ch.first; i < ch.last; ++i) x = layers_[i].forward(x, S, B, s.layers[i - ch.first], ctx);
+  for (size_t i = ch.first; i < ch.last; ++i) {
+    const ops::NvtxRange range("layer {} forward", layers_[i].number);
+    x = layers_[i].forward(x, S, B, s.layers[i - ch.first], ctx);
+  }
   return x;
 }
 
@@ -197,7 +201,10 @@ Tensor GPTModel::backward_chunk(int c, Saved& s, const Tensor& dy, float loss_gr
   const Chunk& ch = chunks_[static_cast<size_t>(c)];
   Tensor dx = ch.head ? head_backward(s, loss_grad_scale, ctx) : dy;
   MT_CHECK(dx.defined(), "backward of chunk {} without the gradient of its output", c);
-  for (size_t i = ch.last; i-- > ch.first;) dx = layers_[i].backward(dx, s.S, s.B, s.layers[i - ch.first], ctx);
+  for (size_t i = ch.last; i-- > ch.first;) {
+    const ops::NvtxRange range("layer {} backward", layers_[i].number);
+    dx = layers_[i].backward(dx, s.S, s.B, s.layers[i - ch.first], ctx);
+  }
   if (ch.embedding) {
     embedding_backward(dx, s, ctx);
     dx = Tensor();

@@ -25,6 +25,7 @@ bool residual_in_gemm(const Dropout& d, const Linear& l, const Tensor& x, Half h
 void TransformerLayer::build(ParamStore& ps, int64_t index, const TransformerConfig& c, const RopeTables* rope,
                              const TensorParallel* tp, const ExpertParallel* ep) {
   cfg = c;
+  number = index;
   const std::string prefix = "decoder.layers." + std::to_string(index);
   // Megatron-core names: input_layernorm, self_attention, pre_mlp_layernorm, mlp.
   input_norm.build(ps, prefix + ".input_layernorm", c, tp);

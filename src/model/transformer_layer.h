@@ -16,6 +16,7 @@ struct TransformerLayer {
   MLP mlp;         // a dense layer's MLP
   MoELayer moe;    // an MoE layer's (--num-experts, per --moe-layer-freq)
   bool is_moe = false;
+  int64_t number = 0;  // the layer's global index (decoder.layers.N), for profiler ranges
   Dropout attn_drop, mlp_drop;
 
   // Full activation recomputation (configure_recompute sets these per model chunk): the layers

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "kernels/profiler.h"
 #include "parallel/schedule.h"
 
 namespace mt::parallel {
@@ -225,6 +226,8 @@ model::LossSums PipelineRunner::run(const std::vector<model::Batch>& batches, bo
       ctx.hooks = ddp->needs_hooks() ? ddp : nullptr;
     }
     const model::Batch& batch = batches[static_cast<size_t>(a.microbatch)];
+    const ops::NvtxRange range("{} chunk {} micro-batch {}", a.kind == Action::Forward ? "forward" : "backward", a.chunk,
+                               a.microbatch);
     if (a.kind == Action::Forward) {
       model::GPTModel::Saved& s = saved[{a.chunk, a.microbatch}];
       model::LossSums ls;

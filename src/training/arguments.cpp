@@ -8,7 +8,9 @@
 #include "core/error.h"
 #include "model/gpt_model.h"
 #include "training/arguments_sections.h"
+#include "training/batch_schedule.h"
 #include "training/flag_parser.h"
+#include "training/megatron_flags.h"
 
 namespace mt {
 namespace {
@@ -19,17 +21,30 @@ struct Registered {
   ModelAliases model_aliases;
 };
 
+// --help lists the sections under Megatron's argument groups, in its order.
 void register_flags(Registered& r, Arguments& a) {
   FlagParser& p = r.parser;
+  p.group("model");
   register_model_flags(p, a, r.model_aliases);
+  p.group("mixture of experts");
   register_moe_flags(p, a.model.moe, a);
-  register_data_flags(p, a);
+  p.group("training");
   register_training_flags(p, a);
+  p.group("learning rate and optimizer");
   register_optimizer_flags(p, a);
-  register_logging_flags(p, a);
+  p.group("checkpointing");
   register_checkpoint_flags(p, a);
+  p.group("distributed");
   register_parallel_flags(p, a);
+  p.group("data and tokenizer");
+  register_data_flags(p, a);
+  p.group("logging and evaluation");
+  register_logging_flags(p, a);
   register_ops_flags(p, a);
+  register_run_flags(p, a);
+  p.group("profiling");
+  register_profile_flags(p, a);
+  register_megatron_table(p);
   p.enable_config();
 }
 
@@ -60,10 +75,38 @@ std::string pretrain_help(const std::string& command, const ExtraFlags& extra) {
   return r.parser.help();
 }
 
+std::vector<std::string> pretrain_flag_names() {
+  Arguments a;
+  Registered r;
+  register_flags(r, a);
+  return r.parser.registered_names();
+}
+
+std::vector<FlagParser::Current> pretrain_current_values(const Arguments& a) {
+  Arguments copy = a;  // registration binds the parser to the fields it reads
+  Registered r;
+  register_flags(r, copy);
+  // The alias switches as the resolved model has them (the others' meaning is in the fields they set).
+  r.model_aliases.disable_bias_linear = !a.model.add_bias_linear;
+  r.model_aliases.add_qkv_bias = a.model.add_qkv_bias && !a.model.add_bias_linear;
+  return r.parser.current_values();
+}
+
+std::vector<std::string> pretrain_rejected_registered() {
+  Arguments a;
+  Registered r;
+  register_flags(r, a);
+  std::vector<std::string> both;
+  for (const auto& n : r.parser.registered_names())
+    if (r.parser.rejected(n)) both.push_back(n);
+  return both;
+}
+
 void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   validate_parallel_args(a);
   validate_moe_args(a);
   validate_model_args(a);
+  validate_batch_schedule_args(a);  // may set the global batch size, which the batch checks need
   validate_training_args(a);
   validate_optimizer_args(a);
   validate_logging_args(a);
@@ -77,6 +120,8 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
     model::check_tensor_parallel(a.model, a.tensor_model_parallel_size, a.sequence_parallel);
   validate_pipeline_args(a);
   validate_recompute_args(a);
+  validate_run_args(a);
+  validate_profile_args(a);
 }
 
 }  // namespace mt

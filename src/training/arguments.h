@@ -18,6 +18,7 @@
 #include "parallel/ddp.h"
 #include "parallel/pipeline_layout.h"
 #include "training/arguments_ops.h"
+#include "training/flag_parser.h"
 #include "training/moe_layer_freq.h"
 
 namespace mt {
@@ -135,8 +136,29 @@ struct ParallelArgs {
   std::string distributed_backend = "nccl";  // CPU tensors always use Gloo
 };
 
+// How the run proceeds around the training loop (arguments_run.cpp): evaluation-only runs,
+// missing checkpoints, the sample order, and printing the configuration.
+struct RunArgs {
+  bool skip_train = false;                  // --skip-train: load, evaluate validation and test, exit
+  bool exit_on_missing_checkpoint = false;  // --exit-on-missing-checkpoint: no checkpoint in --load is an error
+  std::string dataloader_type = "single";   // --dataloader-type single|cyclic
+  bool print_config = false;                // --print-config / --dry-run: print the resolved arguments, exit
+  bool use_checkpoint_args = false;         // --use-checkpoint-args: the model and tokenizer from --load's checkpoint
+  std::vector<std::string> rampup_batch_size;  // --rampup-batch-size START INCREMENT SAMPLES (batch_schedule.h)
+  std::string step_batch_size_schedule;        // --step-batch-size-schedule "THRESHOLD:BS ..."
+};
+
+// Profiler hooks (arguments_profile.cpp), Megatron's: cudaProfilerStart before iteration
+// profile_step_start + 1 and cudaProfilerStop after iteration profile_step_end, on the listed ranks.
+struct ProfileArgs {
+  bool profile = false;
+  int64_t profile_step_start = 10, profile_step_end = 12;
+  std::vector<std::string> profile_ranks = {"0"};
+  bool nvtx_ranges = false;  // NVTX ranges per layer and pipeline action (also on with --profile)
+};
+
 struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs,
-                   OpsArgs {
+                   OpsArgs, RunArgs, ProfileArgs {
   std::vector<std::string> given;  // flag names given by the user (for conflict checks)
   bool was_given(const char* flag) const;
 };
@@ -154,6 +176,12 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size);
 // world-size divisibility, derived DP.
 void validate_parallel_args(Arguments& a);
 std::string pretrain_help(const std::string& command = "pretrain", const ExtraFlags& extra = {});
+// Every flag pretrain registers, and those also rejected by the Megatron flag table (none, when
+// the table and the sections agree): for the table's consistency test and its document.
+std::vector<std::string> pretrain_flag_names();
+// Every bound pretrain flag's value in `a` (FlagParser::current_values): --print-config, checkpoints.
+std::vector<FlagParser::Current> pretrain_current_values(const Arguments& a);
+std::vector<std::string> pretrain_rejected_registered();
 
 // The sections' conversions into their layers' options.
 parallel::PipelineOptions pipeline_options(const ParallelArgs& a);  // for parallel::PipelineLayout

@@ -10,7 +10,8 @@ namespace limits = model::limits;
 
 void register_data_flags(FlagParser& p, DataArgs& a) {
   p.value("--tokenizer-type", &a.tokenizer.type, "tokenizer",
-          {"GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer"});
+          {"GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+           "Llama2Tokenizer", "TikTokenizer", "NullTokenizer"});
   p.value("--vocab-file", &a.tokenizer.vocab_file, "GPT-2 encoder.json");
   p.value("--merge-file", &a.tokenizer.merge_file, "GPT-2 vocab.bpe");
   p.value("--tokenizer-model", &a.tokenizer.tokenizer_model, "tokenizer.json / directory / SentencePiece .model");
@@ -23,9 +24,6 @@ void register_data_flags(FlagParser& p, DataArgs& a) {
   p.value("--data-cache-path", &a.data.data_cache_path, "where dataset index caches are written");
   p.store_true("--mock-data", &a.data.mock, "synthetic data (Megatron's mock GPT dataset)");
   p.store_true("--eod-mask-loss", &a.eod_mask_loss, "no loss on end-of-document tokens");
-  p.custom("--num-workers", true, [](const std::string&) {}, "accepted (data loading is synchronous and deterministic)");
-  // Megatron-LM flags that are known but not implemented yet: rejected by name.
-  for (const char* f : {"--reset-position-ids", "--reset-attention-mask"}) p.unsupported(f, "not implemented yet");
 }
 
 void validate_data_args(const Arguments& a) {

@@ -16,8 +16,6 @@ void register_logging_flags(FlagParser& p, LoggingArgs& a) {
   p.store_true("--eval-at-start", &a.eval_at_start, "megatron.cpp: also evaluate before the first iteration");
   p.custom("--no-progress-bar", false, [&a](const std::string&) { a.log_progress_bar = false; },
            "no progress bar even on a terminal");
-  // Megatron-LM flags that are known but not implemented yet: rejected by name.
-  p.unsupported("--wandb-project", "not implemented yet (use --tensorboard-dir or --metrics-jsonl)");
 }
 
 void validate_logging_args(const LoggingArgs& a) {

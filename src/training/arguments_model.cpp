@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "model/gpt_model.h"
 #include "parallel/pipeline_layout.h"
 #include "training/arguments_sections.h"
@@ -46,9 +47,6 @@ void register_model_flags(FlagParser& p, ModelArgs& a, ModelAliases& r) {
   p.value("--make-vocab-size-divisible-by", &a.make_vocab_size_divisible_by, "vocab padding multiple (default 128)", {1, kMaxVocabMultiple});
   p.store_true("--bf16", &m.bf16, "bf16 params and activations, fp32 main params and grads");
   p.store_true("--fp16", &m.fp16, "fp16 params and activations with loss scaling, fp32 main params and grads");
-  p.custom("--attention-softmax-in-fp32", false, [](const std::string&) {},
-           "softmax in fp32 (always the case in megatron.cpp)");
-  p.custom("--use-flash-attn", false, [](const std::string&) {}, "accepted: attention is always flash-style");
   p.custom("--attention-backend", true,
            [&a](const std::string& v) {
              if (v == "unfused" || v == "local")
@@ -73,11 +71,6 @@ void register_model_flags(FlagParser& p, ModelArgs& a, ModelAliases& r) {
                fail("--transformer-impl got '{}'; expected local or transformer_engine", v);
            },
            "accepted for compatibility; megatron.cpp has one implementation");
-  p.custom("--no-masked-softmax-fusion", false, [](const std::string&) {}, "accepted (no effect)");
-  p.custom("--no-bias-gelu-fusion", false, [](const std::string&) {}, "accepted (no effect)");
-  p.custom("--no-bias-swiglu-fusion", false, [](const std::string&) {}, "accepted (no effect)");
-  p.custom("--no-bias-dropout-fusion", false, [](const std::string&) {}, "accepted (no effect)");
-  p.custom("--no-rope-fusion", false, [](const std::string&) {}, "accepted (no effect)");
   p.value("--recompute-granularity", &m.recompute_granularity,
           "activation recomputation: full (whole layers) or selective (the attention core)", {"full", "selective"});
   p.store_true("--recompute-activations", &r.recompute_activations, "same as --recompute-granularity selective");
@@ -85,14 +78,8 @@ void register_model_flags(FlagParser& p, ModelArgs& a, ModelAliases& r) {
           "full recomputation: uniform (groups of N layers) or block (the first N layers of each stage)",
           {"uniform", "block"});
   p.value("--recompute-num-layers", &m.recompute_num_layers, "N for --recompute-method", {0, limits::kLayers});
-  // Megatron-LM flags that are known but not implemented yet: rejected by name.
-  for (const char* f : {"--fp8-format", "--fp8-recipe", "--fp8-amax-history-len"})
-    p.unsupported(f, "FP8 arrives with the CUDA backend");
-  p.unsupported("--distribute-saved-activations", "saved activations are not split over TP ranks yet");
   p.list("--recompute-modules", &m.recompute_modules,
          "selective recomputation's modules: core_attn (default), moe_act, moe");
-  for (const char* f : {"--apply-layernorm-1p", "--apply-residual-connection-post-layernorm"})
-    p.unsupported(f, "not implemented yet");
 }
 
 void resolve_model_aliases(ModelArgs& a, const ModelAliases& r) {
@@ -119,8 +106,14 @@ void validate_model_args(Arguments& a) {
          "--attention-backend auto (which uses the flash kernels while dropout is on)");
   if (a.was_given("--deterministic-mode") && a.nondeterministic_attention)
     fail("--deterministic-mode and --nondeterministic-attention contradict each other; drop one");
-  if (a.attention_backend == "fused" && a.device == "cpu")
-    fail("--attention-backend fused runs cuDNN on the GPU; it cannot be combined with --device cpu");
+  if (a.attention_backend == "fused" && a.device == "cpu") {
+    // A GPU script run where there is no GPU (--device auto): the choice has nothing to select.
+    if (!a.was_given("--device"))
+      log_warn("--attention-backend fused selects cuDNN attention on the GPU; this run is on the CPU (--device auto "
+               "found no GPU), which has one attention implementation");
+    else
+      fail("--attention-backend fused runs cuDNN on the GPU; it cannot be combined with --device cpu");
+  }
 }
 
 void finish_model_args(Arguments& a, int64_t tokenizer_vocab_size) {

@@ -94,17 +94,10 @@ void register_moe_flags(FlagParser& p, model::MoEConfig& m, MoEArgs& a) {
   accepted(p, "--moe-per-layer-logging", "no effect");
   p.store_true("--moe-use-upcycling", &a.moe_use_upcycling,
                "load a dense checkpoint, turn each MLP into experts, and save the MoE model (needs --save)");
-  p.unsupported("--moe-input-jitter-eps", "input jitter is not implemented yet");
+  // Flags of older Megatron-LM versions (0.20's are in megatron_flags.def).
   p.unsupported("--moe-router-topk-limited-devices",
                 "Megatron deprecated it; use --moe-router-num-groups and --moe-router-group-topk");
-  p.unsupported("--moe-layer-recompute", "recomputing MoE layers is not implemented yet");
-  for (const char* f : {"--moe-enable-deepep", "--moe-flex-dispatcher-backend"})
-    p.unsupported(f, "the flex dispatcher (DeepEP / HybridEP) is not implemented; use allgather or alltoall");
-  for (const char* f : {"--moe-router-padding-for-fp8", "--moe-router-padding-for-quantization"})
-    p.unsupported(f, "FP8 experts are not implemented yet");
-  for (const char* f : {"--moe-extended-tp", "--overlap-moe-expert-parallel-comm", "--moe-apply-probs-on-input",
-                        "--moe-router-force-load-balancing", "--moe-upcycling-granularity", "--moe-token-dropping"})
-    p.unsupported(f, "not implemented yet");
+  for (const char* f : {"--moe-extended-tp", "--moe-token-dropping"}) p.unsupported(f, "not implemented yet");
 }
 
 void validate_moe_args(Arguments& a) {

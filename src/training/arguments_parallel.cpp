@@ -26,8 +26,6 @@ void register_parallel_flags(FlagParser& p, ParallelArgs& a) {
           "virtual pipeline stages per pipeline rank (interleaved 1F1B schedule)", {1, limits::kLayers});
   p.value("--microbatch-group-size-per-virtual-pipeline-stage", &a.microbatch_group_size_per_vp_stage,
           "interleaved schedule: micro-batches a virtual stage runs in a row (default: pipeline size)", {1, kMaxGlobalBatch});
-  p.custom("--no-overlap-p2p-communication", false, [](const std::string&) {},
-           "accepted (no effect): pipeline point-to-point messages always overlap compute");
   p.value("--context-parallel-size", &a.context_parallel_size, "context-parallel size", {1, kMaxParallel});
   p.value("--expert-model-parallel-size", &a.expert_model_parallel_size, "expert-parallel size", {1, kMaxParallel});
   p.value("--expert-tensor-parallel-size", &a.expert_tensor_parallel_size,
@@ -44,13 +42,6 @@ void register_parallel_flags(FlagParser& p, ParallelArgs& a) {
   p.value("--distributed-timeout-minutes", &a.distributed_timeout_minutes,
           "how long a rank waits for the others before failing (default 10)", {1, kMaxTimeoutMinutes});
   p.value("--distributed-backend", &a.distributed_backend, "collectives backend", {"nccl", "gloo"});
-  p.custom("--use-cpu-initialization", false, [](const std::string&) {},
-           "accepted: weights are always initialised from the full tensor on the host");
-  p.custom("--calculate-per-token-loss", false, [](const std::string&) {},
-           "accepted: the loss is always the token-weighted mean");
-  // Megatron-LM flags that are known but not implemented yet: rejected by name.
-  p.unsupported("--pipeline-model-parallel-layout", "give the split with --decoder-first-pipeline-num-layers / "
-                "--decoder-last-pipeline-num-layers and --num-virtual-stages-per-pipeline-rank");
 }
 
 void validate_parallel_args(Arguments& a) {

@@ -59,6 +59,13 @@ void register_ops_flags(FlagParser& p, OpsArgs& a);
 void validate_ops_args(const OpsArgs& a);
 
 void register_parallel_flags(FlagParser& p, ParallelArgs& a);
+
+// Registers its flags under the groups they belong to (training, checkpointing, data).
+void register_run_flags(FlagParser& p, RunArgs& a);
+void validate_run_args(const Arguments& a);
+
+void register_profile_flags(FlagParser& p, ProfileArgs& a);
+void validate_profile_args(const ProfileArgs& a);
 // validate_parallel_args (arguments.h) runs first; the pipeline rules after the model is known.
 void validate_pipeline_args(Arguments& a);
 

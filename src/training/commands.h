@@ -15,4 +15,6 @@ int logits_main(const std::vector<std::string>& args);
 int launch_main(const std::vector<std::string>& args);
 // `megatron estimate <pretrain flags> --gpu-memory-gib G --world-size N`: memory, communication, FLOPs.
 int estimate_main(const std::vector<std::string>& args);
+// `megatron inspect-data`: the samples pretrain would read (JSON lines), or a dataset's summary.
+int inspect_data_main(const std::vector<std::string>& args);
 }  // namespace mt

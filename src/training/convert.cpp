@@ -17,6 +17,8 @@
 #include "model/gpt_model.h"
 #include "training/commands.h"
 #include "training/convert.h"
+#include "training/hf_tokenizer_files.h"
+#include "training/resolved_args.h"
 #include "training/flag_parser.h"
 #include "training/trainer.h"
 
@@ -62,7 +64,11 @@ int hf_to_native(const ConvertOptions& o) {
   st.args = checkpoint::model_args_to_json(a.model, a.tokenizer);
   st.args["hf_architecture"] = spec.arch;
   st.args["hf_config"] = spec.raw;  // token ids and other keys, for the way back
-  checkpoint::save_checkpoint(o.output, st, m.params(), nullptr);
+  st.args["tokenizer_files"] = checkpoint::tokenizer_files_json(a.tokenizer);
+  st.args["run_args"] = resolved_arguments(a);
+  checkpoint::SaveOptions so;
+  so.assets = checkpoint::tokenizer_assets(a.tokenizer);  // the checkpoint carries the tokenizer
+  checkpoint::save_checkpoint(o.output, st, m.params(), nullptr, so);
   std::printf("converted %s model %s (%lld layers, hidden %lld, vocabulary %lld padded to %lld) to %s\n",
               spec.arch.c_str(), o.input.c_str(), static_cast<long long>(a.model.num_layers),
               static_cast<long long>(a.model.hidden_size), static_cast<long long>(spec.vocab_size),
@@ -83,6 +89,7 @@ int native_to_hf(const ConvertOptions& o) {
   checkpoint::CheckpointReader reader(o.input, it);
   Arguments a;
   checkpoint::model_args_from_json(reader.state().args, a.model, a.tokenizer);
+  checkpoint::use_saved_tokenizer(checkpoint::iteration_dir(o.input, it), reader.state().args, a.tokenizer);
   checkpoint::HfSpec spec;
   spec.cfg = a.model;
   spec.cfg.finalize();
@@ -115,6 +122,7 @@ int native_to_hf(const ConvertOptions& o) {
   checkpoint::write_hf_model(
       o.output, spec, [&](const std::string& n) { return reader.read(n); },
       [&](const std::string& n) { return reader.shape(n); }, eo);
+  write_hf_tokenizer_files(o.output, a.tokenizer, spec.raw);
   const std::string which = it == checkpoint::kReleaseIteration ? "the release checkpoint" : fmt::format("iteration {}", it);
   std::printf("exported %s of %s as a %s model (%s) to %s\n", which.c_str(), o.input.c_str(),
               spec.arch.c_str(), checkpoint::hf_dtype_name(eo.dtype).c_str(), o.output.c_str());

@@ -81,6 +81,7 @@ FlagParser::Flag& FlagParser::add(const std::string& name, const std::string& he
   Flag& f = flags_[name];
   f.name = name;
   f.help = help;
+  f.group = group_;
   return f;
 }
 
@@ -88,28 +89,50 @@ void FlagParser::store_true(const std::string& name, bool* t, const std::string&
   auto& f = add(name, help);
   f.takes_value = false;
   f.set = [t](const std::string&) { *t = true; };
+  f.get = [t] { return std::vector<std::string>{*t ? "true" : "false"}; };
 }
 
 void FlagParser::store_false(const std::string& name, bool* t, const std::string& help) {
   auto& f = add(name, help);
   f.takes_value = false;
   f.set = [t](const std::string&) { *t = false; };
+  f.get = [t] { return std::vector<std::string>{*t ? "false" : "true"}; };
+}
+
+// --help states a default where the field starts non-zero (0 and "" mostly mean "derived" here,
+// which the help text says) and the help does not already name it.
+template <typename T>
+std::string default_of(const T& v, const std::string& help) {
+  if (help.find("default") != std::string::npos || v == T{}) return "";
+  return fmt::format("{}", v);
 }
 
 void FlagParser::value(const std::string& name, int64_t* t, const std::string& help, IntRange range) {
-  add(name, help).set = [t, name, range](const std::string& v) { *t = parse_int(name, v, range); };
+  auto& f = add(name, help);
+  f.default_text = default_of(*t, help);
+  f.set = [t, name, range](const std::string& v) { *t = parse_int(name, v, range); };
+  f.get = [t] { return std::vector<std::string>{fmt::format("{}", *t)}; };
 }
 
 void FlagParser::value(const std::string& name, uint64_t* t, const std::string& help) {
-  add(name, help).set = [t, name](const std::string& v) { *t = parse_uint(name, v); };
+  auto& f = add(name, help);
+  f.default_text = default_of(*t, help);
+  f.set = [t, name](const std::string& v) { *t = parse_uint(name, v); };
+  f.get = [t] { return std::vector<std::string>{fmt::format("{}", *t)}; };
 }
 
 void FlagParser::value(const std::string& name, double* t, const std::string& help) {
-  add(name, help).set = [t, name](const std::string& v) { *t = parse_float(name, v); };
+  auto& f = add(name, help);
+  f.default_text = default_of(*t, help);
+  f.set = [t, name](const std::string& v) { *t = parse_float(name, v); };
+  f.get = [t] { return std::vector<std::string>{fmt::format("{}", *t)}; };
 }
 
 void FlagParser::value(const std::string& name, float* t, const std::string& help) {
-  add(name, help).set = [t, name](const std::string& v) { *t = parse_float32(name, v); };
+  auto& f = add(name, help);
+  f.default_text = default_of(*t, help);
+  f.set = [t, name](const std::string& v) { *t = parse_float32(name, v); };
+  f.get = [t] { return std::vector<std::string>{fmt::format("{}", *t)}; };
 }
 
 void FlagParser::value(const std::string& name, std::string* t, const std::string& help,
@@ -120,7 +143,9 @@ void FlagParser::value(const std::string& name, std::string* t, const std::strin
     for (size_t i = 0; i < choices.size(); ++i) h += (i ? "," : "") + choices[i];
     h += "}";
   }
-  add(name, h).set = [t, name, choices](const std::string& v) {
+  auto& f = add(name, h);
+  f.default_text = default_of(*t, help);
+  f.set = [t, name, choices](const std::string& v) {
     if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
       std::string list;
       for (size_t i = 0; i < choices.size(); ++i) list += (i ? ", " : "") + choices[i];
@@ -129,12 +154,21 @@ void FlagParser::value(const std::string& name, std::string* t, const std::strin
     }
     *t = v;
   };
+  f.get = [t] { return std::vector<std::string>{*t}; };
 }
 
 void FlagParser::list(const std::string& name, std::vector<std::string>* t, const std::string& help) {
   auto& f = add(name, help);
   f.is_list = true;
   f.set_list = [t](const std::vector<std::string>& v) { *t = v; };
+  f.get = [t] { return *t; };
+}
+
+void FlagParser::custom_list(const std::string& name, std::function<void(const std::vector<std::string>&)> fn,
+                             const std::string& help) {
+  auto& f = add(name, help);
+  f.is_list = true;
+  f.set_list = std::move(fn);
 }
 
 void FlagParser::custom(const std::string& name, bool takes_value, std::function<void(const std::string&)> fn,
@@ -144,7 +178,24 @@ void FlagParser::custom(const std::string& name, bool takes_value, std::function
   f.set = std::move(fn);
 }
 
+void FlagParser::ignored(const std::string& name, bool takes_value, bool is_list, const std::string& help) {
+  auto& f = add(name, help);
+  f.takes_value = takes_value || is_list;
+  f.is_list = is_list;
+  f.set = [](const std::string&) {};
+  f.set_list = [](const std::vector<std::string>&) {};
+}
+
 void FlagParser::unsupported(const std::string& name, const std::string& why) { unsupported_[name] = why; }
+
+std::vector<FlagParser::Current> FlagParser::current_values() const {
+  std::vector<Current> out;
+  for (const auto& n : order_) {
+    const Flag& f = flags_.at(n);
+    if (f.get) out.push_back({n, f.group, !f.takes_value, f.is_list, f.get()});
+  }
+  return out;
+}
 
 bool FlagParser::given(const std::string& name) const {
   return std::find(given_.begin(), given_.end(), name) != given_.end();
@@ -277,13 +328,21 @@ void FlagParser::parse(const std::vector<std::string>& argv) {
 }
 
 std::string FlagParser::help() const {
-  std::string out = "usage: megatron " + command_ + " [flags]\n\nflags:\n";
-  for (const auto& n : order_) {
-    const Flag& f = flags_.at(n);
-    std::string lhs = "  " + n + (f.takes_value ? (f.is_list ? " V [V ...]" : " V") : "");
-    if (lhs.size() < 40) lhs.resize(40, ' ');
-    else lhs += "\n" + std::string(40, ' ');
-    out += lhs + f.help + "\n";
+  std::string out = "usage: megatron " + command_ + " [flags]\n";
+  // Groups in the order they were first registered; flags in registration order within each.
+  std::vector<std::string> groups;
+  for (const auto& n : order_)
+    if (std::find(groups.begin(), groups.end(), flags_.at(n).group) == groups.end()) groups.push_back(flags_.at(n).group);
+  for (const auto& g : groups) {
+    out += "\n" + (g.empty() ? std::string("flags") : g) + ":\n";
+    for (const auto& n : order_) {
+      const Flag& f = flags_.at(n);
+      if (f.group != g) continue;
+      std::string lhs = "  " + n + (f.takes_value ? (f.is_list ? " V [V ...]" : " V") : "");
+      if (lhs.size() < 40) lhs.resize(40, ' ');
+      else lhs += "\n" + std::string(40, ' ');
+      out += lhs + f.help + (f.default_text.empty() ? "" : " (default: " + f.default_text + ")") + "\n";
+    }
   }
   if (config_enabled_) out += "  --config FILE.yaml                    the same flags as YAML keys; command-line flags override it\n";
   return out;

@@ -37,11 +37,31 @@ class FlagParser {
   void value(const std::string& name, std::string* target, const std::string& help,
              std::vector<std::string> choices = {});
   void list(const std::string& name, std::vector<std::string>* target, const std::string& help);
+  // A list flag with its own handler (no current value: custom_list flags are not in current_values()).
+  void custom_list(const std::string& name, std::function<void(const std::vector<std::string>&)> fn,
+                   const std::string& help);
   // A flag with its own handler; `takes_value` false for switches.
   void custom(const std::string& name, bool takes_value, std::function<void(const std::string&)> fn,
               const std::string& help);
+  // A flag accepted with no effect (megatron_flags.def's NOOP entries): a switch, one value or a list.
+  void ignored(const std::string& name, bool takes_value, bool is_list, const std::string& help);
   // A Megatron-LM flag that megatron.cpp does not support yet: rejected by name with `why`.
   void unsupported(const std::string& name, const std::string& why);
+  // Flags registered from here on are listed under `title` in --help (Megatron's argument groups).
+  void group(const std::string& title) { group_ = title; }
+  bool registered(const std::string& name) const { return flags_.count(name) != 0; }
+  bool rejected(const std::string& name) const { return unsupported_.count(name) != 0; }
+  const std::vector<std::string>& registered_names() const { return order_; }
+  // The current value of every flag bound to a field (custom and ignored flags have none), in
+  // registration order: switches as {"true"} / {"false"} (whether the switch is in effect),
+  // values as their shortest text, lists as their items. What --print-config prints and a
+  // checkpoint records.
+  struct Current {
+    std::string name, group;
+    bool is_switch = false, is_list = false;
+    std::vector<std::string> values;
+  };
+  std::vector<Current> current_values() const;
 
   // Parses argv; records the names given. `--config FILE.yaml` (if registered via
   // enable_config) is applied first, then the command line overrides it.
@@ -60,6 +80,9 @@ class FlagParser {
     std::function<void(const std::string&)> set;
     std::function<void(const std::vector<std::string>&)> set_list;
     std::string help;
+    std::string group;
+    std::string default_text;  // the target's value at registration, shown by --help
+    std::function<std::vector<std::string>()> get;  // the target's current value (bound flags only)
   };
   Flag& add(const std::string& name, const std::string& help);
   void apply(const Flag& f, const std::vector<std::string>& values, const std::string& source);
@@ -70,6 +93,7 @@ class FlagParser {
   static constexpr uint64_t kMaxConfigBytes = 16u << 20;
 
   std::string command_;
+  std::string group_;
   std::map<std::string, Flag> flags_;
   std::vector<std::string> order_;
   std::map<std::string, std::string> unsupported_;

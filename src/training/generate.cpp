@@ -2,10 +2,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <numeric>
 #include <optional>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_import.h"
 #include "checkpoint/model_args.h"
 #include "core/checked.h"
 #include "core/error.h"
@@ -14,7 +16,9 @@
 #include "kernels/cpu/threads.h"
 #include "model/gpt_model.h"
 #include "training/commands.h"
+#include "training/convert.h"
 #include "training/flag_parser.h"
+#include "training/hf_tokenizer_files.h"
 #include "training/memory_check.h"
 #include "training/trainer.h"
 
@@ -99,11 +103,25 @@ int generate_main(const std::vector<std::string>& argv) {
   if (!(temperature >= 0.f)) fail("--temperature must be >= 0 (got {})", temperature);
   if (!(top_p > 0.f && top_p <= 1.f)) fail("--top-p must be in (0, 1] (got {}); 1 keeps every token", top_p);
   cpu::set_num_threads(static_cast<int>(threads));
-  auto it = checkpoint::latest_iteration(load);
-  if (!it) fail("--load {}: no latest_checkpointed_iteration.txt (not a checkpoint directory)", load);
-  auto st = checkpoint::read_state(load, *it);
+  // A checkpoint directory, or a HuggingFace model directory with its tokenizer's files.
+  const bool hf = checkpoint::detect_checkpoint(load) == checkpoint::CheckpointKind::HuggingFace;
+  std::optional<int64_t> it;
   Arguments a;
-  checkpoint::model_args_from_json(st.args, a.model, a.tokenizer);
+  if (hf) {
+    const checkpoint::HfSpec spec = checkpoint::read_hf_config(load);
+    apply_hf_config(a, spec, (std::filesystem::path(load) / "config.json").string());
+    apply_hf_vocab(a, spec, 0, load);
+    if (!tokenizer_of_hf_dir(load, a.tokenizer))
+      fail("--load {}: a HuggingFace model without tokenizer files (tokenizer.json, vocab.json + merges.txt, or "
+           "tokenizer.model); copy its tokenizer into the directory",
+           load);
+  } else {
+    it = checkpoint::latest_iteration(load);
+    if (!it) fail("--load {}: no latest_checkpointed_iteration.txt (not a checkpoint directory)", load);
+    auto st = checkpoint::read_state(load, *it);
+    checkpoint::model_args_from_json(st.args, a.model, a.tokenizer);
+    checkpoint::use_saved_tokenizer(checkpoint::iteration_dir(load, *it), st.args, a.tokenizer);
+  }
   a.model.attention_dropout = a.model.hidden_dropout = 0.f;
   a.model.finalize();
   auto tok = data::build_tokenizer(a.tokenizer);
@@ -127,9 +145,13 @@ int generate_main(const std::vector<std::string>& argv) {
 
   std::optional<Activity> building(std::in_place, "building the model");
   model::GPTModel m(a.model);
-  checkpoint::LoadOptions lo;
-  lo.load_optim = false;
-  checkpoint::load_checkpoint(load, *it, m.params(), nullptr, lo);
+  if (hf) {
+    checkpoint::load_hf_weights(load, m.params(), m.config());
+  } else {
+    checkpoint::LoadOptions lo;
+    lo.load_optim = false;
+    checkpoint::load_checkpoint(load, *it, m.params(), nullptr, lo);
+  }
   building.reset();
 
   Activity generating("generating");

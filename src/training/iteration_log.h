@@ -34,6 +34,7 @@ class IterationLog {
   // Counts a finished step; prints the log line at the end of an interval, else moves the bar.
   // `lr`: the learning rate after the step; `scaler`: null without --fp16.
   void record(const StepResult& r, const checkpoint::TrainingState& state, double lr, const optim::GradScaler* scaler);
+  void set_global_batch_size(int64_t samples) { opt_.global_batch_size = samples; }  // a batch-size schedule's
   // Time spent outside training (evaluation, checkpoints) that the iteration time leaves out.
   void exclude(double seconds) { t_interval_ += seconds; }
   void validation(const char* set, double loss, int64_t iteration) const;

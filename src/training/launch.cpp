@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -333,9 +334,42 @@ int supervise(const LaunchOptions& o, Started& started, const Signals& sigs) {
 
 }  // namespace
 
+namespace {
+
+// torchrun's spellings of the launch flags (--nproc_per_node, --master_addr=...) as ours.
+std::string torchrun_spelling(const std::string& tok) {
+  static const char* kTorchrun[] = {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port"};
+  const std::string name = tok.substr(0, tok.find('='));
+  for (const char* t : kTorchrun)
+    if (name == t) {
+      std::string dashed = tok;
+      std::replace(dashed.begin(), dashed.begin() + static_cast<std::ptrdiff_t>(name.size()), '_', '-');
+      return dashed;
+    }
+  return tok;
+}
+
+// Splits `launch`'s own flags from the command: at `--`, or, as torchrun is called, at the first
+// word that is not a flag or a flag's value (every launch flag takes one). Megatron-LM's scripts
+// name pretrain_gpt.py there; it means `pretrain`.
+void split_command(const std::vector<std::string>& argv, std::vector<std::string>& own, std::vector<std::string>& child) {
+  size_t i = 0;
+  while (i < argv.size() && argv[i] != "--" && argv[i].rfind("--", 0) == 0) {
+    own.push_back(torchrun_spelling(argv[i]));
+    const bool inline_value = argv[i].find('=') != std::string::npos || argv[i] == "--help" || argv[i] == "-h";
+    ++i;
+    if (!inline_value && i < argv.size() && argv[i] != "--") own.push_back(argv[i++]);
+  }
+  if (i < argv.size() && argv[i] == "--") ++i;
+  child.assign(argv.begin() + static_cast<std::ptrdiff_t>(i), argv.end());
+  if (!child.empty() && std::filesystem::path(child.front()).filename() == "pretrain_gpt.py") child.front() = "pretrain";
+}
+
+}  // namespace
+
 int launch_main(const std::vector<std::string>& argv) {
-  auto sep = std::find(argv.begin(), argv.end(), "--");
-  std::vector<std::string> own(argv.begin(), sep), child(sep == argv.end() ? sep : sep + 1, argv.end());
+  std::vector<std::string> own, child;
+  split_command(argv, own, child);
   LaunchOptions o;
   FlagParser p("launch");
   p.value("--nproc-per-node", &o.nproc_per_node, "processes (ranks) to start on this node");
@@ -347,7 +381,8 @@ int launch_main(const std::vector<std::string>& argv) {
   p.value("--grace-seconds", &o.grace_seconds, "after a failure, how long the other ranks get to stop (default 10)");
   p.parse(own);
   if (p.help_requested()) {
-    std::printf("usage: megatron launch --nproc-per-node N [flags] -- pretrain [pretrain flags]\n\n%s\n"
+    std::printf("usage: megatron launch --nproc-per-node N [flags] -- pretrain [pretrain flags]\n"
+                "   or, as torchrun is called: megatron launch --nproc_per_node N ... pretrain_gpt.py [pretrain flags]\n\n%s\n"
                 "environment: %s, the job's store secret: generated for a single node; for several nodes,\n"
                 "  export the same random value on every node (e.g. $(openssl rand -hex 16))\n",
                 p.help().c_str(), comm::kStoreSecretEnv);

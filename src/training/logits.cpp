@@ -97,7 +97,9 @@ int logits_main(const std::vector<std::string>& argv) {
     apply_hf_vocab(a, spec, 0, load);
   } else {
     if (it < 0) it = *checkpoint::latest_iteration(load);
-    checkpoint::model_args_from_json(checkpoint::read_state(load, it).args, a.model, a.tokenizer);
+    const nlohmann::json args = checkpoint::read_state(load, it).args;
+    checkpoint::model_args_from_json(args, a.model, a.tokenizer);
+    checkpoint::use_saved_tokenizer(checkpoint::iteration_dir(load, it), args, a.tokenizer);
   }
   // One rank, fp32, no dropout; the RoPE table only needs to cover T.
   a.model.bf16 = false;

@@ -16,9 +16,11 @@
 #include "parallel/grid.h"
 #include "parallel/process_groups.h"
 #include "kernels/cpu/threads.h"
+#include "training/batch_schedule.h"
 #include "training/commands.h"
 #include "training/convert.h"
 #include "training/memory_check.h"
+#include "training/resolved_args.h"
 #include "training/trainer.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/ops_cuda.h"
@@ -28,6 +30,11 @@
 namespace mt {
 
 std::unique_ptr<data::Tokenizer> tokenizer_for(Arguments& a) {
+  // Megatron's GPT-3 example names GPT-2's files without --tokenizer-type: they can only mean that.
+  if (a.tokenizer.type.empty() && !a.tokenizer.vocab_file.empty() && !a.tokenizer.merge_file.empty()) {
+    log_info("--vocab-file and --merge-file without --tokenizer-type: GPT2BPETokenizer");
+    a.tokenizer.type = "GPT2BPETokenizer";
+  }
   if (a.tokenizer.type.empty()) {
     if (!a.data.mock) fail("--tokenizer-type is required");
     if (a.tokenizer.vocab_size <= 0) fail("--mock-data without a tokenizer needs --vocab-size N (NullTokenizer)");
@@ -116,6 +123,14 @@ int pretrain_main(const std::vector<std::string>& argv) {
     }
     throw;
   }
+  // --use-checkpoint-args: the checkpoint's model and tokenizer flags first, so the command line wins.
+  if (a.use_checkpoint_args) {
+    if (a.load.empty()) fail("--use-checkpoint-args needs --load DIR (the checkpoint to read)");
+    std::vector<std::string> words = checkpoint_arg_words(a);
+    log_info("--use-checkpoint-args: {} flags from {}", words.size(), a.load);
+    words.insert(words.end(), argv.begin(), argv.end());
+    a = parse_pretrain_args(words);
+  }
   // --load HF_DIR: the model's shape comes from its config.json (a conflicting flag is an error).
   std::optional<checkpoint::HfSpec> hf;
   if (!a.load.empty() && std::filesystem::exists(a.load) &&
@@ -137,6 +152,10 @@ int pretrain_main(const std::vector<std::string>& argv) {
   auto tok = tokenizer_for(a);
   validate_args(a, tok->vocab_size());
   if (hf) apply_hf_vocab(a, *hf, tok->vocab_size(), (std::filesystem::path(a.load) / "config.json").string());
+  if (a.print_config) {  // --print-config / --dry-run: the arguments as the run would use them
+    std::printf("%s\n", resolved_arguments(a).dump(2).c_str());
+    return 0;
+  }
   if (a.device == "cpu") check_training_memory(a);
   if (env.world_size == 1) return train(a, std::move(tok), env, threads);
   // Several ranks: a failure on one must end this process promptly (peers may be waiting on it,
@@ -184,7 +203,7 @@ int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEn
            tok->vocab_size(), tok->eod());
 
   const int64_t gbs = a.global_batch_size;
-  const int64_t iters = a.train_iters > 0 ? a.train_iters : a.train_samples / gbs;
+  const int64_t iters = a.train_iters > 0 ? a.train_iters : BatchSchedule(a).iterations_for(a.train_samples);
   const int64_t eval_runs = a.eval_iters > 0 ? iters / a.eval_interval + 2 : 0;
   int64_t num_samples[3] = {iters * gbs, eval_runs * a.eval_iters * gbs, a.eval_iters * gbs};
   // Rank 0 builds (and caches) the dataset indexes first; the others then read its caches.
@@ -199,6 +218,7 @@ int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEn
   std::optional<Activity> building(std::in_place, fmt::format("building the model ({} parameters)", a.model.num_parameters()));
   Trainer trainer(a, std::move(tok), groups);
   trainer.set_data(std::move(splits.train), std::move(splits.valid));
+  trainer.set_test_data(std::move(splits.test));
   building.reset();
   Activity training("training");
   int rc = trainer.run();

@@ -71,6 +71,8 @@ class StepRunner {
 
   // One step over this rank's micro-batches; advances `state` (iteration, samples, skips).
   StepResult step(const std::vector<model::Batch>& batches, checkpoint::TrainingState& state, model::OpTimes* times);
+  // A batch-size schedule (--rampup-batch-size, --step-batch-size-schedule) changes it between steps.
+  void set_global_batch_size(int64_t samples) { opt_.global_batch_size = samples; }
 
   // --fp16: the loss scaler (made on first use); null otherwise.
   optim::GradScaler* grad_scaler();

@@ -1,17 +1,21 @@
 #include "training/trainer.h"
 
+#include <algorithm>
 #include <exception>
+#include <random>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/device.h"
+#include "kernels/profiler.h"
 
 namespace mt {
 
 Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, parallel::ProcessGroups groups)
     : args_(std::move(args)), tokenizer_(std::move(tokenizer)), pg_(std::move(groups)) {
   const int64_t gbs = args_.global_batch_size;
-  total_iters_ = args_.train_iters > 0 ? args_.train_iters : args_.train_samples / gbs;
+  batch_schedule_ = BatchSchedule(args_);
+  total_iters_ = args_.train_iters > 0 ? args_.train_iters : batch_schedule_.iterations_for(args_.train_samples);
   if (total_iters_ <= 0) fail("--train-samples ({}) is smaller than one global batch ({})", args_.train_samples, gbs);
   MT_CHECK(pg_.tp->size() == args_.tensor_model_parallel_size && pg_.dp->size() == args_.data_parallel_size,
            "process groups (tp {}, dp {}) do not match the arguments (tp {}, dp {})", pg_.tp->size(), pg_.dp->size(),
@@ -61,6 +65,7 @@ void Trainer::setup_pipeline() {
 // its state there); the host keeps the loop. The run picked the device and made its GPU context
 // (and set the attention backend) in pretrain.
 void Trainer::setup_device() {
+  ops::set_nvtx_enabled(args_.nvtx_ranges || args_.profile);
   if (args_.device != "cuda") return;
   ops::gpu_context();  // fails if the run made none
   model_->to_device(Device::CUDA);
@@ -120,7 +125,25 @@ void Trainer::set_data(std::unique_ptr<data::SampleSource> train, std::unique_pt
   valid_ = std::move(valid);
 }
 
-model::Batch Trainer::make_batch(data::SampleSource& src, int64_t first, int64_t count) const {
+// Megatron's cyclic sampler visits every sample once per epoch in a random order drawn afresh each
+// epoch from the epoch number; here the draw is a Fisher-Yates shuffle with an MT19937-64 seeded
+// by --seed and the epoch (torch's generator is not reproduced, so the order is not Megatron's).
+int64_t Trainer::cyclic_index(int64_t position, int64_t size) const {
+  const int64_t epoch = position / size;
+  if (epoch != cyclic_epoch_) {
+    cyclic_perm_.resize(static_cast<size_t>(size));
+    for (int64_t i = 0; i < size; ++i) cyclic_perm_[static_cast<size_t>(i)] = i;
+    std::mt19937_64 rng(args_.seed * 1000003ULL + static_cast<uint64_t>(epoch));
+    for (int64_t i = size - 1; i > 0; --i) {
+      const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
+      std::swap(cyclic_perm_[static_cast<size_t>(i)], cyclic_perm_[static_cast<size_t>(j)]);
+    }
+    cyclic_epoch_ = epoch;
+  }
+  return cyclic_perm_[static_cast<size_t>(position % size)];
+}
+
+model::Batch Trainer::make_batch(data::SampleSource& src, int64_t first, int64_t count, bool cyclic) const {
   const int64_t S = args_.model.seq_length;
   model::Batch b;
   b.B = count;
@@ -131,7 +154,7 @@ model::Batch Trainer::make_batch(data::SampleSource& src, int64_t first, int64_t
   std::vector<int32_t> buf(static_cast<size_t>(S + 1));
   const int32_t eod = tokenizer_ ? tokenizer_->eod() : -1;
   for (int64_t i = 0; i < count; ++i) {
-    int64_t idx = (first + i) % src.size();
+    const int64_t idx = cyclic ? cyclic_index(first + i, src.size()) : (first + i) % src.size();
     src.get(idx, buf.data());
     for (int64_t t = 0; t < S; ++t) {
       size_t o = static_cast<size_t>(i * S + t);
@@ -146,20 +169,26 @@ model::Batch Trainer::make_batch(data::SampleSource& src, int64_t first, int64_t
 
 optim::GradScaler* Trainer::grad_scaler() { return step_->grad_scaler(); }
 
-std::vector<model::Batch> Trainer::train_batches() {
+std::vector<model::Batch> Trainer::train_batches(int64_t gbs) {
   // Megatron's pretraining sampler: the global batch is read in chunks of mbs x DP samples and
   // DP rank r takes the r-th micro-batch of each chunk.
-  const int64_t gbs = args_.global_batch_size, mbs = args_.micro_batch_size, dp = pg_.dp->size();
+  const int64_t mbs = args_.micro_batch_size, dp = pg_.dp->size();
   std::vector<model::Batch> mbatches;
   TimerScope t(timers_.get(), "batch-generator", 2);
   for (int64_t m = 0; m < gbs / (mbs * dp); ++m)
-    mbatches.push_back(make_batch(*train_, state_.consumed_train_samples + (m * dp + pg_.dp_rank()) * mbs, mbs));
+    mbatches.push_back(make_batch(*train_, state_.consumed_train_samples + (m * dp + pg_.dp_rank()) * mbs, mbs,
+                                  args_.dataloader_type == "cyclic"));
   return mbatches;
 }
 
 IterationResult Trainer::train_step() {
   const double t_start = IterationLog::now_s();
-  IterationResult r = step_->step(train_batches(), state_, time_ops_ ? &op_times_ : nullptr);
+  const int64_t gbs = batch_schedule_.at(state_.consumed_train_samples);
+  if (!batch_schedule_.constant()) {
+    step_->set_global_batch_size(gbs);
+    log_->set_global_batch_size(gbs);
+  }
+  IterationResult r = step_->step(train_batches(gbs), state_, time_ops_ ? &op_times_ : nullptr);
   const double took = IterationLog::now_s() - t_start;
   train_time_ += took;
   interval_step_s_ += took;
@@ -189,9 +218,23 @@ double Trainer::evaluate(data::SampleSource& source, int64_t& consumed, int64_t 
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
+void Trainer::evaluate_at_end() {
+  if (args_.eval_iters == 0) return;
+  if (valid_) report_validation(evaluate(*valid_, state_.consumed_valid_samples, args_.eval_iters), state_.iteration);
+  if (test_) {
+    int64_t consumed = 0;  // Megatron evaluates the test set from its start
+    log_->validation("test", evaluate(*test_, consumed, args_.eval_iters), state_.iteration);
+  }
+}
+
 int Trainer::run() {
   MT_CHECK(train_ != nullptr, "training data not set");
   maybe_load();
+  if (args_.skip_train) {
+    log_info("--skip-train: evaluating at iteration {} without training", state_.iteration);
+    evaluate_at_end();
+    return 0;
+  }
   const auto& m = args_.model;
   log_info("model: {} layers, hidden {}, {} heads ({} query groups, head dim {}), ffn {}, vocab {} (padded from {}), "
            "seq {}, {} parameters{}{}",
@@ -215,8 +258,23 @@ int Trainer::run() {
     log_->exclude(IterationLog::now_s() - t0);
   };
   log_->start(state_);
+  // Megatron's --profile window: the profiler runs over iterations (start, end] on the listed ranks.
+  const bool profiling = args_.profile && std::find(args_.profile_ranks.begin(), args_.profile_ranks.end(),
+                                                    std::to_string(pg_.rank)) != args_.profile_ranks.end();
+  if (profiling && !ops::profiler_available())
+    log_info("--profile: this build has no CUDA backend, so there is no CUDA profiler to start (on the CPU, profile "
+             "with perf); training goes on");
+  bool profiler_on = false;
   while (state_.iteration < total_iters_) {
+    if (profiling && state_.iteration == args_.profile_step_start && ops::profiler_available()) {
+      ops::profiler_start();
+      profiler_on = true;
+    }
     IterationResult r = train_step();
+    if (profiler_on && state_.iteration == args_.profile_step_end) {
+      ops::profiler_stop();
+      profiler_on = false;
+    }
     if (saver_->pending()) saver_->poll();  // completes an async save once every rank has written it
     before_log(r);
     log_->record(r, state_, schedule_->lr(state_.scheduler_samples), step_->grad_scaler());
@@ -242,8 +300,7 @@ int Trainer::run() {
       return 0;
     }
   }
-  if (eval_on)
-    report_validation(evaluate(*valid_, state_.consumed_valid_samples, args_.eval_iters), state_.iteration);
+  evaluate_at_end();
   if (!args_.save.empty() && (args_.save_interval == 0 || state_.iteration % args_.save_interval != 0)) save();
   saver_->wait();  // exit only after an async save completed
   if (model_->params().device() != Device::CPU) {

@@ -20,6 +20,7 @@
 #include "parallel/process_groups.h"
 #include "training/arguments.h"
 #include "training/exit_conditions.h"
+#include "training/batch_schedule.h"
 #include "training/iteration_log.h"
 #include "training/run_metrics.h"
 #include "training/step_runner.h"
@@ -52,6 +53,8 @@ class Trainer {
   void wait_for_saves() { saver_->wait(); }
   void load_for_test() { maybe_load(); }
   void set_data(std::unique_ptr<data::SampleSource> train, std::unique_ptr<data::SampleSource> valid);
+  // The test split, evaluated once at the end of training (and by --skip-train), as Megatron does.
+  void set_test_data(std::unique_ptr<data::SampleSource> test) { test_ = std::move(test); }
 
  private:
   // Setup, in order (the constructor).
@@ -62,8 +65,11 @@ class Trainer {
   void setup_schedule();
   void setup_step_runner();
 
-  model::Batch make_batch(data::SampleSource& src, int64_t first, int64_t count) const;
-  std::vector<model::Batch> train_batches();
+  // `cyclic`: sample positions go through this epoch's permutation (--dataloader-type cyclic).
+  model::Batch make_batch(data::SampleSource& src, int64_t first, int64_t count, bool cyclic = false) const;
+  int64_t cyclic_index(int64_t position, int64_t size) const;
+  void evaluate_at_end();  // the validation and test sets at the current iteration
+  std::vector<model::Batch> train_batches(int64_t global_batch_size);
   void maybe_load();
   void upcycle();  // --moe-use-upcycling
   // Operating the run (trainer_ops.cpp): metrics sinks, timers, stopping, stragglers.
@@ -83,7 +89,9 @@ class Trainer {
   std::unique_ptr<optim::LRSchedule> schedule_;
   std::unique_ptr<StepRunner> step_;
   std::unique_ptr<IterationLog> log_;
-  std::unique_ptr<data::SampleSource> train_, valid_;
+  std::unique_ptr<data::SampleSource> train_, valid_, test_;
+  mutable std::vector<int64_t> cyclic_perm_;  // --dataloader-type cyclic: the permutation of epoch cyclic_epoch_
+  mutable int64_t cyclic_epoch_ = -1;
   checkpoint::TrainingState state_;
   std::unique_ptr<checkpoint::Saver> saver_;
   model::OpTimes op_times_;
@@ -98,6 +106,7 @@ class Trainer {
   int64_t interval_steps_ = 0;
   Timers::Report timer_report_;  // of the last log line
   std::string straggler_line_;
+  BatchSchedule batch_schedule_;  // the global batch size at each step
 };
 
 }  // namespace mt

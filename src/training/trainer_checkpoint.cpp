@@ -9,6 +9,7 @@
 #include "checkpoint/upcycle.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "training/resolved_args.h"
 #include "training/trainer.h"
 
 #include <chrono>
@@ -43,10 +44,14 @@ void Trainer::save() {
   st.tp_rng_seed = step_->tp_rng().seed;
   st.tp_rng_offset = step_->tp_rng().offset;
   st.args = checkpoint::model_args_to_json(args_.model, args_.tokenizer);
+  // Self-contained: the tokenizer's files travel with the checkpoint, and every resolved argument.
+  st.args["tokenizer_files"] = checkpoint::tokenizer_files_json(args_.tokenizer);
+  st.args["run_args"] = resolved_arguments(args_);
   if (auto* gs = grad_scaler()) st.grad_scaler = gs->state();
   std::optional<checkpoint::OptimizerState> os;
   if (!args_.no_save_optim) os = checkpoint::optimizer_state(step_->optimizer(), ddp_->sharded());
-  const checkpoint::SaveOptions o = save_options(args_);
+  checkpoint::SaveOptions o = save_options(args_);
+  o.assets = checkpoint::tokenizer_assets(args_.tokenizer);
   saver_->save(args_.save, st, model_->params(), os ? &*os : nullptr, o);
   // What an async save costs the training loop: the copies to host memory before writing starts.
   if (o.async)
@@ -57,6 +62,15 @@ void Trainer::save() {
 void Trainer::maybe_load() {
   if (args_.load.empty()) return;
   if (args_.moe_use_upcycling) return upcycle();
+  // Megatron's `--save X --load X` idiom: the first run finds no directory and starts from scratch.
+  if (std::error_code ec; !std::filesystem::exists(args_.load, ec)) {
+    if (args_.exit_on_missing_checkpoint)
+      fail("--load '{}' does not exist and --exit-on-missing-checkpoint is set; point --load at a checkpoint "
+           "directory or drop the flag to train from scratch",
+           args_.load);
+    log_warn("--load {}: the directory does not exist, training from scratch", args_.load);
+    return;
+  }
   if (checkpoint::detect_checkpoint(args_.load) == checkpoint::CheckpointKind::HuggingFace) {
     // Weights only: a HuggingFace model starts a run (continued pretraining or fine-tuning).
     // Under PP or EP this rank holds only part of the model: the rest of the files is others'.
@@ -67,6 +81,10 @@ void Trainer::maybe_load() {
   }
   auto it = checkpoint::latest_iteration(args_.load);
   if (!it) {
+    if (args_.exit_on_missing_checkpoint)
+      fail("--load '{}' holds no checkpoint (no latest_checkpointed_iteration.txt) and --exit-on-missing-checkpoint "
+           "is set",
+           args_.load);
     log_warn("--load {}: no latest_checkpointed_iteration.txt, training from scratch", args_.load);
     return;
   }

@@ -34,7 +34,7 @@ expect_error "--tensor-model-parallel-size" pretrain "${BASE[@]}" --tensor-model
 expect_error "--config: cannot read '$TMP/nope.yaml'" pretrain --config "$TMP/nope.yaml"
 printf 'num_layers: 2\nhidden-sizee: 32\n' >"$TMP/bad.yaml"
 expect_error "--config $TMP/bad.yaml: unknown flag --hidden-sizee" pretrain --config "$TMP/bad.yaml"
-expect_error "--load: directory '$TMP/missing' does not exist" pretrain "${BASE[@]}" --load "$TMP/missing"
+expect_error "--load '$TMP/missing' does not exist and --exit-on-missing-checkpoint is set" pretrain "${BASE[@]}" --load "$TMP/missing" --exit-on-missing-checkpoint
 expect_error "--load DIR is required" generate --prompt hi
 expect_error "--lr must be positive" pretrain "${BASE[@]}" --lr 0
 expect_error "--seq-length (16) exceeds --max-position-embeddings (8)" pretrain "${BASE[@]}" --max-position-embeddings 8

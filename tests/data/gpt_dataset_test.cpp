@@ -271,8 +271,10 @@ TEST(GptDatasetErrors, BadOptionsAreNamed) {
     }
     return "(no error)";
   };
-  o.split = "98,1,1";  // 3 documents: the valid split rounds to nothing
-  EXPECT_NE(message(o).find("valid split empty"), std::string::npos) << message(o);
+  o.split = "98,1,1";  // 3 documents: the valid split rounds to nothing, a warning and no validation set
+  EXPECT_EQ(build_gpt_datasets(o, sizes).valid, nullptr);
+  o.split = "1,98,1";  // the train split rounds to nothing: fatal
+  EXPECT_NE(message(o).find("train split empty"), std::string::npos) << message(o);
   o.split = "1,1,1";
   o.seq_length = 1;
   EXPECT_NE(message(o).find("--seq-length"), std::string::npos);
