@@ -22,6 +22,7 @@ void register_flags(Registered& r, Arguments& a) {
   FlagParser& p = r.parser;
   register_model_flags(p, a, r.model_aliases);
   register_moe_flags(p, a.model.moe, a);
+  register_fp8_flags(p, a.model.fp8);
   register_data_flags(p, a);
   register_training_flags(p, a);
   register_optimizer_flags(p, a);
@@ -69,6 +70,7 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
     model::check_tensor_parallel(a.model, a.tensor_model_parallel_size, a.sequence_parallel);
   validate_pipeline_args(a);
   validate_recompute_args(a);
+  validate_fp8_args(a);
 }
 
 }  // namespace mt

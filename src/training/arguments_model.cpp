@@ -86,8 +86,6 @@ void register_model_flags(FlagParser& p, ModelArgs& a, ModelAliases& r) {
           {"uniform", "block"});
   p.value("--recompute-num-layers", &m.recompute_num_layers, "N for --recompute-method", {0, limits::kLayers});
   // Megatron-LM flags that are known but not implemented yet: rejected by name.
-  for (const char* f : {"--fp8-format", "--fp8-recipe", "--fp8-amax-history-len"})
-    p.unsupported(f, "FP8 arrives with the CUDA backend");
   p.unsupported("--distribute-saved-activations", "saved activations are not split over TP ranks yet");
   p.list("--recompute-modules", &m.recompute_modules,
          "selective recomputation's modules: core_attn (default), moe_act, moe");
