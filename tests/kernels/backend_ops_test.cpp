@@ -413,6 +413,23 @@ std::vector<Case> cases() {
                  sgd_step(p, g, &buf, segments, h, copy);
                  return Outputs{p, buf, copy.out};
                }});
+  c.push_back({"fp8", 1e-2, [=](Device d) {  // the scaling state exact, the read-back within bf16's rounding
+                 const Tensor x = act(d, {rows, 256}, 70, -3, 3);
+                 Tensor amax = f32(d, std::vector<float>{0.f}, {1}), scale = f32(d, std::vector<float>{1.f}, {1});
+                 Tensor history = f32(d, std::vector<float>{0.5f, 6.f, 2.f}, {3}), dscale = f32(d, std::vector<float>{3.f}, {1});
+                 Tensor sat = Tensor::zeros({1}, DType::I64, d);
+                 fp8_amax(x, amax);
+                 fp8_current_scale(amax, scale, 448.f);
+                 const Tensor q = fp8_fake_quantize(x, scale, Fp8Format::E4M3, sat);
+                 const Tensor clipped = fp8_fake_quantize(x, f32(d, std::vector<float>{4096.f}, {1}), Fp8Format::E5M2, sat);
+                 fp8_delayed_update(history, dscale, amax, 448.f, 1, true);
+                 Tensor s1 = Tensor::zeros({rows * 2}, DType::F32, d), s2 = Tensor::zeros({2}, DType::F32, d);
+                 const Tensor rowwise = fp8_fake_quantize_blocks(x, Fp8Format::E4M3, 1, 128, s1);
+                 const Tensor block = fp8_fake_quantize_blocks(x, Fp8Format::E5M2, 128, 128, s2);
+                 const float n_sat = static_cast<float>(*sat.to_device(Device::CPU).data<int64_t>());
+                 return Outputs{amax, scale, q, clipped, history, dscale, rowwise, s1, block, s2,
+                                Tensor::from_vector(std::vector<float>{n_sat}, {1})};
+               }});
   add_moe_cases(c);
   return c;
 }
