@@ -68,8 +68,13 @@ void expert_gemms(const std::vector<Linear>& lin, const Tensor& x, Tensor& y, co
     ctx.before_use(lin[i].bias);
     if (counts[i] > 0) {
       Tensor out = rows(y, off, counts[i]);
-      ops::linear_forward_into(rows(x, off, counts[i]), lin[i].weight->value, lin[i].bias ? &lin[i].bias->value : nullptr,
-                               out);
+      Tensor xi = rows(x, off, counts[i]), w = lin[i].weight->value;
+      if (lin[i].fp8.on()) {
+        ScopedOpTimer f(ctx.times, &OpTimes::fp8_cast);
+        xi = lin[i].fp8.forward_input(xi, ctx);
+        w = lin[i].fp8.forward_weight(w, ctx);
+      }
+      ops::linear_forward_into(xi, w, lin[i].bias ? &lin[i].bias->value : nullptr, out);
     }
     off += counts[i];
   }
@@ -83,8 +88,22 @@ Tensor expert_gemms_backward(const std::vector<Linear>& lin, const Tensor& dy, c
   int64_t off = 0;
   for (size_t i = 0; i < lin.size(); ++i) {
     if (counts[i] > 0) {
-      const Tensor d = ops::linear_backward(rows(dy, off, counts[i]), rows(x, off, counts[i]), lin[i].weight->value,
-                                            lin[i].weight->grad, lin[i].bias ? &lin[i].bias->grad : nullptr, true, true);
+      const Tensor dyi = rows(dy, off, counts[i]), xi = rows(x, off, counts[i]);
+      Tensor* db = lin[i].bias ? &lin[i].bias->grad : nullptr;
+      Tensor d;
+      if (lin[i].fp8.on()) {
+        Fp8Linear::Backward b;
+        Tensor w;
+        {
+          ScopedOpTimer f(ctx.times, &OpTimes::fp8_cast);
+          b = lin[i].fp8.backward_operands(dyi, xi);
+          w = lin[i].fp8.forward_weight(lin[i].weight->value, ctx);
+        }
+        d = ops::linear_backward_data(b.dy_dgrad, w);
+        ops::linear_backward_weight(b.dy_wgrad, b.x_wgrad, lin[i].weight->grad, db, true);
+      } else {
+        d = ops::linear_backward(dyi, xi, lin[i].weight->value, lin[i].weight->grad, db, true, true);
+      }
       Tensor out = rows(dx, off, counts[i]);
       ops::copy_into(out, d);
     }
