@@ -1,5 +1,7 @@
 #include "model/fp8.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "kernels/ops.h"
 
@@ -75,6 +77,22 @@ Tensor blocks(const Tensor& x, Fp8Format fmt, int64_t tile_r, int64_t tile_c) {
 }
 
 }  // namespace
+
+Fp8Health take_fp8_health(Fp8Store& store) {
+  Fp8Health h;
+  const bool per_tensor = store.config().recipe != Fp8Recipe::Blockwise;
+  for (Fp8LinearState& l : store.linears())
+    for (Fp8TensorState* s : {&l.input, &l.weight, &l.grad}) {
+      h.saturated += *s->saturated.to_device(Device::CPU).data<int64_t>();
+      s->saturated = Tensor::zeros({1}, DType::I64, s->saturated.device());
+      if (!per_tensor) continue;
+      const float v = s->scale.to_device(Device::CPU).to_vector()[0];
+      h.min_scale = h.has_scales ? std::min(h.min_scale, v) : v;
+      h.max_scale = h.has_scales ? std::max(h.max_scale, v) : v;
+      h.has_scales = true;
+    }
+  return h;
+}
 
 Fp8Linear make_fp8_linear(Fp8Store& store, const std::string& weight_name, const TensorParallel* tp) {
   const std::string suffix = ".weight";

@@ -78,6 +78,16 @@ struct Fp8Linear {
   Backward backward_operands(const Tensor& dy, const Tensor& x) const;
 };
 
+// FP8's health over a log interval: the elements clipped to the formats' max (scales too large:
+// a saturating recipe) and the range of the per-tensor scales (a huge one: FP8's range wasted on
+// tiny values). Reading waits for the device; the counters restart at zero.
+struct Fp8Health {
+  int64_t saturated = 0;
+  float min_scale = 0, max_scale = 0;
+  bool has_scales = false;  // per-tensor recipes (blockwise scales are per tile and not kept)
+};
+Fp8Health take_fp8_health(Fp8Store& store);
+
 // A new FP8 linear for the layer whose weight is `weight_name` (its state named without the
 // ".weight"), its amaxes reduced over `tp` (null: not reduced).
 Fp8Linear make_fp8_linear(Fp8Store& store, const std::string& weight_name, const TensorParallel* tp);

@@ -34,6 +34,7 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   lo.progress_bar = args_.log_progress_bar;
   lo.show_mfu = args_.device == "cuda";
   log_ = std::make_unique<IterationLog>(lo, args_.model, pg_);
+  log_->set_fp8(model_->fp8());
 }
 
 void Trainer::setup_data_parallel() {

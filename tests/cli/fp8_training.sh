@@ -33,6 +33,7 @@ done
 D=(--fp8-format hybrid --fp8-amax-history-len 4 --fp8-amax-compute-algo max)
 "$MEGATRON" "${BASE[@]}" "${D[@]}" >"$TMP/straight.log" 2>&1
 "$MEGATRON" "${BASE[@]}" "${D[@]}" --save "$TMP/ck" --save-interval 6 --exit-interval 6 >"$TMP/first.log" 2>&1
+check "the log line reports FP8 health" grep -q "fp8 saturated: [0-9]* | fp8 scale min/max: " "$TMP/straight.log"
 check "the checkpoint holds the FP8 state" grep -q '"decoder.layers.1.mlp.linear_fc2"' "$TMP/ck/iter_0000006/metadata.json"
 "$MEGATRON" "${BASE[@]}" "${D[@]}" --load "$TMP/ck" >"$TMP/resumed.log" 2>&1
 for it in 7 9 12; do
