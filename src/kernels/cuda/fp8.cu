@@ -96,6 +96,44 @@ __global__ void fake_quantize_blocks_kernel(const T* __restrict__ x, T* __restri
   }
 }
 
+// One 32x32 tile per block (32 x 8 threads): codes written row-major, and through shared memory
+// transposed, both coalesced; the tile's amax and clipped count joined atomically.
+constexpr int kTileDim = 32, kTileRows = 8;
+template <typename T>
+__global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C, const float* scale, bool e5m2,
+                                      float fp8_max, uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
+                                      unsigned long long* saturated) {
+  __shared__ uint8_t tile[kTileDim][kTileDim + 1];
+  const float s = *scale;
+  const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const int64_t r0 = int64_t{blockIdx.y} * kTileDim, c0 = int64_t{blockIdx.x} * kTileDim;
+  float m = 0.f;
+  unsigned clipped = 0;
+  for (int i = threadIdx.y; i < kTileDim; i += kTileRows) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < R && c < C) {
+      const float v = to_f(x[r * C + c]);
+      m = fmaxf(m, fabsf(v));
+      clipped += fabsf(v * s) > fp8_max;
+      const uint8_t code = __nv_cvt_float_to_fp8(v * s, __NV_SATFINITE, kind);
+      q[r * C + c] = code;
+      tile[i][threadIdx.x] = code;
+    }
+  }
+  m = warp_max(m);
+  for (int o = 16; o > 0; o >>= 1) clipped += __shfl_xor_sync(0xffffffffu, clipped, o);
+  if (threadIdx.x == 0) {
+    atomic_max_nonneg(amax, m);
+    if (clipped) atomicAdd(saturated, static_cast<unsigned long long>(clipped));
+  }
+  if (!qt) return;
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTileDim; i += kTileRows) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;  // qt[c, r] = q[r, c]
+    if (r < R && c < C) qt[c * R + r] = tile[threadIdx.x][i];
+  }
+}
+
 }  // namespace
 }  // namespace mt::cuda
 
@@ -158,6 +196,27 @@ Tensor fp8_fake_quantize_blocks(const Tensor& x, Fp8Format format, int64_t tile_
   }, "fp8_fake_quantize_blocks");
   MT_CUDA_LAUNCH_CHECK();
   return y;
+}
+
+void fp8_cast_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, Tensor& q, Tensor* qt, Tensor& amax,
+                        Tensor& saturated) {
+  MT_CHECK(x.ndim() == 2, "fp8_cast_transpose: [R, C], got {}", x.shape_str());
+  const int64_t R = x.dim(0), C = x.dim(1);
+  uint8_t* qp = cuda_data<uint8_t>(q, DType::U8, R * C, "fp8_cast_transpose (q)");
+  uint8_t* qtp = qt ? cuda_data<uint8_t>(*qt, DType::U8, R * C, "fp8_cast_transpose (qt)") : nullptr;
+  const float* s = cuda_data<float>(scale, DType::F32, 1, "fp8_cast_transpose (scale)");
+  float* a = cuda_data<float>(amax, DType::F32, 1, "fp8_cast_transpose (amax)");
+  auto* sat = reinterpret_cast<unsigned long long*>(
+      cuda_data<int64_t>(saturated, DType::I64, 1, "fp8_cast_transpose (saturated)"));
+  if (R * C == 0) return;
+  const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kTileDim)),
+                  static_cast<unsigned>(cuda::ceil_div(R, cuda::kTileDim)));
+  const dim3 block(cuda::kTileDim, cuda::kTileRows);
+  with_float_type(x, [&]<typename T>(const T* p) {
+    cuda::cast_transpose_kernel<<<grid, block, 0, compute_stream()>>>(p, R, C, s, format == Fp8Format::E5M2,
+                                                                      fp8_max(format), qp, qtp, a, sat);
+  }, "fp8_cast_transpose");
+  MT_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace mt::ops::gpu
