@@ -99,7 +99,7 @@ void register_moe_flags(FlagParser& p, model::MoEConfig& m, MoEArgs& a) {
   for (const char* f : {"--moe-enable-deepep", "--moe-flex-dispatcher-backend"})
     p.unsupported(f, "the flex dispatcher (DeepEP / HybridEP) is not implemented; use allgather or alltoall");
   for (const char* f : {"--moe-router-padding-for-fp8", "--moe-router-padding-for-quantization"})
-    p.unsupported(f, "FP8 experts are not implemented yet");
+    p.unsupported(f, "padding expert tokens for FP8 GEMM alignment is not implemented (FP8 expert GEMMs run unpadded)");
   for (const char* f : {"--moe-extended-tp", "--overlap-moe-expert-parallel-comm", "--moe-apply-probs-on-input",
                         "--moe-router-force-load-balancing", "--moe-upcycling-granularity", "--moe-token-dropping"})
     p.unsupported(f, "not implemented yet");

@@ -5,6 +5,8 @@
 // shared with the CPU.
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/tensor_args.h"
@@ -146,7 +148,7 @@ void fp8_amax(const Tensor& x, Tensor& amax) {
   MT_CUDA_CHECK(cudaMemsetAsync(a, 0, sizeof(float), compute_stream()));
   const int64_t n = x.numel();
   if (n == 0) return;
-  with_float_type(x, [&]<typename T>(const T* p) {
+  with_float_type(x, [&](auto* p) {
     cuda::amax_kernel<<<cuda::grid_for(n, cuda::kThreads, 1024), cuda::kThreads, 0, compute_stream()>>>(p, n, a);
   }, "fp8_amax");
   MT_CUDA_LAUNCH_CHECK();
@@ -175,7 +177,8 @@ Tensor fp8_fake_quantize(const Tensor& x, const Tensor& scale, Fp8Format format,
   Tensor y = Tensor::empty(x.shape(), x.dtype(), Device::CUDA);
   const int64_t n = x.numel();
   if (n == 0) return y;
-  with_float_type(x, [&]<typename T>(const T* p) {
+  with_float_type(x, [&](auto* p) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
     cuda::fake_quantize_kernel<<<cuda::grid_for(n, cuda::kThreads), cuda::kThreads, 0, compute_stream()>>>(
         p, y.data<T>(), n, s, format == Fp8Format::E5M2, fp8_max(format), sat);
   }, "fp8_fake_quantize");
@@ -190,7 +193,8 @@ Tensor fp8_fake_quantize_blocks(const Tensor& x, Fp8Format format, int64_t tile_
   float* sc = cuda_data<float>(scales, DType::F32, tr * tc, "fp8_fake_quantize_blocks (scales)");
   Tensor y = Tensor::empty(x.shape(), x.dtype(), Device::CUDA);
   if (tr * tc == 0) return y;
-  with_float_type(x, [&]<typename T>(const T* p) {
+  with_float_type(x, [&](auto* p) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
     cuda::fake_quantize_blocks_kernel<<<static_cast<unsigned>(tr * tc), cuda::kThreads, 0, compute_stream()>>>(
         p, y.data<T>(), R, C, tile_r, tile_c, tc, format == Fp8Format::E5M2, fp8_max(format), sc);
   }, "fp8_fake_quantize_blocks");
@@ -212,7 +216,7 @@ void fp8_cast_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, 
   const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kTileDim)),
                   static_cast<unsigned>(cuda::ceil_div(R, cuda::kTileDim)));
   const dim3 block(cuda::kTileDim, cuda::kTileRows);
-  with_float_type(x, [&]<typename T>(const T* p) {
+  with_float_type(x, [&](auto* p) {
     cuda::cast_transpose_kernel<<<grid, block, 0, compute_stream()>>>(p, R, C, s, format == Fp8Format::E5M2,
                                                                       fp8_max(format), qp, qtp, a, sat);
   }, "fp8_cast_transpose");
