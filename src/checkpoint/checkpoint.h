@@ -62,6 +62,9 @@ struct TrainingState {
   // --fp16 runs: the loss scaler (Megatron keeps it in the optimizer's state_dict as
   // 'grad_scaler'); absent in other runs and in checkpoints from before it was saved.
   std::optional<optim::GradScalerState> grad_scaler;
+  // FP8 runs: the scaling state per linear (checkpoint/fp8_state.h); null when not saved. Every
+  // rank saves the states it holds; a load returns the merged ones.
+  nlohmann::json fp8;
   nlohmann::json args;  // model/tokenizer settings the checkpoint was made with
 };
 

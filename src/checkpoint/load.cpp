@@ -277,6 +277,7 @@ TrainingState load_checkpoint(const std::string& load, int64_t it, const RankInf
   // (stream offsets advance alike on every rank, the seeds come from --seed and the TP rank).
   st.has_tp_rng = false;
   const Metadata& md = src.idx;
+  st.fp8 = md.fp8;
   if (opts.load_rng && !md.rng.empty()) {
     const bool same = md.tp == ri.tp && md.pp == ri.pp && md.dp == ri.dp;
     const RngEntry* pick = nullptr;

@@ -144,6 +144,7 @@ Metadata parse_metadata(const nlohmann::json& j, const std::string& where) {
                         e.uinteger("tp_offset")});
     }
   }
+  if (m.has("fp8")) md.fp8 = m.at("fp8");
   if (md.version == 1) return md;
   const auto& tensors = m.at("tensors");
   if (!tensors.is_object()) fail("{}: tensors must be an object, got {}", w, json_brief(tensors));

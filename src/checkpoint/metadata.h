@@ -33,6 +33,7 @@ struct Metadata {
   std::map<std::string, TensorIndex> tensors;  // version 2 (version 1 lists whole tensors in its files)
   int64_t tp = 1, pp = 1, dp = 1;              // the layout that saved
   std::vector<RngEntry> rng;
+  nlohmann::json fp8;  // FP8 scaling state, checked where it is loaded (checkpoint/fp8_state.h)
 };
 
 // Bounds on counts read from a checkpoint: far beyond any real run, small enough that the

@@ -225,6 +225,7 @@ nlohmann::json state_json(const TrainingState& st, bool has_optimizer) {
 // Rank 0: every rank's description -> metadata.json; then the directory and the tracker move.
 void merge_and_commit(const RankInfo& ri, Saver::Job& job, const nlohmann::json& layout) {
   nlohmann::json files = nlohmann::json::object(), tensors = nlohmann::json::object(), rng = nlohmann::json::array();
+  nlohmann::json fp8 = nlohmann::json::object();
   for (int r = 0; r < ri.world; ++r) {
     const fs::path p = job.tmp / rank_file(r);
     if (!fs::exists(p)) fail("rank {} did not finish its part of checkpoint '{}'", r, job.tmp.string());
@@ -244,6 +245,9 @@ void merge_and_commit(const RankInfo& ri, Saver::Job& job, const nlohmann::json&
       }
     }
     if (s.contains("rng")) rng.push_back(s["rng"]);
+    if (s.contains("fp8"))  // the lowest rank's copy of each (TP ranks hold equal ones)
+      for (auto& [name, e] : s["fp8"].items())
+        if (!fp8.contains(name)) fp8[name] = e;
   }
   for (auto& [name, t] : tensors.items()) {
     int64_t have = 0, want = shape_numel(t["shape"].get<Shape>());
@@ -253,6 +257,7 @@ void merge_and_commit(const RankInfo& ri, Saver::Job& job, const nlohmann::json&
   nlohmann::json meta = {{"format", "megatron.cpp-native"}, {"version", 2},     {"iteration", job.iteration},
                          {"layout", layout},                 {"files", files}, {"tensors", tensors}};
   if (!rng.empty()) meta["rng"] = rng;
+  if (!fp8.empty()) meta["fp8"] = fp8;
   for (int r = 0; r < ri.world; ++r) fs::remove(job.tmp / rank_file(r));
   write_text_durable(job.tmp / "metadata.json", meta.dump());
   fsync_path(job.tmp);
@@ -342,6 +347,7 @@ void Saver::save(const std::string& dir, const TrainingState& st, model::ParamSt
     job->sidecar["rng"] = {{"rank", ri_.rank},       {"tp_rank", ri_.tp_rank},      {"pp_rank", ri_.pp_rank},
                            {"dp_rank", ri_.dp_rank}, {"seed", st.rng_seed},         {"offset", st.rng_offset},
                            {"tp_seed", st.tp_rng_seed}, {"tp_offset", st.tp_rng_offset}};
+  if (!st.fp8.is_null()) job->sidecar["fp8"] = st.fp8;
   if (ri_.rank == 0) {
     job->state_text = state_json(st, opt != nullptr).dump(2);
     for (const Asset& a : o.assets) job->assets.emplace_back(a.name, read_asset(a.source));

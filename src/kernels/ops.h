@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/fp8.h"
 #include "core/tensor.h"
 #include "kernels/attention_shape.h"
 #include "kernels/moe_routing.h"

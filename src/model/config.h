@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "model/fp8_config.h"
 #include "model/moe/moe_config.h"
 
 namespace mt::model {
@@ -75,6 +76,7 @@ struct TransformerConfig {
   // moe_act (the routed experts' activation), moe (the whole MoE layer: it keeps its input only).
   std::vector<std::string> recompute_modules = {"core_attn"};
   MoEConfig moe;                      // mixture of experts (model/moe/); num_experts 0: dense
+  Fp8Config fp8;                      // FP8 GEMMs in the transformer layers (model/fp8_config.h)
 
   int64_t head_dim() const { return kv_channels; }
   int64_t groups() const { return num_query_groups; }

@@ -47,6 +47,9 @@ struct PassContext {
   // Full activation recomputation: the group of layers whose forward is running (set by its
   // first layer, joined by the next ones, closed by its last; never spans two chunks).
   std::shared_ptr<RecomputeGroup> recompute_group;
+  // A forward re-run for backward (activation recomputation): FP8 linears quantize as the first
+  // run did and record nothing (model/fp8.h).
+  bool recomputing = false;
   uint64_t dropout_offset(uint64_t n) { return rng ? rng->next_offset(n) : 0; }
   RngState* region_rng(bool tp_region) const { return tp_region && tp_rng ? tp_rng : rng; }
   void before_use(const Param* p) {

@@ -11,6 +11,31 @@
 
 namespace mt::model {
 
+namespace {
+
+// The transformer layer's linears in FP8 (Transformer Engine's default recipe covers these and
+// no others): QKV, projection, fc1 and fc2, or an MoE layer's experts and shared expert. The
+// experts' amaxes are their own rank's (their weights are whole unless expert TP splits them).
+void attach_fp8(TransformerLayer& l, Fp8Store& store) {
+  auto attach = [&](Linear& lin, const TensorParallel* tp) { lin.fp8 = make_fp8_linear(store, lin.weight->name, tp); };
+  for (Linear* lin : {&l.attn.qkv, &l.attn.proj}) attach(*lin, lin->tp);
+  if (!l.is_moe) {
+    for (Linear* lin : {&l.mlp.fc1, &l.mlp.fc2}) attach(*lin, lin->tp);
+    return;
+  }
+  for (auto* group : {&l.moe.experts.fc1, &l.moe.experts.fc2})
+    for (Linear& lin : *group) attach(lin, nullptr);
+  if (l.moe.has_shared)
+    for (Linear* lin : {&l.moe.shared.fc1, &l.moe.shared.fc2}) attach(*lin, lin->tp);
+}
+
+}  // namespace
+
+Fp8Store& GPTModel::fp8_store() {
+  if (!fp8_) fp8_ = std::make_unique<Fp8Store>(cfg_.fp8);
+  return *fp8_;
+}
+
 GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg_(cfg) {
   cfg_.finalize();
   tp_.comm = opts.tp;
@@ -42,8 +67,11 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
   for (size_t c = 0; c < ranges.size(); ++c) {
     Chunk ch{k, k + static_cast<size_t>(ranges[c].second - ranges[c].first), c == 0 && part.first_stage,
              c + 1 == ranges.size() && part.last_stage};
-    for (int64_t i = ranges[c].first; i < ranges[c].second; ++i)  // global index in the name
-      layers_[k++].build(params_, i, cfg_, cfg_.rope() ? &rope_ : nullptr, &tp_, &expert_);
+    for (int64_t i = ranges[c].first; i < ranges[c].second; ++i) {  // global index in the name
+      layers_[k].build(params_, i, cfg_, cfg_.rope() ? &rope_ : nullptr, &tp_, &expert_);
+      if (cfg_.fp8.layer_in_fp8(i, cfg_.num_layers)) attach_fp8(layers_[k], fp8_store());
+      ++k;
+    }
     configure_recompute(&layers_[ch.first], ch.last - ch.first, cfg_);  // per chunk, as Megatron's blocks
     chunks_.push_back(ch);
   }
@@ -281,6 +309,7 @@ Tensor GPTModel::logits(const std::vector<int32_t>& tokens, int64_t B, int64_t S
 void GPTModel::to_device(Device d) {
   if (d == device_) return;
   params_.to_device(d);
+  if (fp8_) fp8_->to_device(d);
   if (rope_.cos.defined()) {
     rope_.cos = rope_.cos.to_device(d);
     rope_.sin = rope_.sin.to_device(d);

@@ -107,6 +107,8 @@ class GPTModel {
   const TransformerConfig& config() const { return cfg_; }
   ParamStore& params() { return params_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  // FP8 training's scaling state (--fp8-format), null without it.
+  Fp8Store* fp8() { return fp8_.get(); }
   // This rank's MoE layers, in layer order (the step runner's expert-bias update).
   template <typename F>
   void for_each_moe_layer(F&& f) {
@@ -139,6 +141,8 @@ class GPTModel {
   Param* pos_emb_ = nullptr;
   Param* output_ = nullptr;  // last stage only; == word_emb_ when tied on one stage
   Dropout emb_drop_;
+  std::unique_ptr<Fp8Store> fp8_;  // before layers_: their linears point into it
+  Fp8Store& fp8_store();  // made on first use
   std::vector<TransformerLayer> layers_;  // this rank's layers, chunk after chunk
   std::vector<Chunk> chunks_;
   Norm final_norm_;

@@ -36,10 +36,15 @@ Tensor Linear::forward(const Tensor& x, PassContext& ctx, const Tensor* residual
   ctx.before_use(weight);
   ctx.before_use(bias);
   if (overlaps_comm()) return forward_column_overlapped(x, ctx);
-  const Tensor xf = input_region().forward(x, ctx.times);
+  Tensor xf = input_region().forward(x, ctx.times);
+  Tensor w = weight->value;
+  if (fp8.on()) {
+    ScopedOpTimer t(ctx.times, &OpTimes::fp8_cast);
+    xf = fp8.forward_input(xf, ctx);
+    w = fp8.forward_weight(w, ctx);
+  }
   Tensor y = timed_gemm(ctx, [&] {
-    return residual ? ops::linear_forward_residual(xf, weight->value, nullptr, *residual)
-                    : ops::linear_forward(xf, weight->value, forward_bias());
+    return residual ? ops::linear_forward_residual(xf, w, nullptr, *residual) : ops::linear_forward(xf, w, forward_bias());
   });
   return output_region().forward(y, ctx.times);
 }
@@ -54,12 +59,34 @@ Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx) con
     // gradient of the replicated bias, which so stays identical without a TP reduction.
     const Tensor xf = input_region().forward(x, ctx.times);
     const Tensor dyf = output_region().backward(dy, ctx.times);
+    if (fp8.on()) return backward_fp8(dyf, xf, ctx);
     dx = timed_gemm(ctx, [&] {
       return ops::linear_backward(dyf, xf, weight->value, weight->grad, bias ? &bias->grad : nullptr, true,
                                   weight->take_accumulate());
     });
     dx = input_region().backward(dx, ctx.times);
   }
+  if (report_weight_grad) ctx.grad_ready(weight);
+  ctx.grad_ready(bias);
+  return dx;
+}
+
+// The FP8 backward: the data and weight gradients as two GEMMs, since their operands differ in
+// general (blockwise tiles run along each GEMM's reduction dimension; --no-fp8-wgrad).
+Tensor Linear::backward_fp8(const Tensor& dyf, const Tensor& xf, PassContext& ctx) const {
+  Fp8Linear::Backward b;
+  Tensor w;
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::fp8_cast);
+    b = fp8.backward_operands(dyf, xf);
+    w = fp8.forward_weight(weight->value, ctx);
+  }
+  Tensor dx = timed_gemm(ctx, [&] { return ops::linear_backward_data(b.dy_dgrad, w); });
+  timed_gemm(ctx, [&] {
+    ops::linear_backward_weight(b.dy_wgrad, b.x_wgrad, weight->grad, bias ? &bias->grad : nullptr,
+                                weight->take_accumulate());
+  });
+  dx = input_region().backward(dx, ctx.times);
   if (report_weight_grad) ctx.grad_ready(weight);
   ctx.grad_ready(bias);
   return dx;

@@ -6,6 +6,7 @@
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/context.h"
+#include "model/fp8.h"
 #include "model/params.h"
 #include "model/tensor_parallel.h"
 #include "model/tp_regions.h"
@@ -39,6 +40,8 @@ struct Linear {
   // Whether grad_ready hooks fire for the weight (off for the output layer when it shares the
   // word embedding, whose gradient is complete only after the embedding's backward).
   bool report_weight_grad = true;
+  // FP8 GEMMs (model/fp8.h): set for the transformer layers' linears when --fp8-format is on.
+  Fp8Linear fp8{};
 
  private:
   // The input's way into the GEMM and the output's way out, from the mode (also for a Linear
@@ -47,9 +50,11 @@ struct Linear {
   TPRegion input_region() const { return {mode == ParallelMode::Column ? TPMapping::ColumnInput : TPMapping::None, tp}; }
   TPRegion output_region() const { return {mode == ParallelMode::Row ? TPMapping::RowOutput : TPMapping::None, tp}; }
   // Column-parallel under SP with TensorParallel::overlap_comm (--tp-comm-overlap).
-  bool overlaps_comm() const { return mode == ParallelMode::Column && tp->sp() && tp->overlap_comm; }
+  // Not with FP8: a per-tensor scale needs the whole gathered input before the first GEMM.
+  bool overlaps_comm() const { return mode == ParallelMode::Column && tp->sp() && tp->overlap_comm && !fp8.on(); }
   Tensor forward_column_overlapped(const Tensor& x, PassContext& ctx) const;
   Tensor backward_column_overlapped(const Tensor& dy, const Tensor& x, PassContext& ctx) const;
+  Tensor backward_fp8(const Tensor& dyf, const Tensor& xf, PassContext& ctx) const;
   // The bias forward adds: a row-parallel layer's joins the sum once, from TP rank 0.
   const Tensor* forward_bias() const;
 };

@@ -13,12 +13,12 @@ namespace {
 constexpr double OpTimes::* kFields[] = {&OpTimes::gemm,      &OpTimes::attention, &OpTimes::norm,
                                          &OpTimes::elementwise, &OpTimes::loss,      &OpTimes::optimizer,
                                          &OpTimes::communication, &OpTimes::router, &OpTimes::permute,
-                                         &OpTimes::expert_gemm,   &OpTimes::unpermute};
+                                         &OpTimes::expert_gemm,   &OpTimes::unpermute, &OpTimes::fp8_cast};
 constexpr int kCategories = static_cast<int>(std::size(kFields));
-constexpr int kFirstMoeCategory = 7;  // router onwards
+constexpr int kFirstMoeCategory = 7;  // router onwards (and FP8's casts): shown where they took time
 constexpr const char* kNames[kCategories] = {"GEMM", "attention", "norms", "elementwise", "loss", "optimizer",
                                              "communication", "MoE router", "MoE permute", "MoE expert GEMMs",
-                                             "MoE unpermute"};
+                                             "MoE unpermute", "FP8 casts"};
 
 int category_of(double OpTimes::*f) {
   for (int i = 0; i < kCategories; ++i)

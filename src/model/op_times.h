@@ -30,6 +30,9 @@ struct OpTimes {
   // Mixture of experts: the router (scores, top-k, load-balancing terms), token permutation and
   // its inverse, and the experts' GEMMs (forward and backward each).
   double router = 0, permute = 0, expert_gemm = 0, unpermute = 0;
+  // FP8: the casts of the GEMM operands (amax, scale update, quantization), named apart from the
+  // GEMMs so that their cost shows.
+  double fp8_cast = 0;
 
   OpTimes();
   ~OpTimes();

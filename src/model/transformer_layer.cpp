@@ -61,6 +61,7 @@ struct RecomputeGroup {
     rc.times = ctx.times;
     rc.hooks = ctx.hooks;  // before_use: the parameters are read again
     rc.moe_aux_grad_scale = ctx.moe_aux_grad_scale;  // the rebuilt routers' aux gradient weight
+    rc.recomputing = true;
     saved.resize(layers.size());
     Tensor x = std::move(input);
     for (size_t j = 0; j < layers.size(); ++j) x = layers[j]->forward_layer(x, S, B, saved[j], rc);
@@ -157,6 +158,7 @@ Tensor TransformerLayer::backward_layer(const Tensor& dy, int64_t S, int64_t B, 
     // The MoE layer's recomputation: the same routing (deterministic), no statistics recorded.
     PassContext rc = ctx;
     rc.moe_losses = nullptr;
+    rc.recomputing = true;
     moe.forward(s.moe_input, B, s.moe, rc);
     s.moe_input = Tensor();
   }

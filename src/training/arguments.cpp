@@ -28,6 +28,7 @@ void register_flags(Registered& r, Arguments& a) {
   register_model_flags(p, a, r.model_aliases);
   p.group("mixture of experts");
   register_moe_flags(p, a.model.moe, a);
+  register_fp8_flags(p, a.model.fp8);
   p.group("training");
   register_training_flags(p, a);
   p.group("learning rate and optimizer");
@@ -122,6 +123,7 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   validate_recompute_args(a);
   validate_run_args(a);
   validate_profile_args(a);
+  validate_fp8_args(a);
 }
 
 }  // namespace mt

@@ -35,6 +35,10 @@ void validate_recompute_args(Arguments& a);  // needs the pipeline split
 void register_moe_flags(FlagParser& p, model::MoEConfig& m, MoEArgs& a);
 void validate_moe_args(Arguments& a);
 
+// FP8 (arguments_fp8.cpp): the flags fill model.fp8; validated after the pipeline split is known.
+void register_fp8_flags(FlagParser& p, model::Fp8Config& f);
+void validate_fp8_args(Arguments& a);
+
 void register_data_flags(FlagParser& p, DataArgs& a);
 void validate_data_args(const Arguments& a);
 

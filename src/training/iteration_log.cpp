@@ -103,11 +103,11 @@ void IterationLog::print_line(double elapsed_s, double loss, const StepResult& r
   std::string line = fmt::format(
       " iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} | "
       "throughput per GPU (TFLOP/s/GPU): {:.3f} | tokens per second: {:.0f}{} | learning rate: {:.6E} | "
-      "global batch size: {:5d} | lm loss: {:.6E} |{} loss scale: {:.1f} |{} "
+      "global batch size: {:5d} | lm loss: {:.6E} |{} loss scale: {:.1f} |{}{} "
       "number of skipped iterations: {:3d} | number of nan iterations: {:3d} |",
       state.iteration, opt_.total_iters, state.consumed_train_samples, ms, tflops, tok_s,
       opt_.show_mfu ? fmt::format(" | MFU: {:.1f}%", 100.0 * tflops / 989.0) : std::string(), lr,
-      opt_.global_batch_size, loss, moe_line(), scaler ? static_cast<double>(scaler->scale()) : 1.0,
+      opt_.global_batch_size, loss, moe_line(), scaler ? static_cast<double>(scaler->scale()) : 1.0, fp8_line(),
       // A step skipped for an fp16 overflow has no grad norm: Megatron leaves the field out.
       (std::isnan(grad_norm) && scaler ? std::string() : fmt::format(" grad norm: {:.3f} |", grad_norm)) +
           (r.num_zeros ? fmt::format(" num zeros: {:.0f} |", *r.num_zeros) : std::string()) +
@@ -140,6 +140,16 @@ void IterationLog::print_line(double elapsed_s, double loss, const StepResult& r
   logged_skipped_ = state.skipped_iterations;
   logged_nan_ = state.nan_iterations;
   print(line);
+}
+
+// FP8's health over the interval (this rank's layers): elements clipped by saturation, and the
+// range of the per-tensor scales.
+std::string IterationLog::fp8_line() {
+  if (!fp8_) return {};
+  const model::Fp8Health h = model::take_fp8_health(*fp8_);
+  std::string out = fmt::format(" fp8 saturated: {} |", h.saturated);
+  if (h.has_scales) out += fmt::format(" fp8 scale min/max: {:.3E}/{:.3E} |", h.min_scale, h.max_scale);
+  return out;
 }
 
 // Megatron prints each MoE auxiliary loss after the lm loss, averaged over the interval's

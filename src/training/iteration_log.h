@@ -10,6 +10,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "model/config.h"
+#include "model/fp8.h"
 #include "model/op_times.h"
 #include "parallel/process_groups.h"
 #include "training/run_metrics.h"
@@ -44,6 +45,8 @@ class IterationLog {
   // --log-op-breakdown: where the step time went (every pipeline stage's line).
   void op_breakdown(model::OpTimes& times, double train_time) const;
   void print(const std::string& text) const;
+  // FP8 runs: the log line reports this rank's FP8 health (model/fp8.h: take_fp8_health).
+  void set_fp8(model::Fp8Store* fp8) { fp8_ = fp8; }
   static double now_s();  // the clock of the iteration times (steady, seconds)
 
  private:
@@ -52,10 +55,12 @@ class IterationLog {
 
   std::string moe_line() const;
   std::string progress(int64_t it) const;
+  std::string fp8_line();
 
   IterationLogOptions opt_;
   const model::TransformerConfig& model_;
   const parallel::ProcessGroups& pg_;
+  model::Fp8Store* fp8_ = nullptr;
   int log_rank_ = 0;  // prints the iteration and validation lines
   bool bar_ = false;
   double t_interval_ = 0;

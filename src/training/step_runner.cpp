@@ -60,6 +60,7 @@ StepResult StepRunner::step(const std::vector<model::Batch>& batches, checkpoint
   reduce_loss(local, r);
   reduce_moe_losses(static_cast<int64_t>(batches.size()), r);
   apply_update(r, state, times);
+  if (model::Fp8Store* f = model_.fp8()) f->weights_changed();  // FP8 weights are quantized again
   state.iteration++;
   state.consumed_train_samples += opt_.global_batch_size;
   if (!r.skipped) state.scheduler_samples += opt_.global_batch_size;

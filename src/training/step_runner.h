@@ -10,8 +10,8 @@
 // the fp16 loss scaler and the dropout streams. Where the next capabilities go:
 //   - MoE's auxiliary losses (load balancing, z-loss): summed in forward_backward beside
 //     LossSums, reduced with the loss in reduce_loss and reported in StepResult.
-//   - FP8's scaling state (amax history, scales): owned here beside the loss scaler, updated in
-//     apply_update after the step, and saved with the optimizer state as the scaler is.
+//   - FP8's scaling state (amax histories, scales): owned by the model (model/fp8.h), updated in
+//     the passes on the device; the runner tells it when an update changed the weights.
 //   - Context parallelism's group: parallel::ProcessGroups (built before the Trainer); its
 //     gradient all-reduce joins the others in finalize_grads, its loss sum in reduce_loss.
 #include <cstdint>

@@ -40,6 +40,7 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   lo.show_mfu = args_.device == "cuda";
   log_ = std::make_unique<IterationLog>(lo, args_.model, pg_);
   setup_ops();
+  log_->set_fp8(model_->fp8());
 }
 
 void Trainer::setup_data_parallel() {

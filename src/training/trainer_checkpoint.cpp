@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "checkpoint/fp8_state.h"
 #include "checkpoint/hf_import.h"
 #include "checkpoint/model_args.h"
 #include "checkpoint/upcycle.h"
@@ -48,6 +49,7 @@ void Trainer::save() {
   st.args["tokenizer_files"] = checkpoint::tokenizer_files_json(args_.tokenizer);
   st.args["run_args"] = resolved_arguments(args_);
   if (auto* gs = grad_scaler()) st.grad_scaler = gs->state();
+  if (model::Fp8Store* f = model_->fp8()) st.fp8 = checkpoint::fp8_state_to_json(*f);
   std::optional<checkpoint::OptimizerState> os;
   if (!args_.no_save_optim) os = checkpoint::optimizer_state(step_->optimizer(), ddp_->sharded());
   checkpoint::SaveOptions o = save_options(args_);
@@ -125,6 +127,13 @@ void Trainer::maybe_load() {
     if (st.grad_scaler) gs->load_state(*st.grad_scaler);
     else log_warn("--load {}: the checkpoint holds no fp16 loss scaler state; starting from --initial-loss-scale",
                   args_.load);
+  }
+  // FP8's scales and amax histories belong to the model (Transformer Engine's extra_state).
+  if (model::Fp8Store* f = model_->fp8()) {
+    if (st.fp8.is_null())
+      log_info("--load {}: the checkpoint holds no FP8 scaling state; FP8 scales start afresh", args_.load);
+    else
+      checkpoint::fp8_state_from_json(*f, st.fp8, args_.load + " (metadata.json)");
   }
   if (o.load_rng && st.has_rng) {
     // Offsets only: the seeds follow from --seed, the pipeline stage and the TP rank, which may

@@ -28,7 +28,6 @@ expect_error "--global-batch-size (5) is not divisible by --micro-batch-size (2)
 expect_error "--normalization got 'RMSnorm'" pretrain "${BASE[@]}" --normalization RMSnorm
 expect_error "did you mean 'RMSNorm'" pretrain "${BASE[@]}" --normalization RMSnorm
 expect_error "use only one of --train-iters and --train-samples" pretrain "${BASE[@]}" --train-samples 10
-expect_error "--fp8-format is a Megatron-LM flag that megatron.cpp does not support yet" pretrain "${BASE[@]}" --fp8-format hybrid
 expect_error "--moe-input-jitter-eps is a Megatron-LM flag" pretrain "${BASE[@]}" --num-experts 8 --moe-input-jitter-eps 0.1
 expect_error "--tensor-model-parallel-size" pretrain "${BASE[@]}" --tensor-model-parallel-size 0
 expect_error "--config: cannot read '$TMP/nope.yaml'" pretrain --config "$TMP/nope.yaml"

@@ -41,6 +41,14 @@ Tensor act16(Device d, const Shape& s, uint64_t seed) {
 }
 Tensor i32(Device d, const std::vector<int32_t>& v, const Shape& s) { return Tensor::from_vector(v, s).to_device(d); }
 
+// FP8 codes (U8) read as their values, on the CPU.
+Tensor decoded(const Tensor& codes, Fp8Format f) {
+  const Tensor h = codes.to_device(Device::CPU);
+  std::vector<float> v(static_cast<size_t>(h.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = fp8_decode(h.data<uint8_t>()[i], f);
+  return Tensor::from_vector(v, h.shape());
+}
+
 // ---- MoE inputs.
 // Router logits [n, E] (E coprime with 5): each row a permutation of a grid of step 0.3 to 0.5,
 // shifted by up to 0.5, so a row's values lie at least 0.3 apart (no near-ties: both devices
@@ -443,6 +451,42 @@ std::vector<Case> cases() {
                  h.first = false;
                  sgd_step(p, g, &buf, segments, h, copy);
                  return Outputs{p, buf, copy.out};
+               }});
+  c.push_back({"fp8", 1e-2, [=](Device d) {  // the scaling state exact, the read-back within bf16's rounding
+                 const Tensor x = act(d, {rows, 256}, 70, -3, 3);
+                 Tensor amax = f32(d, std::vector<float>{0.f}, {1}), scale = f32(d, std::vector<float>{1.f}, {1});
+                 Tensor history = f32(d, std::vector<float>{0.5f, 6.f, 2.f}, {3}), dscale = f32(d, std::vector<float>{3.f}, {1});
+                 Tensor sat = Tensor::zeros({1}, DType::I64, d);
+                 fp8_amax(x, amax);
+                 fp8_current_scale(amax, scale, 448.f);
+                 const Tensor q = fp8_fake_quantize(x, scale, Fp8Format::E4M3, sat);
+                 const Tensor clipped = fp8_fake_quantize(x, f32(d, std::vector<float>{4096.f}, {1}), Fp8Format::E5M2, sat);
+                 fp8_delayed_update(history, dscale, amax, 448.f, 1, true);
+                 Tensor s1 = Tensor::zeros({rows * 2}, DType::F32, d), s2 = Tensor::zeros({2}, DType::F32, d);
+                 const Tensor rowwise = fp8_fake_quantize_blocks(x, Fp8Format::E4M3, 1, 128, s1);
+                 const Tensor block = fp8_fake_quantize_blocks(x, Fp8Format::E5M2, 128, 128, s2);
+                 const float n_sat = static_cast<float>(*sat.to_device(Device::CPU).data<int64_t>());
+                 return Outputs{amax, scale, q, clipped, history, dscale, rowwise, s1, block, s2,
+                                Tensor::from_vector(std::vector<float>{n_sat}, {1})};
+               }});
+  // FP8 bytes: the fused cast (+ transpose, amax, clipped count) gives the CPU's codes exactly;
+  // the GEMM over them (scale_invs from the device) matches the CPU's fp32 sum within bf16.
+  c.push_back({"fp8_cast_transpose_gemm", 1e-2, [=](Device d) {
+                 const Tensor x = act(d, {rows, in}, 71, -3, 3), w = act(d, {in, in}, 72, -1, 1);
+                 const Tensor sx = f32(d, std::vector<float>{100.f}, {1}), sw = f32(d, std::vector<float>{400.f}, {1});
+                 Tensor qx = Tensor::empty({rows, in}, DType::U8, d), qxt = Tensor::empty({in, rows}, DType::U8, d);
+                 Tensor qw = Tensor::empty({in, in}, DType::U8, d);
+                 Tensor amax = Tensor::zeros({1}, DType::F32, d), sat = Tensor::zeros({1}, DType::I64, d);
+                 fp8_cast_transpose(x, sx, Fp8Format::E4M3, qx, &qxt, amax, sat);  // 3 * 100 > 448: some clip
+                 Tensor amax_w = Tensor::zeros({1}, DType::F32, d);
+                 fp8_cast_transpose(w, sw, Fp8Format::E5M2, qw, nullptr, amax_w, sat);
+                 const Tensor y = fp8_gemm(qx, Fp8Format::E4M3, f32(d, std::vector<float>{0.01f}, {1}), qw,
+                                           Fp8Format::E5M2, f32(d, std::vector<float>{0.0025f}, {1}),
+                                           d == Device::CPU ? DType::F32 : DType::BF16);
+                 const float n_sat = static_cast<float>(*sat.to_device(Device::CPU).data<int64_t>());
+                 return Outputs{decoded(qx, Fp8Format::E4M3), decoded(qxt, Fp8Format::E4M3),
+                                decoded(qw, Fp8Format::E5M2), amax, amax_w, y,
+                                Tensor::from_vector(std::vector<float>{n_sat}, {1})};
                }});
   add_moe_cases(c);
   return c;

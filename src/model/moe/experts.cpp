@@ -59,8 +59,10 @@ namespace {
 // Rows [off, off + n) of t.
 Tensor rows(const Tensor& t, int64_t off, int64_t n) { return t.slice(off, n); }
 
-// Grouped GEMMs (--moe-grouped-gemm) need bias-free experts.
-bool grouped(const std::vector<Linear>& lin, bool grouped_gemm) { return grouped_gemm && !lin.empty() && !lin[0].bias; }
+// Grouped GEMMs (--moe-grouped-gemm) need bias-free experts outside FP8 (whose casts are per expert).
+bool grouped(const std::vector<Linear>& lin, bool grouped_gemm) {
+  return grouped_gemm && !lin.empty() && !lin[0].bias && !lin[0].fp8.on();
+}
 
 std::vector<const Tensor*> weights(const std::vector<Linear>& lin) {
   std::vector<const Tensor*> w;
@@ -83,8 +85,13 @@ void expert_gemms(const std::vector<Linear>& lin, const Tensor& x, Tensor& y, co
     ctx.before_use(lin[i].bias);
     if (counts[i] > 0) {
       Tensor out = rows(y, off, counts[i]);
-      ops::linear_forward_into(rows(x, off, counts[i]), lin[i].weight->value, lin[i].bias ? &lin[i].bias->value : nullptr,
-                               out);
+      Tensor xi = rows(x, off, counts[i]), w = lin[i].weight->value;
+      if (lin[i].fp8.on()) {
+        ScopedOpTimer f(ctx.times, &OpTimes::fp8_cast);
+        xi = lin[i].fp8.forward_input(xi, ctx);
+        w = lin[i].fp8.forward_weight(w, ctx);
+      }
+      ops::linear_forward_into(xi, w, lin[i].bias ? &lin[i].bias->value : nullptr, out);
     }
     off += counts[i];
   }
@@ -105,11 +112,23 @@ Tensor expert_gemms_backward(const std::vector<Linear>& lin, const Tensor& dy, c
   int64_t off = 0;
   for (size_t i = 0; i < lin.size(); ++i) {
     if (counts[i] > 0) {
-      const Tensor dy_rows = rows(dy, off, counts[i]);
+      const Tensor dyi = rows(dy, off, counts[i]), xi = rows(x, off, counts[i]);
+      Tensor* db = lin[i].bias ? &lin[i].bias->grad : nullptr;
       Tensor dx_rows = rows(dx, off, counts[i]);
-      ops::linear_backward_data_into(dy_rows, lin[i].weight->value, dx_rows);
-      ops::linear_backward_weight(dy_rows, rows(x, off, counts[i]), lin[i].weight->grad,
-                                  lin[i].bias ? &lin[i].bias->grad : nullptr, true);
+      if (lin[i].fp8.on()) {
+        Fp8Linear::Backward b;
+        Tensor w;
+        {
+          ScopedOpTimer f(ctx.times, &OpTimes::fp8_cast);
+          b = lin[i].fp8.backward_operands(dyi, xi);
+          w = lin[i].fp8.forward_weight(lin[i].weight->value, ctx);
+        }
+        ops::linear_backward_data_into(b.dy_dgrad, w, dx_rows);
+        ops::linear_backward_weight(b.dy_wgrad, b.x_wgrad, lin[i].weight->grad, db, true);
+      } else {
+        ops::linear_backward_data_into(dyi, lin[i].weight->value, dx_rows);
+        ops::linear_backward_weight(dyi, xi, lin[i].weight->grad, db, true);
+      }
     }
     off += counts[i];
     ctx.grad_ready(lin[i].weight);

@@ -1,0 +1,226 @@
+// FP8 ops of ops.def on the GPU: amax reductions into a device scalar, the scale updates (one
+// thread: a handful of floats, kept on the device so the step never waits for the host), and
+// the quantize-and-read-back that the CPU emulates exactly (cvt.rn.satfinite: round to nearest
+// even, saturating, as Transformer Engine casts). The scale rules are kernels/fp8_scale.h's,
+// shared with the CPU.
+#include <cuda_fp8.h>
+
+#include <type_traits>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/tensor_args.h"
+#include "kernels/fp8_scale.h"
+#include "kernels/op_backends.h"
+
+namespace mt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Non-negative floats order as their bit patterns: an integer atomicMax is a float max.
+__device__ __forceinline__ void atomic_max_nonneg(float* p, float v) {
+  atomicMax(reinterpret_cast<int*>(p), __float_as_int(v));
+}
+
+template <typename T>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* amax) {
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    m = fmaxf(m, fabsf(to_f(x[i])));  // fmaxf drops NaN, as the CPU's std::fmax
+  m = warp_max(m);
+  if ((threadIdx.x & 31) == 0) atomic_max_nonneg(amax, m);
+}
+
+__global__ void delayed_update_kernel(float* h, int64_t L, float* scale, const float* amax, float scaled_max,
+                                      bool use_max) {
+  h[0] = *amax;
+  float a = h[0];
+  if (use_max)
+    for (int64_t i = 1; i < L; ++i) a = fmaxf(a, h[i]);
+  *scale = fp8::scale_from_amax(a, scaled_max, *scale);
+  const float first = h[0];
+  for (int64_t i = 0; i + 1 < L; ++i) h[i] = h[i + 1];
+  h[L - 1] = first;
+  h[0] = 0.f;
+}
+
+__global__ void current_scale_kernel(const float* amax, float* scale, float fp8_max) {
+  *scale = fp8::scale_from_amax(*amax, fp8_max, 1.f);
+}
+
+__device__ __forceinline__ float fp8_round_dev(float v, bool e5m2) {
+  const __nv_fp8_interpretation_t k = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, k);
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, k)));
+}
+
+template <typename T>
+__global__ void fake_quantize_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, const float* scale,
+                                     bool e5m2, float fp8_max, unsigned long long* saturated) {
+  const float s = *scale, inv = 1.f / s;
+  unsigned clipped = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = to_f(x[i]) * s;
+    clipped += fabsf(v) > fp8_max;
+    y[i] = from_f<T>(fp8_round_dev(v, e5m2) * inv);
+  }
+  for (int o = 16; o > 0; o >>= 1) clipped += __shfl_xor_sync(0xffffffffu, clipped, o);
+  if ((threadIdx.x & 31) == 0 && clipped) atomicAdd(saturated, static_cast<unsigned long long>(clipped));
+}
+
+// One block per tile: the tile's amax (block max), its power-of-two scale, then the tile.
+template <typename T>
+__global__ void fake_quantize_blocks_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t R, int64_t C,
+                                            int64_t tile_r, int64_t tile_c, int64_t tiles_c, bool e5m2, float fp8_max,
+                                            float* scales) {
+  __shared__ float warp_maxes[kThreads / 32];
+  const int64_t bi = blockIdx.x / tiles_c, bj = blockIdx.x % tiles_c;
+  const int64_t r0 = bi * tile_r, c0 = bj * tile_c;
+  const int64_t h = min(tile_r, R - r0), w = min(tile_c, C - c0), n = h * w;
+  float m = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, fabsf(to_f(x[(r0 + i / w) * C + c0 + i % w])));
+  m = warp_max(m);
+  if ((threadIdx.x & 31) == 0) warp_maxes[threadIdx.x / 32] = m;
+  __syncthreads();
+  m = 0.f;
+  for (int i = 0; i < kThreads / 32; ++i) m = fmaxf(m, warp_maxes[i]);
+  const float s = fp8::pow2_floor(fp8::scale_from_amax(m, fp8_max, 1.f)), inv = 1.f / s;
+  if (threadIdx.x == 0) scales[blockIdx.x] = s;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t at = (r0 + i / w) * C + c0 + i % w;
+    y[at] = from_f<T>(fp8_round_dev(to_f(x[at]) * s, e5m2) * inv);
+  }
+}
+
+// One 32x32 tile per block (32 x 8 threads): codes written row-major, and through shared memory
+// transposed, both coalesced; the tile's amax and clipped count joined atomically.
+constexpr int kTileDim = 32, kTileRows = 8;
+template <typename T>
+__global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C, const float* scale, bool e5m2,
+                                      float fp8_max, uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
+                                      unsigned long long* saturated) {
+  __shared__ uint8_t tile[kTileDim][kTileDim + 1];
+  const float s = *scale;
+  const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const int64_t r0 = int64_t{blockIdx.y} * kTileDim, c0 = int64_t{blockIdx.x} * kTileDim;
+  float m = 0.f;
+  unsigned clipped = 0;
+  for (int i = threadIdx.y; i < kTileDim; i += kTileRows) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < R && c < C) {
+      const float v = to_f(x[r * C + c]);
+      m = fmaxf(m, fabsf(v));
+      clipped += fabsf(v * s) > fp8_max;
+      const uint8_t code = __nv_cvt_float_to_fp8(v * s, __NV_SATFINITE, kind);
+      q[r * C + c] = code;
+      tile[i][threadIdx.x] = code;
+    }
+  }
+  m = warp_max(m);
+  for (int o = 16; o > 0; o >>= 1) clipped += __shfl_xor_sync(0xffffffffu, clipped, o);
+  if (threadIdx.x == 0) {
+    atomic_max_nonneg(amax, m);
+    if (clipped) atomicAdd(saturated, static_cast<unsigned long long>(clipped));
+  }
+  if (!qt) return;
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTileDim; i += kTileRows) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;  // qt[c, r] = q[r, c]
+    if (r < R && c < C) qt[c * R + r] = tile[threadIdx.x][i];
+  }
+}
+
+}  // namespace
+}  // namespace mt::cuda
+
+namespace mt::ops::gpu {
+
+using cuda::compute_stream;
+
+void fp8_amax(const Tensor& x, Tensor& amax) {
+  float* a = cuda_data<float>(amax, DType::F32, 1, "fp8_amax (amax)");
+  MT_CUDA_CHECK(cudaMemsetAsync(a, 0, sizeof(float), compute_stream()));
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  with_float_type(x, [&](auto* p) {
+    cuda::amax_kernel<<<cuda::grid_for(n, cuda::kThreads, 1024), cuda::kThreads, 0, compute_stream()>>>(p, n, a);
+  }, "fp8_amax");
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void fp8_delayed_update(Tensor& history, Tensor& scale, const Tensor& amax, float fp8_max, int margin, bool use_max) {
+  check_cuda_tensor(history, DType::F32, "fp8_delayed_update (history)");
+  MT_CHECK(history.numel() >= 1, "fp8_delayed_update: an empty history");
+  cuda::delayed_update_kernel<<<1, 1, 0, compute_stream()>>>(
+      history.data<float>(), history.numel(), cuda_data<float>(scale, DType::F32, 1, "fp8_delayed_update (scale)"),
+      cuda_data<float>(amax, DType::F32, 1, "fp8_delayed_update (amax)"), fp8::scaled_max(fp8_max, margin), use_max);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void fp8_current_scale(const Tensor& amax, Tensor& scale, float fp8_max) {
+  cuda::current_scale_kernel<<<1, 1, 0, compute_stream()>>>(
+      cuda_data<float>(amax, DType::F32, 1, "fp8_current_scale (amax)"),
+      cuda_data<float>(scale, DType::F32, 1, "fp8_current_scale (scale)"), fp8_max);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+Tensor fp8_fake_quantize(const Tensor& x, const Tensor& scale, Fp8Format format, Tensor& saturated) {
+  const float* s = cuda_data<float>(scale, DType::F32, 1, "fp8_fake_quantize (scale)");
+  auto* sat = reinterpret_cast<unsigned long long*>(
+      cuda_data<int64_t>(saturated, DType::I64, 1, "fp8_fake_quantize (saturated)"));
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), Device::CUDA);
+  const int64_t n = x.numel();
+  if (n == 0) return y;
+  with_float_type(x, [&](auto* p) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
+    cuda::fake_quantize_kernel<<<cuda::grid_for(n, cuda::kThreads), cuda::kThreads, 0, compute_stream()>>>(
+        p, y.data<T>(), n, s, format == Fp8Format::E5M2, fp8_max(format), sat);
+  }, "fp8_fake_quantize");
+  MT_CUDA_LAUNCH_CHECK();
+  return y;
+}
+
+Tensor fp8_fake_quantize_blocks(const Tensor& x, Fp8Format format, int64_t tile_r, int64_t tile_c, Tensor& scales) {
+  MT_CHECK(x.ndim() == 2 && tile_r > 0 && tile_c > 0, "fp8_fake_quantize_blocks: [R, C] in positive tiles, got {}",
+           x.shape_str());
+  const int64_t R = x.dim(0), C = x.dim(1), tr = cuda::ceil_div(R, tile_r), tc = cuda::ceil_div(C, tile_c);
+  float* sc = cuda_data<float>(scales, DType::F32, tr * tc, "fp8_fake_quantize_blocks (scales)");
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), Device::CUDA);
+  if (tr * tc == 0) return y;
+  with_float_type(x, [&](auto* p) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
+    cuda::fake_quantize_blocks_kernel<<<static_cast<unsigned>(tr * tc), cuda::kThreads, 0, compute_stream()>>>(
+        p, y.data<T>(), R, C, tile_r, tile_c, tc, format == Fp8Format::E5M2, fp8_max(format), sc);
+  }, "fp8_fake_quantize_blocks");
+  MT_CUDA_LAUNCH_CHECK();
+  return y;
+}
+
+void fp8_cast_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, Tensor& q, Tensor* qt, Tensor& amax,
+                        Tensor& saturated) {
+  MT_CHECK(x.ndim() == 2, "fp8_cast_transpose: [R, C], got {}", x.shape_str());
+  const int64_t R = x.dim(0), C = x.dim(1);
+  uint8_t* qp = cuda_data<uint8_t>(q, DType::U8, R * C, "fp8_cast_transpose (q)");
+  uint8_t* qtp = qt ? cuda_data<uint8_t>(*qt, DType::U8, R * C, "fp8_cast_transpose (qt)") : nullptr;
+  const float* s = cuda_data<float>(scale, DType::F32, 1, "fp8_cast_transpose (scale)");
+  float* a = cuda_data<float>(amax, DType::F32, 1, "fp8_cast_transpose (amax)");
+  auto* sat = reinterpret_cast<unsigned long long*>(
+      cuda_data<int64_t>(saturated, DType::I64, 1, "fp8_cast_transpose (saturated)"));
+  if (R * C == 0) return;
+  const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kTileDim)),
+                  static_cast<unsigned>(cuda::ceil_div(R, cuda::kTileDim)));
+  const dim3 block(cuda::kTileDim, cuda::kTileRows);
+  with_float_type(x, [&](auto* p) {
+    cuda::cast_transpose_kernel<<<grid, block, 0, compute_stream()>>>(p, R, C, s, format == Fp8Format::E5M2,
+                                                                      fp8_max(format), qp, qtp, a, sat);
+  }, "fp8_cast_transpose");
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mt::ops::gpu

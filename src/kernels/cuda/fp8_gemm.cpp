@@ -1,0 +1,105 @@
+// ops::gpu::fp8_gemm: Hopper's FP8 tensor-core GEMM through cuBLASLt. Both operands K-major
+// ("TN", the only FP8 layout Hopper's cuBLASLt runs), per-tensor scale_invs read from the device
+// (A/B_SCALE_POINTER: no host sync), fp32 accumulation, bf16 or f32 output. Row-major D [M, N] =
+// a [M, K] b[N, K]^T is column-major D^T [N, M] = b^T-as-stored x a, so cuBLASLt's A is b
+// (transposed) and its B is a. Its own handle and workspace: the bf16 Gemm's tuning cache is
+// keyed for bf16 calls only.
+#include <cublasLt.h>
+
+#include <mutex>
+
+#include "core/error.h"
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/tensor_args.h"
+#include "kernels/op_backends.h"
+
+namespace mt::ops::gpu {
+
+namespace {
+
+void check_lt(cublasStatus_t st, const char* what) {
+  MT_CHECK(st == CUBLAS_STATUS_SUCCESS, "fp8_gemm: {} failed (cuBLAS status {})", what, static_cast<int>(st));
+}
+
+struct Fp8Lt {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = size_t{32} << 20;
+};
+
+// One per process, made on first use (the compute stream orders every call).
+Fp8Lt& lt() {
+  static Fp8Lt s;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    check_lt(cublasLtCreate(&s.handle), "cublasLtCreate");
+    MT_CUDA_CHECK(cudaMalloc(&s.workspace, s.workspace_bytes));
+  });
+  return s;
+}
+
+cudaDataType_t fp8_type(Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+
+// RAII for the descriptors of one call.
+struct Descs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Descs() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+}  // namespace
+
+Tensor fp8_gemm(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b, Fp8Format b_format,
+                const Tensor& b_scale_inv, DType out_dtype) {
+  MT_CHECK(a.ndim() == 2 && b.ndim() == 2 && a.dim(1) == b.dim(1), "fp8_gemm: [M, K] x [N, K], got {} and {}",
+           a.shape_str(), b.shape_str());
+  MT_CHECK(a_format == Fp8Format::E4M3 || b_format == Fp8Format::E4M3, "fp8_gemm: cuBLASLt has no E5M2 x E5M2 GEMM");
+  MT_CHECK(out_dtype == DType::BF16 || out_dtype == DType::F32, "fp8_gemm: bf16 or f32 output, asked for {}",
+           dtype_name(out_dtype));
+  const int64_t M = a.dim(0), N = b.dim(0), K = a.dim(1);
+  const void* ap = cuda_data<uint8_t>(a, DType::U8, M * K, "fp8_gemm (a)");
+  const void* bp = cuda_data<uint8_t>(b, DType::U8, N * K, "fp8_gemm (b)");
+  const float* asi = cuda_data<float>(a_scale_inv, DType::F32, 1, "fp8_gemm (a_scale_inv)");
+  const float* bsi = cuda_data<float>(b_scale_inv, DType::F32, 1, "fp8_gemm (b_scale_inv)");
+  Tensor d = Tensor::empty({M, N}, out_dtype, Device::CUDA);
+  if (M == 0 || N == 0) return d;
+  MT_CHECK(K % 16 == 0 && N % 16 == 0, "fp8_gemm: cuBLASLt's FP8 GEMM needs K and N multiples of 16, got {} x {} x {}",
+           M, N, K);
+  Fp8Lt& h = lt();
+  Descs x;
+  check_lt(cublasLtMatmulDescCreate(&x.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), "TRANSA");
+  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n), "TRANSB");
+  // cuBLASLt's A is our b, its B our a.
+  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &bsi, sizeof bsi), "A_SCALE");
+  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &asi, sizeof asi), "B_SCALE");
+  const cudaDataType_t dt = out_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  check_lt(cublasLtMatrixLayoutCreate(&x.a, fp8_type(b_format), static_cast<uint64_t>(K), static_cast<uint64_t>(N), K),
+           "layout A");
+  check_lt(cublasLtMatrixLayoutCreate(&x.b, fp8_type(a_format), static_cast<uint64_t>(K), static_cast<uint64_t>(M), K),
+           "layout B");
+  check_lt(cublasLtMatrixLayoutCreate(&x.d, dt, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N), "layout D");
+  check_lt(cublasLtMatmulPreferenceCreate(&x.pref), "preference");
+  check_lt(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &h.workspace_bytes,
+                                                sizeof h.workspace_bytes),
+           "workspace preference");
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  check_lt(cublasLtMatmulAlgoGetHeuristic(h.handle, x.op, x.a, x.b, x.d, x.d, x.pref, 1, &heur, &found), "heuristic");
+  MT_CHECK(found > 0, "fp8_gemm: cuBLASLt offers no FP8 algorithm for {} x {} x {}", M, N, K);
+  const float alpha = 1.f, beta = 0.f;
+  check_lt(cublasLtMatmul(h.handle, x.op, &alpha, bp, x.a, ap, x.b, &beta, d.raw(), x.d, d.raw(), x.d, &heur.algo,
+                          h.workspace, h.workspace_bytes, cuda::compute_stream()),
+           "cublasLtMatmul");
+  return d;
+}
+
+}  // namespace mt::ops::gpu

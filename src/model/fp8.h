@@ -1,0 +1,95 @@
+#pragma once
+// FP8 training state and the quantization of a linear layer's GEMM operands (model/fp8_config.h
+// for the settings). Each FP8 linear has three operands (Transformer Engine's fprop input,
+// weight, and the output gradient), each with its own scaling state held in f32 tensors on the
+// model's device: the ops that read and update it (kernels/ops.def, FP8) run in the stream, so
+// nothing waits for the host. The CPU emulates the FP8 GEMMs exactly: each operand is rounded to
+// its FP8 format with the recipe's scale and read back, then the fp32 GEMM runs as before.
+#include <cstdint>
+#include <deque>
+#include <string>
+
+#include "core/tensor.h"
+#include "model/context.h"
+#include "model/fp8_config.h"
+#include "model/tensor_parallel.h"
+
+namespace mt::model {
+
+// One operand's scaling state.
+struct Fp8TensorState {
+  Tensor history;    // f32 [amax_history_len]: delayed scaling's amaxes (slot 0 is the next one's)
+  Tensor scale;      // f32 [1]: the scale the next quantization uses (delayed) / the last one used
+  Tensor amax;       // f32 [1]: the last quantization's amax (reduced over TP)
+  Tensor saturated;  // I64 [1]: elements clipped to the format's max since the log last read it
+};
+
+// The three operands of one linear layer, named after its parameters' prefix.
+struct Fp8LinearState {
+  std::string name;  // e.g. decoder.layers.0.self_attention.linear_qkv
+  Fp8TensorState input, weight, grad;
+  // The weight as the step's GEMMs read it: quantized once per optimizer step (the weight does
+  // not change within one), as Transformer Engine caches its FP8 weight over micro-batches.
+  Tensor weight_q;
+  int64_t weight_epoch = -1;
+  // The input scales of the forwards whose backwards are still to come (oldest first: schedules
+  // run each layer's backwards in the order of its forwards), so that the weight gradient reads
+  // the input exactly as the forward GEMM did, under any pipeline schedule and recomputation.
+  std::deque<Tensor> pending_input_scales;
+};
+
+class Fp8Store {
+ public:
+  explicit Fp8Store(const Fp8Config& c) : cfg_(c) {}
+  Fp8Store(const Fp8Store&) = delete;
+  Fp8Store& operator=(const Fp8Store&) = delete;
+  const Fp8Config& config() const { return cfg_; }
+  // A linear's state (stable address), its tensors on the CPU until to_device.
+  Fp8LinearState& add(const std::string& name);
+  void to_device(Device d);
+  // The weights changed (an optimizer step): the next training forward quantizes them again.
+  void weights_changed() { ++epoch_; }
+  int64_t epoch() const { return epoch_; }
+  std::deque<Fp8LinearState>& linears() { return linears_; }
+
+ private:
+  Fp8Config cfg_;
+  std::deque<Fp8LinearState> linears_;
+  int64_t epoch_ = 0;
+};
+
+// What one FP8 linear needs at run time: its state, the store's settings, and the TP group over
+// which sharded operands' amaxes are reduced (so every rank uses one scale, as TE's amax
+// reduction group; null: nothing to reduce).
+struct Fp8Linear {
+  Fp8LinearState* state = nullptr;
+  const Fp8Store* store = nullptr;
+  const TensorParallel* tp = nullptr;
+  bool on() const { return state != nullptr; }
+  // The operands of y = x w^T (x [rows, in], w [out, in]) as the forward GEMM reads them.
+  Tensor forward_input(const Tensor& x, const PassContext& ctx) const;
+  Tensor forward_weight(const Tensor& w, const PassContext& ctx) const;
+  // Backward: the operands of dx = dy w (dy_dgrad, with forward_weight's w) and dw = dy^T x
+  // (dy_wgrad, x_wgrad: in FP8 unless --no-fp8-wgrad, then dy and x as they are). x is the
+  // forward's input; the per-tensor recipes read it back as that forward quantized it.
+  struct Backward {
+    Tensor dy_dgrad, dy_wgrad, x_wgrad;
+  };
+  Backward backward_operands(const Tensor& dy, const Tensor& x) const;
+};
+
+// FP8's health over a log interval: the elements clipped to the formats' max (scales too large:
+// a saturating recipe) and the range of the per-tensor scales (a huge one: FP8's range wasted on
+// tiny values). Reading waits for the device; the counters restart at zero.
+struct Fp8Health {
+  int64_t saturated = 0;
+  float min_scale = 0, max_scale = 0;
+  bool has_scales = false;  // per-tensor recipes (blockwise scales are per tile and not kept)
+};
+Fp8Health take_fp8_health(Fp8Store& store);
+
+// A new FP8 linear for the layer whose weight is `weight_name` (its state named without the
+// ".weight"), its amaxes reduced over `tp` (null: not reduced).
+Fp8Linear make_fp8_linear(Fp8Store& store, const std::string& weight_name, const TensorParallel* tp);
+
+}  // namespace mt::model
