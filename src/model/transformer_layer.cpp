@@ -47,6 +47,7 @@ struct RecomputeGroup {
   // the re-run draws from copies of the former and must end at the latter.
   std::optional<RngState> rng, tp_rng;
   uint64_t rng_end = 0, tp_rng_end = 0;
+  std::shared_ptr<const SequenceLayout> seq;    // the forward's token layout, for the re-run
   std::vector<const TransformerLayer*> layers;  // in forward order
   std::vector<TransformerLayer::Saved> saved;   // rebuilt, handed out one by one in backward
   bool rebuilt = false;
@@ -60,6 +61,7 @@ struct RecomputeGroup {
     rc.times = ctx.times;
     rc.hooks = ctx.hooks;  // before_use: the parameters are read again
     rc.moe_aux_grad_scale = ctx.moe_aux_grad_scale;  // the rebuilt routers' aux gradient weight
+    rc.seq = seq;
     saved.resize(layers.size());
     Tensor x = std::move(input);
     for (size_t j = 0; j < layers.size(); ++j) x = layers[j]->forward_layer(x, S, B, saved[j], rc);
@@ -77,6 +79,7 @@ Tensor TransformerLayer::forward(const Tensor& x, int64_t S, int64_t B, Saved& s
     g->training = ctx.training;
     if (ctx.rng) g->rng = *ctx.rng;
     if (ctx.tp_rng) g->tp_rng = *ctx.tp_rng;
+    g->seq = ctx.seq;
     ctx.recompute_group = std::move(g);
   }
   MT_CHECK(ctx.recompute_group != nullptr, "a recomputed layer's forward outside its recompute group");

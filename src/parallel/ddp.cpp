@@ -285,7 +285,8 @@ double global_grad_norm(model::ParamStore& ps, const std::vector<std::pair<int64
 double global_grad_norm(model::ParamStore& ps, const DataParallel& ddp, const ProcessGroups& pg, bool moe) {
   const auto owned = ddp.owned_ranges();
   double sq = pg.mp->all_reduce_value(owned_squares(ps, owned, pg.tp_rank(), false));
-  if (ddp.sharded() && pg.dp->size() > 1) sq = pg.dp->all_reduce_value(sq);
+  // The distributed optimizer shards over DP x CP (the ranks that reduce dense gradients).
+  if (ddp.sharded() && pg.dp_cp->size() > 1) sq = pg.dp_cp->all_reduce_value(sq);
   if (!moe) return std::sqrt(sq);
   // Each expert lives on one ETP x EP slice of a stage (replicated over EDP): summed over
   // ETP x EP x PP, where stages without MoE layers take part with 0.

@@ -28,6 +28,7 @@ void register_flags(Registered& r, Arguments& a) {
   register_logging_flags(p, a);
   register_checkpoint_flags(p, a);
   register_parallel_flags(p, a);
+  register_context_flags(p, a);
   p.enable_config();
 }
 
@@ -55,6 +56,7 @@ std::string pretrain_help() {
 
 void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   validate_parallel_args(a);
+  validate_context_args(a);
   validate_moe_args(a);
   validate_model_args(a);
   validate_training_args(a);

@@ -131,7 +131,17 @@ struct ParallelArgs {
   std::string distributed_backend = "nccl";  // CPU tensors always use Gloo
 };
 
-struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs {
+// Long sequences (arguments_context.cpp): context parallelism's attention form, and packed
+// documents (Megatron's get_batch masks: positions and attention restart after each EOD).
+struct ContextArgs {
+  std::string cp_comm_type = "p2p";                 // p2p | a2a | allgather | a2a+p2p
+  std::vector<std::string> hierarchical_cp_sizes;   // a2a+p2p: "A P" (all-to-all size, ring size)
+  int64_t cp_a2a_size = 1;                          // derived: the all-to-all group's size
+  bool reset_position_ids = false, reset_attention_mask = false;
+};
+
+struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs,
+                   ContextArgs {
   std::vector<std::string> given;  // flag names given by the user (for conflict checks)
   bool was_given(const char* flag) const;
 };

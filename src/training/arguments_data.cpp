@@ -24,8 +24,6 @@ void register_data_flags(FlagParser& p, DataArgs& a) {
   p.store_true("--mock-data", &a.data.mock, "synthetic data (Megatron's mock GPT dataset)");
   p.store_true("--eod-mask-loss", &a.eod_mask_loss, "no loss on end-of-document tokens");
   p.custom("--num-workers", true, [](const std::string&) {}, "accepted (data loading is synchronous and deterministic)");
-  // Megatron-LM flags that are known but not implemented yet: rejected by name.
-  for (const char* f : {"--reset-position-ids", "--reset-attention-mask"}) p.unsupported(f, "not implemented yet");
 }
 
 void validate_data_args(const Arguments& a) {

@@ -55,6 +55,9 @@ void register_checkpoint_flags(FlagParser& p, CheckpointArgs& a);
 void validate_checkpoint_args(const CheckpointArgs& a);
 
 void register_parallel_flags(FlagParser& p, ParallelArgs& a);
+// Context parallelism and packed documents: after the parallel sizes, before the model's rules.
+void register_context_flags(FlagParser& p, ContextArgs& a);
+void validate_context_args(Arguments& a);
 // validate_parallel_args (arguments.h) runs first; the pipeline rules after the model is known.
 void validate_pipeline_args(Arguments& a);
 
