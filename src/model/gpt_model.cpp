@@ -228,8 +228,8 @@ Tensor GPTModel::forward_chunk(int c, const Batch& batch, const Tensor& input, S
     to_sb(batch.tokens, s.ids_sb);
     x = embed(s.ids_sb, S, B, s, ctx);
   } else {
-    MT_CHECK(input.numel() == activation_rows(B, S) * cfg_.hidden_size,
-             "chunk {} input of {} elements, expected {} x {}", c, input.numel(), activation_rows(B, S),
+    MT_CHECK(input.numel() == activation_rows(B, S_full) * cfg_.hidden_size,
+             "chunk {} input of {} elements, expected {} x {}", c, input.numel(), activation_rows(B, S_full),
              cfg_.hidden_size);
     x = input;
   }
