@@ -14,8 +14,14 @@
 //    sample after sample, into documents that never attend across their borders; every sample
 //    border is also a document border. The kernels find a row's document by binary search, so
 //    no mask is ever stored. On the CPU it is a host pointer, on the GPU a device pointer.
-#include <algorithm>
 #include <cstdint>
+
+// visible_keys runs in the CUDA kernels too.
+#ifdef __CUDACC__
+#define MT_HOST_DEVICE __host__ __device__
+#else
+#define MT_HOST_DEVICE
+#endif
 
 namespace mt::ops {
 
@@ -31,10 +37,10 @@ struct AttentionShape {
   const int32_t* cu_seqlens = nullptr;  // packed documents (see above); null: one per sample
   int64_t num_segments = 0;
 
-  int64_t keys() const { return Sk > 0 ? Sk : S; }
-  int64_t total() const { return seq_total > 0 ? seq_total : S; }
-  // True where the call is the plain self-attention of a whole sequence (what every kernel
-  // supports; the chunk and document forms are the CPU's, see the CUDA dispatch).
+  MT_HOST_DEVICE int64_t keys() const { return Sk > 0 ? Sk : S; }
+  MT_HOST_DEVICE int64_t total() const { return seq_total > 0 ? seq_total : S; }
+  // True where the call is the plain self-attention of a whole sequence: what every kernel
+  // serves. The chunk and document forms run on the CPU kernels and the GPU's generic ones.
   bool plain() const { return keys() == S && q_pos == 0 && k_pos == 0 && total() == S && cu_seqlens == nullptr; }
 };
 
@@ -43,7 +49,7 @@ struct AttentionShape {
 struct KeyRange {
   int64_t lo, hi;
 };
-inline KeyRange visible_keys(const AttentionShape& p, int64_t b, int64_t i) {
+inline MT_HOST_DEVICE KeyRange visible_keys(const AttentionShape& p, int64_t b, int64_t i) {
   const int64_t T = p.total(), P = p.q_pos + i;
   int64_t lo = 0, hi = p.causal ? P + 1 : T;
   if (p.cu_seqlens) {
@@ -55,13 +61,16 @@ inline KeyRange visible_keys(const AttentionShape& p, int64_t b, int64_t i) {
       if (p.cu_seqlens[m] <= g) a = m;
       else z = m;
     }
-    lo = std::max<int64_t>(lo, p.cu_seqlens[a] - b * T);
-    hi = std::min<int64_t>(hi, p.cu_seqlens[a + 1] - b * T);
+    const int64_t ds = p.cu_seqlens[a] - b * T, de = p.cu_seqlens[a + 1] - b * T;
+    lo = ds > lo ? ds : lo;
+    hi = de < hi ? de : hi;
   }
   const int64_t n = p.keys();
-  lo = std::clamp<int64_t>(lo - p.k_pos, 0, n);
-  hi = std::clamp<int64_t>(hi - p.k_pos, 0, n);
-  return {lo, std::max(lo, hi)};
+  lo -= p.k_pos;
+  hi -= p.k_pos;
+  lo = lo < 0 ? 0 : (lo > n ? n : lo);
+  hi = hi < 0 ? 0 : (hi > n ? n : hi);
+  return {lo, hi > lo ? hi : lo};
 }
 
 }  // namespace mt::ops

@@ -57,8 +57,8 @@ void validate_context_args(Arguments& a) {
          a.cp_comm_type);
   }
   if (a.device == "cuda" && (cp > 1 || a.reset_attention_mask))
-    fail("{} runs on the CPU only so far (the GPU attention kernels do not take chunks or documents yet); use --device "
-         "cpu",
+    fail("{} runs on the CPU only so far (its GPU path, through the generic attention kernels, is not validated yet); "
+         "use --device cpu",
          cp > 1 ? "--context-parallel-size > 1" : "--reset-attention-mask");
   if (cp == 1) return;
   if (!a.save.empty() || !a.load.empty())

@@ -279,18 +279,10 @@ Tensor narrow_f16(const Tensor& t) {
   cuda::cast(f(t), h<f16>(r), t.numel(), st());
   return r;
 }
-// The GPU kernels run whole-sequence self-attention; chunks and packed documents are the CPU's
-// so far (kernels/attention_shape.h).
-void require_plain(const AttentionShape& p) {
-  if (!p.plain())
-    fail("context parallelism and packed documents (--reset-attention-mask) run on the CPU only so far; use "
-         "--device cpu, or leave out --context-parallel-size and --reset-attention-mask");
-}
 }  // namespace
 
 void attention_forward(const AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& lse) {
-  require_plain(p);
   lse = stat({p.B, p.Hq, p.S});
   if (q.dtype() == DType::F16) {
     Tensor q32 = widen(q), k32 = widen(k), v32 = widen(v), o32 = stat(q.shape());
@@ -304,7 +296,6 @@ void attention_forward(const AttentionShape& p, const Tensor& q, const Tensor& k
 
 void attention_backward(const AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
-  require_plain(p);
   if (q.dtype() == DType::F16) {  // the fp16 correctness path (see widen above)
     Tensor q32 = widen(q), k32 = widen(k), v32 = widen(v), o32 = widen(out), do32 = widen(dout);
     Tensor dq32 = stat(q.shape()), dk32 = stat(k.shape()), dv32 = stat(v.shape());
