@@ -29,6 +29,7 @@ struct Layout {
   bool sp = false, dist_opt = false, packed = false;
   int layers = 2;
   int64_t mbs = 4;
+  const char* recompute = "";  // --recompute-granularity (full: uniform, one layer per group)
 };
 
 // PatternSource's sequences with an end-of-document token every few positions (a different
@@ -69,6 +70,12 @@ Arguments make_args(const Layout& l) {
   a.sequence_parallel = l.sp;
   a.use_distributed_optimizer = l.dist_opt;
   a.reset_position_ids = a.reset_attention_mask = a.eod_mask_loss = l.packed;
+  a.model.recompute_granularity = l.recompute;
+  if (std::string(l.recompute) == "full") {
+    a.model.recompute_method = "uniform";
+    a.model.recompute_num_layers = 1;
+    a.given = {"--num-query-groups", "--recompute-method", "--recompute-num-layers"};
+  }
   validate_args(a, kVocab);
   return a;
 }
@@ -124,6 +131,14 @@ TEST(ContextParallel, CP2xPP2Interleaved) {
 }
 TEST(ContextParallel, CP2xDP2DistributedOptimizer) {
   expect_same_as_single_rank({.world = 4, .cp = 2, .dist_opt = true, .mbs = 2});
+}
+// Recomputation re-runs the attention over the CP group in backward (every CP rank does it at
+// the same point of its schedule): selective drops the core's output, full a layer's input.
+TEST(ContextParallel, CP2SelectiveRecompute) {
+  expect_same_as_single_rank({.world = 2, .cp = 2, .recompute = "selective"});
+}
+TEST(ContextParallel, CP2A2AFullRecomputePacked) {
+  expect_same_as_single_rank({.world = 2, .cp = 2, .comm = "a2a", .packed = true, .recompute = "full"});
 }
 TEST(ContextParallel, PackedDocumentsSingleRankLayoutDP2) { expect_same_as_single_rank({.world = 2, .packed = true}); }
 TEST(ContextParallel, PackedDocumentsCP2) { expect_same_as_single_rank({.world = 2, .cp = 2, .packed = true}); }
