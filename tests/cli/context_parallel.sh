@@ -18,6 +18,7 @@ OMP_NUM_THREADS=1 "$MEGATRON" pretrain "${JOB[@]}" >"$TMP/one.log" 2>&1 ||
 OMP_NUM_THREADS=1 "$MEGATRON" launch --nproc-per-node 4 --master-port $((20000 + RANDOM % 20000)) -- pretrain "${JOB[@]}" --context-parallel-size 4 \
   --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2 >"$TMP/cp.log" 2>&1 ||
   { echo "FAIL: context-parallel run"; tail -20 "$TMP/cp.log"; exit 1; }
+check "the grid is logged" grep -q "x context-parallel 4 (a2a+p2p)" "$TMP/cp.log"
 check "three losses logged" test "$(losses "$TMP/one.log" | wc -l)" -eq 3
 # The log line prints the loss to 6 significant digits: the same digits under CP.
 check "CP 4 (a2a+p2p) logs the single-process losses" test "$(losses "$TMP/cp.log")" = "$(losses "$TMP/one.log")"
