@@ -31,7 +31,11 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
       pos_emb_->sequence_parallel = tp_.sp();  // added on sequence shards under SP
     }
   }
-  if (cfg_.rope()) rope_.build(cfg_.seq_length, cfg_.rotary_dim(), cfg_);
+  if (cfg_.rope()) {
+    rope_.build(cfg_.seq_length, cfg_.rotary_dim(), cfg_);
+    rope_host_cos_ = rope_.cos;  // shared until to_device moves rope_
+    rope_host_sin_ = rope_.sin;
+  }
   size_t total = 0;
   for (auto [b, e] : ranges) {
     MT_CHECK(0 <= b && b <= e && e <= cfg_.num_layers, "layer range [{}, {}) outside {} layers", b, e, cfg_.num_layers);
@@ -109,16 +113,19 @@ std::shared_ptr<const SequenceLayout> GPTModel::layout(const Batch& batch) const
     fail("--reset-position-ids with --micro-batch-size > 1 runs on the CPU only so far; use --device cpu or "
          "--micro-batch-size 1");
   if (cfg_.rope()) {
-    std::vector<int32_t> rows;
+    // The rows of the host tables (the device's may be elsewhere), uploaded as this pass's.
+    const int64_t half = rope_host_cos_.dim(1);
+    std::vector<float> cos, sin;
     for (int64_t b = 0; b < (per_sample ? B : 1); ++b)
-      for (int64_t i = 0; i < Sl; ++i) rows.push_back(position(b, i));
-    const Tensor ids = upload(rows);
-    L->rope_cos = ops::embedding_forward(ids, rope_.cos);
-    L->rope_sin = ops::embedding_forward(ids, rope_.sin);
-    if (per_sample) {  // [B, S_local, rot/2]: the RoPE ops read a table per sample
-      L->rope_cos = L->rope_cos.view({B, Sl, -1});
-      L->rope_sin = L->rope_sin.view({B, Sl, -1});
-    }
+      for (int64_t i = 0; i < Sl; ++i) {
+        const int64_t r = position(b, i);
+        cos.insert(cos.end(), rope_host_cos_.data<float>() + r * half, rope_host_cos_.data<float>() + (r + 1) * half);
+        sin.insert(sin.end(), rope_host_sin_.data<float>() + r * half, rope_host_sin_.data<float>() + (r + 1) * half);
+      }
+    // [B, S_local, rot/2] when per sample: the RoPE ops then read a table per sample.
+    const Shape shape = per_sample ? Shape{B, Sl, half} : Shape{Sl, half};
+    L->rope_cos = upload(cos).view(shape);
+    L->rope_sin = upload(sin).view(shape);
   }
   if (pos_emb_) {
     std::vector<int32_t> sb(static_cast<size_t>(Sl * B));

@@ -159,6 +159,7 @@ class GPTModel {
   std::vector<Chunk> chunks_;
   Norm final_norm_;
   RopeTables rope_;
+  Tensor rope_host_cos_, rope_host_sin_;  // the tables on the host: gathered per pass for CP / packed positions
   Tensor loss_acc_;  // GPU: one fp64 (in an 8-byte I64 cell) summing head losses; see collect_device_loss
 };
 
