@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Context parallelism and packed documents (issue #19): each mistake in --context-parallel-size,
+# Context parallelism, packed documents and --distribute-saved-activations (issue #19): each mistake in
+# --context-parallel-size,
 # --cp-comm-type, --hierarchical-context-parallel-sizes and the packed-document flags is one line
 # on stderr naming the flag and a non-zero exit, found before any rank connects; a checkpoint in
 # place before the failing commands is left as it was.
@@ -19,6 +20,9 @@ before=$(tree_sum "$TMP/ck")
   { echo "FAIL: packed documents did not train"; cat "$TMP/packed.log"; exit 1; }
 
 expect_error "--cp-comm-type got 'ring'; expected one of: p2p, a2a, allgather, a2a+p2p" pretrain "${BASE[@]}" --cp-comm-type ring
+expect_error "--distribute-saved-activations splits saved inputs over tensor-parallel ranks: it needs --tensor-model-parallel-size > 1" \
+  pretrain "${BASE[@]}" --distribute-saved-activations --recompute-granularity full --recompute-method uniform \
+  --recompute-num-layers 1
 expect_error "--hierarchical-context-parallel-sizes applies to --cp-comm-type a2a+p2p only (got --cp-comm-type p2p)" \
   pretrain "${BASE[@]}" --hierarchical-context-parallel-sizes 1 1
 
@@ -48,6 +52,13 @@ expect_error "--save and --load with --context-parallel-size > 1 are not support
   pretrain "${BASE[@]}" --context-parallel-size 2 --load "$TMP/ck" --save "$TMP/ck"
 expect_error "world size 4 is not divisible by --tensor-model-parallel-size (1) x --pipeline-model-parallel-size (1) x --context-parallel-size (3)" \
   pretrain "${BASE[@]}" --context-parallel-size 3
+
+# --distribute-saved-activations: Megatron's rules.
+expect_error "--distribute-saved-activations applies to --recompute-granularity full only" \
+  pretrain "${BASE[@]}" --tensor-model-parallel-size 2 --distribute-saved-activations
+expect_error "--distribute-saved-activations cannot be combined with --sequence-parallel" \
+  pretrain "${BASE[@]}" --tensor-model-parallel-size 2 --sequence-parallel --distribute-saved-activations \
+  --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 unset WORLD_SIZE RANK LOCAL_RANK MASTER_ADDR MASTER_PORT MT_STORE_SECRET
 
 check "the checkpoint is unchanged by the failing commands" test "$(tree_sum "$TMP/ck")" = "$before"
