@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Context parallelism, packed documents and --distribute-saved-activations (issue #19): each mistake in
-# --context-parallel-size,
-# --cp-comm-type, --hierarchical-context-parallel-sizes and the packed-document flags is one line
-# on stderr naming the flag and a non-zero exit, found before any rank connects; a checkpoint in
-# place before the failing commands is left as it was.
+# Context parallelism, packed documents and --distribute-saved-activations (issue #19): each
+# mistake in --context-parallel-size, --cp-comm-type, --hierarchical-context-parallel-sizes, the
+# packed-document flags and --distribute-saved-activations is one line on stderr naming the flag
+# and a non-zero exit, found before any rank connects; a checkpoint in place before the failing
+# commands is left as it was.
 set -u
 MEGATRON=$1
 source "$(dirname "$0")/lib/expect.bash"
