@@ -22,7 +22,8 @@
 namespace mt::ops {
 
 // Rotary embedding applied inside the QKV split (q and k) and merge (their gradients rotated
-// back), which the GPU fuses into the copy: rotate-half over rot_dim, tables [S, rot_dim/2].
+// back), which the GPU fuses into the copy: rotate-half over rot_dim, tables [S, rot_dim/2] (the
+// CPU also takes [B, S, rot_dim/2]: a table per sample, for packed documents).
 struct RopeRef {
   const Tensor* cos = nullptr;
   const Tensor* sin = nullptr;

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
+#include "model/context_parallel.h"
 
 namespace mt::model {
 
@@ -129,15 +130,8 @@ ops::AttentionShape core_params(const AttentionShard& shard, int64_t D, int64_t 
   p.dropout_p = s.dropout_p;
   p.seed = s.seed;
   p.offset = s.offset;
+  if (s.seq) s.seq->describe(p);  // the whole sequence's length and its documents
   return p;
-}
-
-// The core's forward: out (in linear_proj's row layout) and lse from q, k, v; in backward
-// again under selective recomputation, with the same inputs and dropout mask.
-void core_forward(const ops::AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                  Tensor& lse, PassContext& ctx) {
-  ScopedOpTimer t(ctx.times, &OpTimes::attention);
-  ops::attention_forward_rows(p, q, k, v, out, lse);
 }
 
 // Heads [h0, h0 + n) of a [B, H, S, D] tensor, copied (B contiguous runs; any device).
@@ -156,16 +150,36 @@ Tensor place_heads(const Tensor& x, int64_t H, int64_t h0) {
 }
 }  // namespace
 
-ops::RopeRef SelfAttention::fused_rope() const {
+ops::RopeRef SelfAttention::fused_rope(const SequenceLayout* seq) const {
   if (!rope || cfg.qk_layernorm || shard.kv_replicas > 1) return {};
+  if (seq && seq->rope_cos.defined()) return {&seq->rope_cos, &seq->rope_sin, rope->rot_dim};
   return {&rope->cos, &rope->sin, rope->rot_dim};
+}
+
+// The core's forward: out (in linear_proj's row layout) and lse from q, k, v; in backward
+// again under selective recomputation, with the same inputs and dropout mask.
+void SelfAttention::core_forward(const ops::AttentionShape& p, const Saved& s, Tensor& out_rows, Tensor& lse,
+                                 PassContext& ctx) const {
+  ScopedOpTimer t(ctx.times, &OpTimes::attention);
+  if (!s.seq || !s.seq->cp) return ops::attention_forward_rows(p, s.q, s.k, s.v, out_rows, lse);
+  Tensor out;
+  cp_attention_forward(*s.seq->cp, p, s.q, s.k, s.v, out, lse);
+  out_rows = ops::heads_to_rows(out, p.S, p.B, p.Hq, p.D);
+}
+
+void SelfAttention::core_backward(const ops::AttentionShape& p, const Saved& s, const Tensor& dout_rows, Tensor& dq,
+                                  Tensor& dk, Tensor& dv) const {
+  if (!s.seq || !s.seq->cp) return ops::attention_backward_rows(p, s.q, s.k, s.v, s.out, s.lse, dout_rows, dq, dk, dv);
+  cp_attention_backward(*s.seq->cp, p, s.q, s.k, s.v, ops::rows_to_heads(s.out, p.S, p.B, p.Hq, p.D), s.lse,
+                        ops::rows_to_heads(dout_rows, p.S, p.B, p.Hq, p.D), dq, dk, dv);
 }
 
 void SelfAttention::split_qkv(Tensor packed, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
   const int64_t D = cfg.kv_channels;
   if (shard.kv_replicas == 1) {
-    ops::qkv_split(packed, s.q, s.k, s.v, S, B, shard.local_query_groups, shard.local_q_per_group(), D, fused_rope());
+    ops::qkv_split(packed, s.q, s.k, s.v, S, B, shard.local_query_groups, shard.local_q_per_group(), D,
+                   fused_rope(s.seq.get()));
     return;
   }
   // This rank's columns of the group-interleaved QKV output do not align with groups: gather
@@ -181,11 +195,11 @@ void SelfAttention::split_qkv(Tensor packed, int64_t S, int64_t B, Saved& s, Pas
 }
 
 Tensor SelfAttention::merge_qkv(const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t S, int64_t B,
-                                PassContext& ctx) const {
+                                const SequenceLayout* seq, PassContext& ctx) const {
   ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
   const int64_t D = cfg.kv_channels;
   if (shard.kv_replicas == 1)
-    return ops::qkv_merge(dq, dk, dv, S, B, shard.local_query_groups, shard.local_q_per_group(), D, fused_rope());
+    return ops::qkv_merge(dq, dk, dv, S, B, shard.local_query_groups, shard.local_q_per_group(), D, fused_rope(seq));
   // The gathered activation's gradient: this rank's q heads and its group's k, v, zeros
   // elsewhere; reduce-scattering it back to the local columns sums the K/V gradients of the
   // ranks sharing the group (and adds only zeros to the q heads).
@@ -195,23 +209,27 @@ Tensor SelfAttention::merge_qkv(const Tensor& dq, const Tensor& dk, const Tensor
   return qkv_gather.backward(dx, ctx.times);
 }
 
-void SelfAttention::rotate(Tensor& q, Tensor& k, bool backward, PassContext& ctx) const {
+void SelfAttention::rotate(Tensor& q, Tensor& k, bool backward, const SequenceLayout* seq, PassContext& ctx) const {
   ScopedOpTimer timer(ctx.times, &OpTimes::elementwise);
+  const bool own = seq && seq->rope_cos.defined();
+  const Tensor& cos = own ? seq->rope_cos : rope->cos;
+  const Tensor& sin = own ? seq->rope_sin : rope->sin;
   for (Tensor* t : {&q, &k}) {
-    if (backward) ops::rope_backward(*t, rope->cos, rope->sin, rope->rot_dim);
-    else ops::rope_forward(*t, rope->cos, rope->sin, rope->rot_dim);
+    if (backward) ops::rope_backward(*t, cos, sin, rope->rot_dim);
+    else ops::rope_forward(*t, cos, sin, rope->rot_dim);
   }
 }
 
 Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx,
                               const Tensor* residual) const {
   s.x = x;
+  s.seq = ctx.seq;
   split_qkv(qkv.forward(x, ctx), S, B, s, ctx);
   if (cfg.qk_layernorm) {
     s.q = head_norm_forward(q_norm, s.q, s.qn, ctx);
     s.k = head_norm_forward(k_norm, s.k, s.kn, ctx);
   }
-  if (rope && !fused_rope().rot_dim) rotate(s.q, s.k, false, ctx);
+  if (rope && !fused_rope().rot_dim) rotate(s.q, s.k, false, s.seq.get(), ctx);
   s.dropout_p = ctx.training ? cfg.attention_dropout : 0.f;
   if (s.dropout_p > 0.f) {
     RngState* rng = ctx.region_rng(true);  // a TP region: each rank's heads get their own masks
@@ -220,7 +238,7 @@ Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, P
   }
   // The core writes its output in linear_proj's row layout (in place where cuDNN runs it).
   Tensor out, lse;
-  core_forward(core_params(shard, cfg.kv_channels, S, B, s), s.q, s.k, s.v, out, lse, ctx);
+  core_forward(core_params(shard, cfg.kv_channels, S, B, s), s, out, lse, ctx);
   // Selective recomputation drops the core's outputs (out and lse); backward rebuilds them from
   // q, k, v and the recorded dropout offset.
   if (!recompute_core) {
@@ -232,20 +250,20 @@ Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, P
 
 Tensor SelfAttention::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
   const ops::AttentionShape p = core_params(shard, cfg.kv_channels, S, B, s);
-  if (!s.out.defined()) core_forward(p, s.q, s.k, s.v, s.out, s.lse, ctx);  // selective recomputation
+  if (!s.out.defined()) core_forward(p, s, s.out, s.lse, ctx);  // selective recomputation
   Tensor dctx = proj.backward(dy, s.out, ctx);  // both in the row layout, as the core reads them
   Tensor dq, dk, dv;
   {
     ScopedOpTimer t(ctx.times, &OpTimes::attention);
-    ops::attention_backward_rows(p, s.q, s.k, s.v, s.out, s.lse, dctx, dq, dk, dv);
+    core_backward(p, s, dctx, dq, dk, dv);
   }
   dctx = Tensor();
-  if (rope && !fused_rope().rot_dim) rotate(dq, dk, true, ctx);
+  if (rope && !fused_rope().rot_dim) rotate(dq, dk, true, s.seq.get(), ctx);
   if (cfg.qk_layernorm) {
     dq = head_norm_backward(q_norm, dq, s.qn, ctx);
     dk = head_norm_backward(k_norm, dk, s.kn, ctx);
   }
-  Tensor dxin = qkv.backward(merge_qkv(dq, dk, dv, S, B, ctx), s.x, ctx);
+  Tensor dxin = qkv.backward(merge_qkv(dq, dk, dv, S, B, s.seq.get(), ctx), s.x, ctx);
   s = Saved{};
   return dxin;
 }

@@ -4,6 +4,7 @@
 // core attention with GQA; linear_proj back to hidden.
 #include "kernels/ops.h"
 #include "model/layers.h"
+#include "model/sequence_layout.h"
 
 namespace mt::model {
 
@@ -55,6 +56,7 @@ struct SelfAttention {
     Norm::Saved qn, kn;
     float dropout_p = 0.f;  // attention dropout this pass used (0: eval or off)
     uint64_t seed = 0, offset = 0;
+    std::shared_ptr<const SequenceLayout> seq;  // the forward's token layout (null: plain)
   };
   void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const RopeTables* r,
              const TensorParallel* tp = nullptr);
@@ -66,15 +68,21 @@ struct SelfAttention {
   // RoPE done inside the QKV split and merge (one pass over q and k instead of three) where
   // nothing runs between them and the rotation: no --qk-layernorm, whole groups per rank.
   // Empty otherwise, and RoPE runs as its own op.
-  ops::RopeRef fused_rope() const;
+  ops::RopeRef fused_rope(const SequenceLayout* seq = nullptr) const;
 
  private:
   // The steps of forward and backward, each charged to its OpTimes category.
   // linear_qkv's output -> this rank's q, k, v ([B, heads, S, head_dim]), and back.
   void split_qkv(Tensor packed, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
-  Tensor merge_qkv(const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t S, int64_t B, PassContext& ctx) const;
+  Tensor merge_qkv(const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t S, int64_t B,
+                   const SequenceLayout* seq, PassContext& ctx) const;
   // RoPE run as its own op (where not fused into the split and merge); backward: the inverse.
-  void rotate(Tensor& q, Tensor& k, bool backward, PassContext& ctx) const;
+  void rotate(Tensor& q, Tensor& k, bool backward, const SequenceLayout* seq, PassContext& ctx) const;
+  // The core (local, or over the context-parallel group) in linear_proj's row layout.
+  void core_forward(const ops::AttentionShape& p, const Saved& s, Tensor& out_rows, Tensor& lse,
+                    PassContext& ctx) const;
+  void core_backward(const ops::AttentionShape& p, const Saved& s, const Tensor& dout_rows, Tensor& dq, Tensor& dk,
+                     Tensor& dv) const;
 };
 
 }  // namespace mt::model

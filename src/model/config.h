@@ -72,6 +72,9 @@ struct TransformerConfig {
   std::string recompute_granularity;  // "" (off) | full | selective
   std::string recompute_method;       // "" | uniform | block (full only)
   int64_t recompute_num_layers = 0;   // N (full only)
+  // --distribute-saved-activations (full only, TP > 1, no SP): a group keeps 1/TP of its input
+  // per TP rank and all-gathers it before the re-run (Megatron's CheckpointFunction).
+  bool distribute_saved_activations = false;
   // Selective recomputation's modules (--recompute-modules): core_attn (the attention core),
   // moe_act (the routed experts' activation), moe (the whole MoE layer: it keeps its input only).
   std::vector<std::string> recompute_modules = {"core_attn"};

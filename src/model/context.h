@@ -12,6 +12,7 @@ namespace mt::model {
 
 struct Param;
 struct RecomputeGroup;  // transformer_layer.cpp
+struct SequenceLayout;  // sequence_layout.h
 struct MoELossSums;     // moe/router.h
 
 // Callbacks the data-parallel layer hangs on a pass: a parameter is about to be read (its
@@ -50,6 +51,9 @@ struct PassContext {
   // A forward re-run for backward (activation recomputation): FP8 linears quantize as the first
   // run did and record nothing (model/fp8.h).
   bool recomputing = false;
+  // The running micro-batch's token layout (context parallelism, positions, documents); null:
+  // whole sequences, positions 0..S-1, one document per sample. Set by GPTModel per chunk pass.
+  std::shared_ptr<const SequenceLayout> seq;
   uint64_t dropout_offset(uint64_t n) { return rng ? rng->next_offset(n) : 0; }
   RngState* region_rng(bool tp_region) const { return tp_region && tp_rng ? tp_rng : rng; }
   void before_use(const Param* p) {

@@ -42,6 +42,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
   tp_.sequence_parallel = opts.sequence_parallel;
   tp_.overlap_comm = opts.tp_comm_overlap && tp_.sp();
   expert_ = opts.expert;
+  cp_ = opts.cp;
   if (tp_.on()) check_tensor_parallel(cfg_, tp_.size(), tp_.sp());
   const PipelinePart& part = opts.pipeline;
   auto ranges = part.chunks;
@@ -56,7 +57,11 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
       pos_emb_->sequence_parallel = tp_.sp();  // added on sequence shards under SP
     }
   }
-  if (cfg_.rope()) rope_.build(cfg_.seq_length, cfg_.rotary_dim(), cfg_);
+  if (cfg_.rope()) {
+    rope_.build(cfg_.seq_length, cfg_.rotary_dim(), cfg_);
+    rope_host_cos_ = rope_.cos;  // shared until to_device moves rope_
+    rope_host_sin_ = rope_.sin;
+  }
   size_t total = 0;
   for (auto [b, e] : ranges) {
     MT_CHECK(0 <= b && b <= e && e <= cfg_.num_layers, "layer range [{}, {}) outside {} layers", b, e, cfg_.num_layers);
@@ -97,6 +102,69 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
   params_.initialize(cfg_.seed, cfg_.init_method_std, cfg_.num_layers);
 }
 
+namespace {
+// Rows [r0, r0 + n) of the pass's learned-position ids, or undefined when positions are 0..S-1.
+Tensor position_rows(const GPTModel::Saved& s, int64_t r0, int64_t n) {
+  if (!s.seq || !s.seq->position_ids.defined()) return Tensor();
+  return s.seq->position_ids.slice(r0, n);
+}
+}  // namespace
+
+std::shared_ptr<const SequenceLayout> GPTModel::layout(const Batch& batch) const {
+  const bool docs = !batch.cu_seqlens.empty(), reset = !batch.position_ids.empty();
+  if (!cp_.on() && !docs && !reset) return nullptr;
+  const int64_t B = batch.B, S = batch.S;
+  auto L = std::make_shared<SequenceLayout>();
+  L->B = B;
+  L->S = S;
+  L->S_local = S / cp_.size();
+  if (cp_.on()) L->cp = &cp_;
+  if (docs) {
+    const auto& cu = batch.cu_seqlens;
+    MT_CHECK(cu.front() == 0 && cu.back() == B * S && std::is_sorted(cu.begin(), cu.end()),
+             "cu_seqlens must rise from 0 to B*S = {}", B * S);
+    L->cu_host = cu;
+    L->cu_seqlens = upload(cu);
+  }
+  // This rank's tokens (storage order) and their positions.
+  std::vector<int32_t> local = cp_.on() ? cp_positions(S, cp_.size(), cp_.rank()) : std::vector<int32_t>();
+  if (local.empty())
+    for (int32_t i = 0; i < S; ++i) local.push_back(i);
+  auto position = [&](int64_t b, int64_t i) {
+    const int32_t t = local[static_cast<size_t>(i)];
+    return reset ? batch.position_ids[static_cast<size_t>(b * S + t)] : t;
+  };
+  const int64_t Sl = L->S_local;
+  // Positions that differ between samples need a table row per token; the GPU's RoPE reads one
+  // table for all samples.
+  const bool per_sample = reset && B > 1;
+  if (per_sample && device_ != Device::CPU)
+    fail("--reset-position-ids with --micro-batch-size > 1 runs on the CPU only so far; use --device cpu or "
+         "--micro-batch-size 1");
+  if (cfg_.rope()) {
+    // The rows of the host tables (the device's may be elsewhere), uploaded as this pass's.
+    const int64_t half = rope_host_cos_.dim(1);
+    std::vector<float> cos, sin;
+    for (int64_t b = 0; b < (per_sample ? B : 1); ++b)
+      for (int64_t i = 0; i < Sl; ++i) {
+        const int64_t r = position(b, i);
+        cos.insert(cos.end(), rope_host_cos_.data<float>() + r * half, rope_host_cos_.data<float>() + (r + 1) * half);
+        sin.insert(sin.end(), rope_host_sin_.data<float>() + r * half, rope_host_sin_.data<float>() + (r + 1) * half);
+      }
+    // [B, S_local, rot/2] when per sample: the RoPE ops then read a table per sample.
+    const Shape shape = per_sample ? Shape{B, Sl, half} : Shape{Sl, half};
+    L->rope_cos = upload(cos).view(shape);
+    L->rope_sin = upload(sin).view(shape);
+  }
+  if (pos_emb_) {
+    std::vector<int32_t> sb(static_cast<size_t>(Sl * B));
+    for (int64_t i = 0; i < Sl; ++i)
+      for (int64_t b = 0; b < B; ++b) sb[static_cast<size_t>(i * B + b)] = position(b, i);
+    L->position_ids = upload(sb);
+  }
+  return L;
+}
+
 Tensor GPTModel::embed(const std::vector<int32_t>& ids_sb, int64_t S, int64_t B, Saved& s, PassContext& ctx) {
   const int64_t n = S * B;
   for (int64_t i = 0; i < n; ++i) {
@@ -120,12 +188,20 @@ Tensor GPTModel::embed(const std::vector<int32_t>& ids_sb, int64_t S, int64_t B,
     else all_reduce_tp(x, tp_);
     if (pos_emb_) {
       const int64_t s_local = tp_.sp() ? S / tp_.size() : S;
-      ops::add_position_embedding(x, pos_emb_->value.slice(tp_.sp() ? tp_.rank() * s_local : 0, s_local), s_local, B);
+      if (const Tensor ids = position_rows(s, tp_.sp() ? tp_.rank() * s_local * B : 0, s_local * B); ids.defined())
+        ops::add_inplace(x, ops::embedding_forward(ids, pos_emb_->value));
+      else
+        ops::add_position_embedding(x, pos_emb_->value.slice(tp_.sp() ? tp_.rank() * s_local : 0, s_local), s_local, B);
     }
   } else {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     x = ops::embedding_forward(s.ids, word_emb_->value);
-    if (pos_emb_) ops::add_position_embedding(x, pos_emb_->value, S, B);
+    if (pos_emb_) {
+      if (const Tensor ids = position_rows(s, 0, S * B); ids.defined())
+        ops::add_inplace(x, ops::embedding_forward(ids, pos_emb_->value));
+      else
+        ops::add_position_embedding(x, pos_emb_->value, S, B);
+    }
   }
   Tensor y = emb_drop_.forward(x, s.emb_drop, ctx);
   if (cfg_.half() != Half::None) {
@@ -160,25 +236,39 @@ Tensor GPTModel::forward_chunk(int c, const Batch& batch, const Tensor& input, S
                                LossSums* loss) {
   MT_CHECK(c >= 0 && c < num_chunks(), "no model chunk {} on this rank ({} chunks)", c, num_chunks());
   const Chunk& ch = chunks_[static_cast<size_t>(c)];
-  const int64_t B = batch.B, S = batch.S, n = B * S;
-  if (S > cfg_.seq_length) fail("micro-batch sequence length {} exceeds --seq-length {}", S, cfg_.seq_length);
+  const int64_t B = batch.B, S_full = batch.S;
+  if (S_full > cfg_.seq_length) fail("micro-batch sequence length {} exceeds --seq-length {}", S_full, cfg_.seq_length);
+  if (cp_.on() && S_full % (2 * cp_.size()) != 0)
+    fail("--context-parallel-size {}: the sequence length {} must be divisible by 2 x CP = {} (Megatron's load-balanced "
+         "chunks)",
+         cp_.size(), S_full, 2 * cp_.size());
+  const int64_t S = S_full / cp_.size(), n = B * S;  // this rank's tokens per sample
   if (tp_.sp() && S % tp_.size() != 0)
-    fail("--sequence-parallel: sequence length {} is not divisible by --tensor-model-parallel-size {}", S, tp_.size());
+    fail("--sequence-parallel: sequence length {} (per context-parallel rank) is not divisible by "
+         "--tensor-model-parallel-size {}",
+         S, tp_.size());
   s.B = B;
   s.S = S;
-  // The data's [b, s] order to the model's [s, b] order, for what this chunk reads.
+  s.seq = layout(batch);
+  ctx.seq = s.seq;
+  const std::vector<int32_t> local = cp_.on() ? cp_positions(S_full, cp_.size(), cp_.rank()) : std::vector<int32_t>();
+  // The data's [b, s] order to the model's [s, b] order, for what this chunk reads (this rank's
+  // chunks of the sequence under CP).
   auto to_sb = [&](const auto& src, auto& dst) {
     dst.resize(static_cast<size_t>(n));
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t si = 0; si < S; ++si) dst[static_cast<size_t>(si * B + b)] = src[static_cast<size_t>(b * S + si)];
+      for (int64_t si = 0; si < S; ++si) {
+        const int64_t t = local.empty() ? si : local[static_cast<size_t>(si)];
+        dst[static_cast<size_t>(si * B + b)] = src[static_cast<size_t>(b * S_full + t)];
+      }
   };
   Tensor x;
   if (ch.embedding) {
     to_sb(batch.tokens, s.ids_sb);
     x = embed(s.ids_sb, S, B, s, ctx);
   } else {
-    MT_CHECK(input.numel() == activation_rows(B, S) * cfg_.hidden_size,
-             "chunk {} input of {} elements, expected {} x {}", c, input.numel(), activation_rows(B, S),
+    MT_CHECK(input.numel() == activation_rows(B, S_full) * cfg_.hidden_size,
+             "chunk {} input of {} elements, expected {} x {}", c, input.numel(), activation_rows(B, S_full),
              cfg_.hidden_size);
     x = input;
   }
@@ -227,6 +317,7 @@ LossSums GPTModel::head_forward(const Tensor& x, Saved& s, PassContext& ctx) {
 Tensor GPTModel::backward_chunk(int c, Saved& s, const Tensor& dy, float loss_grad_scale, PassContext& ctx) {
   MT_CHECK(c >= 0 && c < num_chunks(), "no model chunk {} on this rank ({} chunks)", c, num_chunks());
   const Chunk& ch = chunks_[static_cast<size_t>(c)];
+  ctx.seq = s.seq;  // recomputed forwards see the layout of their micro-batch
   Tensor dx = ch.head ? head_backward(s, loss_grad_scale, ctx) : dy;
   MT_CHECK(dx.defined(), "backward of chunk {} without the gradient of its output", c);
   for (size_t i = ch.last; i-- > ch.first;) {
@@ -271,15 +362,22 @@ void GPTModel::embedding_backward(const Tensor& dx_in, Saved& s, PassContext& ct
   if (tp_.on()) {
     if (pos_emb_) {
       const int64_t s_local = tp_.sp() ? S / tp_.size() : S;
-      Tensor pg = pos_emb_->grad.slice(tp_.sp() ? tp_.rank() * s_local : 0, s_local);
-      ops::position_embedding_backward(dx, pg, s_local, B);
+      if (const Tensor ids = position_rows(s, tp_.sp() ? tp_.rank() * s_local * B : 0, s_local * B); ids.defined()) {
+        ops::embedding_backward(ids, dx, pos_emb_->grad);
+      } else {
+        Tensor pg = pos_emb_->grad.slice(tp_.sp() ? tp_.rank() * s_local : 0, s_local);
+        ops::position_embedding_backward(dx, pg, s_local, B);
+      }
     }
     Tensor dfull = tp_.sp() ? all_gather_rows(dx, tp_) : dx;
     vocab_parallel_embedding_backward(s.ids, dfull, word_emb_->grad, tp_);
   } else {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     ops::embedding_backward(s.ids, dx, word_emb_->grad);
-    if (pos_emb_) ops::position_embedding_backward(dx, pos_emb_->grad, S, B);
+    if (pos_emb_) {
+      if (const Tensor ids = position_rows(s, 0, S * B); ids.defined()) ops::embedding_backward(ids, dx, pos_emb_->grad);
+      else ops::position_embedding_backward(dx, pos_emb_->grad, S, B);
+    }
   }
   ctx.grad_ready(pos_emb_);
   ctx.grad_ready(word_emb_);

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/sequence_layout.h"
 #include "model/transformer_layer.h"
 
 namespace mt::model {
@@ -18,6 +19,12 @@ struct Batch {
   std::vector<int32_t> tokens;   // [B*S]
   std::vector<int32_t> labels;   // [B*S]
   std::vector<float> loss_mask;  // [B*S]
+  // Packed documents (Megatron's --reset-position-ids / --reset-attention-mask): the position
+  // of every token [B*S] (empty: 0..S-1 in every sample), and the documents attention keeps
+  // apart as cumulative lengths over the batch's B*S tokens, sample after sample, every sample
+  // border among them (empty: one document per sample).
+  std::vector<int32_t> position_ids;
+  std::vector<int32_t> cu_seqlens;
 };
 
 struct LossSums {
@@ -44,6 +51,7 @@ struct ModelOptions {
   PipelinePart pipeline = {};  // default: the whole model
   bool tp_comm_overlap = false;  // --tp-comm-overlap (see TensorParallel::overlap_comm)
   ExpertParallel expert = {};    // MoE layers: expert-parallel groups and token dispatcher
+  ContextParallel cp = {};       // context parallelism: each rank holds 2 of 2 x CP sequence chunks
 };
 
 // Megatron's rules for splitting a model over `tp` ranks, as errors naming the flags.
@@ -59,7 +67,8 @@ class GPTModel {
 
   // What one micro-batch's pass through one chunk keeps for its backward.
   struct Saved {
-    int64_t B = 0, S = 0;
+    int64_t B = 0, S = 0;  // S: this rank's tokens per sample (the whole sequence / CP)
+    std::shared_ptr<const SequenceLayout> seq;  // null: plain whole sequences
     std::vector<int32_t> ids_sb, labels_sb;
     std::vector<float> mask_sb;
     Dropout::Saved emb_drop;
@@ -92,7 +101,11 @@ class GPTModel {
   // previous stage (empty with the embedding) and frees `s`.
   Tensor backward_chunk(int c, Saved& s, const Tensor& dy, float loss_grad_scale, PassContext& ctx);
   // Rows of the hidden states passed between stages: S*B, or this rank's sequence shard under SP.
-  int64_t activation_rows(int64_t B, int64_t S) const { return (tp_.sp() ? S / tp_.size() : S) * B; }
+  // S is the batch's sequence length (this rank holds S / CP of it).
+  int64_t activation_rows(int64_t B, int64_t S) const {
+    const int64_t s = S / cp_.size();
+    return (tp_.sp() ? s / tp_.size() : s) * B;
+  }
   // Inference logits [B*S, V] in (b, s) row order for tokens [B, S] (no dropout, nothing kept).
   Tensor logits(const std::vector<int32_t>& tokens, int64_t B, int64_t S);
 
@@ -122,6 +135,8 @@ class GPTModel {
     bool embedding = false, head = false;
   };
   Tensor embed(const std::vector<int32_t>& ids_sb, int64_t S, int64_t B, Saved& s, PassContext& ctx);
+  // The micro-batch's token layout (null when it is plain: no CP, positions 0..S-1, no documents).
+  std::shared_ptr<const SequenceLayout> layout(const Batch& batch) const;
   Tensor run_layers(Tensor x, const Chunk& ch, int64_t S, int64_t B, Saved& s, PassContext& ctx);
   LossSums head_forward(const Tensor& x, Saved& s, PassContext& ctx);
   Tensor head_backward(Saved& s, float loss_grad_scale, PassContext& ctx);
@@ -136,6 +151,7 @@ class GPTModel {
   Device device_ = Device::CPU;
   TensorParallel tp_;  // layers keep pointers to it: GPTModel never moves
   ExpertParallel expert_;
+  ContextParallel cp_;
   ParamStore params_;
   Param* word_emb_ = nullptr;  // first stage only
   Param* pos_emb_ = nullptr;
@@ -147,6 +163,7 @@ class GPTModel {
   std::vector<Chunk> chunks_;
   Norm final_norm_;
   RopeTables rope_;
+  Tensor rope_host_cos_, rope_host_sin_;  // the tables on the host: gathered per pass for CP / packed positions
   Tensor loss_acc_;  // GPU: one fp64 (in an 8-byte I64 cell) summing head losses; see collect_device_loss
 };
 

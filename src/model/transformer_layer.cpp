@@ -43,11 +43,16 @@ void TransformerLayer::build(ParamStore& ps, int64_t index, const TransformerCon
 // What a full-recomputation group keeps from its forward to its backward.
 struct RecomputeGroup {
   Tensor input;  // the group's first layer's input; moved into its rebuilt Saved
+  // --distribute-saved-activations: `input` is this TP rank's [1, numel/TP] piece of a tensor
+  // of shape `input_shape`, gathered over `tp` before the re-run.
+  const TensorParallel* tp = nullptr;
+  Shape input_shape;
   bool training = true;
   // The dropout streams as the group's forward found them, and their offsets when it ended:
   // the re-run draws from copies of the former and must end at the latter.
   std::optional<RngState> rng, tp_rng;
   uint64_t rng_end = 0, tp_rng_end = 0;
+  std::shared_ptr<const SequenceLayout> seq;    // the forward's token layout, for the re-run
   std::vector<const TransformerLayer*> layers;  // in forward order
   std::vector<TransformerLayer::Saved> saved;   // rebuilt, handed out one by one in backward
   bool rebuilt = false;
@@ -62,8 +67,10 @@ struct RecomputeGroup {
     rc.hooks = ctx.hooks;  // before_use: the parameters are read again
     rc.moe_aux_grad_scale = ctx.moe_aux_grad_scale;  // the rebuilt routers' aux gradient weight
     rc.recomputing = true;
+    rc.seq = seq;
     saved.resize(layers.size());
     Tensor x = std::move(input);
+    if (tp) x = all_gather_rows(x, *tp).view(input_shape);
     for (size_t j = 0; j < layers.size(); ++j) x = layers[j]->forward_layer(x, S, B, saved[j], rc);
     MT_CHECK((!rng || r.offset == rng_end) && (!tp_rng || tr.offset == tp_rng_end),
              "recomputed forward drew other dropout offsets than the first forward");
@@ -76,9 +83,17 @@ Tensor TransformerLayer::forward(const Tensor& x, int64_t S, int64_t B, Saved& s
   if (recompute_group_start) {
     auto g = std::make_shared<RecomputeGroup>();
     g->input = x;
+    const TensorParallel* tp = attn.tp;
+    if (cfg.distribute_saved_activations && tp && tp->on() && x.numel() % tp->size() == 0) {
+      // Keep only this rank's equal piece of the flattened input (a copy: x itself is freed).
+      g->tp = tp;
+      g->input_shape = x.shape();
+      g->input = x.view({tp->size(), x.numel() / tp->size()}).slice(tp->rank(), 1).clone();
+    }
     g->training = ctx.training;
     if (ctx.rng) g->rng = *ctx.rng;
     if (ctx.tp_rng) g->tp_rng = *ctx.tp_rng;
+    g->seq = ctx.seq;
     ctx.recompute_group = std::move(g);
   }
   MT_CHECK(ctx.recompute_group != nullptr, "a recomputed layer's forward outside its recompute group");

@@ -290,7 +290,8 @@ double global_sum(model::ParamStore& ps, const DataParallel& ddp, const ProcessG
                   const RangesFn& local) {
   const auto owned = ddp.owned_ranges();
   double v = pg.mp->all_reduce_value(local(counted_ranges(ps, owned, pg.tp_rank(), false)));
-  if (ddp.sharded() && pg.dp->size() > 1) v = pg.dp->all_reduce_value(v);
+  // The distributed optimizer shards over DP x CP (the ranks that reduce dense gradients).
+  if (ddp.sharded() && pg.dp_cp->size() > 1) v = pg.dp_cp->all_reduce_value(v);
   if (!moe) return v;
   double ex = pg.expert_mp->all_reduce_value(local(counted_ranges(ps, owned, pg.etp->rank(), true)));
   if (ddp.experts_sharded()) ex = pg.edp->all_reduce_value(ex);

@@ -7,7 +7,7 @@
 
 namespace mt::parallel {
 
-ProcessGroups build_process_groups(comm::World& world, const RankGrid& grid) {
+ProcessGroups build_process_groups(comm::World& world, const RankGrid& grid, int cp_a2a_size) {
   MT_CHECK(grid.world() == world.size(), "grid of {} ranks for a world of {}", grid.world(), world.size());
   ProcessGroups g;
   g.grid = grid;
@@ -35,6 +35,19 @@ ProcessGroups build_process_groups(comm::World& world, const RankGrid& grid) {
   g.edp = make("edp", &eg);
   g.tp_ep = make("etp-ep", &eg);
   g.expert_mp = make("etp-ep-pp", &eg);
+  if (cp_a2a_size > 1 && grid.cp() > cp_a2a_size) {
+    MT_CHECK(grid.cp() % cp_a2a_size == 0, "all-to-all size {} does not divide CP {}", cp_a2a_size, grid.cp());
+    const std::vector<int> cp = grid.group(g.rank, "cp");
+    const int c = g.cp->rank(), a = cp_a2a_size;
+    std::vector<int> inner, outer;
+    for (int x = 0; x < grid.cp(); ++x) {
+      if (x / a == c / a) inner.push_back(cp[static_cast<size_t>(x)]);
+      if (x % a == c % a) outer.push_back(cp[static_cast<size_t>(x)]);
+    }
+    // Every member makes its all-to-all group before its ring, so the rendezvous never cross.
+    g.cp_a2a = world.new_group("cp-a2a", inner);
+    g.cp_ring = world.new_group("cp-ring", outer);
+  }
   auto emb = grid.embedding_group(g.rank);
   g.embedding = static_cast<int>(emb.size()) == world.size()
                     ? world.world()

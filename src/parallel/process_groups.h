@@ -15,6 +15,9 @@ struct ProcessGroups {
   comm::CommPtr dp;             // data-parallel group (gradient reduction when CP = 1)
   comm::CommPtr dp_cp;          // data x context parallel (gradient reduction with CP)
   comm::CommPtr cp;             // context-parallel group
+  // --cp-comm-type a2a+p2p: CP rank c = i + A * j (A the all-to-all size); the all-to-all group
+  // holds the CP ranks of one j, the ring those of one i. Null otherwise.
+  comm::CommPtr cp_a2a, cp_ring;
   comm::CommPtr pp;             // pipeline group
   comm::CommPtr mp;             // model-parallel group (TP x PP): grad-norm reduction
   comm::CommPtr embedding;      // first and last pipeline stages (tied embeddings)
@@ -30,7 +33,8 @@ struct ProcessGroups {
 
 // Builds this rank's groups (collective with every rank). Groups that hold every rank reuse
 // the world communicator; groups of one cost nothing.
-ProcessGroups build_process_groups(comm::World& world, const RankGrid& grid);
+// cp_a2a_size > 1 also builds the hierarchical context-parallel groups (a2a+p2p).
+ProcessGroups build_process_groups(comm::World& world, const RankGrid& grid, int cp_a2a_size = 1);
 // A single process: every group is the process itself.
 ProcessGroups local_process_groups();
 

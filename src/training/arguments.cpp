@@ -37,6 +37,7 @@ void register_flags(Registered& r, Arguments& a) {
   register_checkpoint_flags(p, a);
   p.group("distributed");
   register_parallel_flags(p, a);
+  register_context_flags(p, a);
   p.group("data and tokenizer");
   register_data_flags(p, a);
   p.group("logging and evaluation");
@@ -105,6 +106,7 @@ std::vector<std::string> pretrain_rejected_registered() {
 
 void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   validate_parallel_args(a);
+  validate_context_args(a);
   validate_moe_args(a);
   validate_model_args(a);
   validate_batch_schedule_args(a);  // may set the global batch size, which the batch checks need

@@ -136,6 +136,16 @@ struct ParallelArgs {
   std::string distributed_backend = "nccl";  // CPU tensors always use Gloo
 };
 
+// Long sequences (arguments_context.cpp): context parallelism's attention form, and packed
+// documents (Megatron's get_batch masks: positions and attention restart after each EOD).
+struct ContextArgs {
+  std::string cp_comm_type = "p2p";                 // p2p | a2a | allgather | a2a+p2p
+  std::vector<std::string> hierarchical_cp_sizes;   // a2a+p2p: "A P" (all-to-all size, ring size)
+  int64_t cp_a2a_size = 1;                          // derived: the all-to-all group's size
+  bool reset_position_ids = false, reset_attention_mask = false;
+};
+
+
 // How the run proceeds around the training loop (arguments_run.cpp): evaluation-only runs,
 // missing checkpoints, the sample order, and printing the configuration.
 struct RunArgs {
@@ -158,7 +168,7 @@ struct ProfileArgs {
 };
 
 struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs,
-                   OpsArgs, RunArgs, ProfileArgs {
+                   OpsArgs, RunArgs, ProfileArgs, ContextArgs {
   std::vector<std::string> given;  // flag names given by the user (for conflict checks)
   bool was_given(const char* flag) const;
 };

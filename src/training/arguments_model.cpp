@@ -78,6 +78,8 @@ void register_model_flags(FlagParser& p, ModelArgs& a, ModelAliases& r) {
           "full recomputation: uniform (groups of N layers) or block (the first N layers of each stage)",
           {"uniform", "block"});
   p.value("--recompute-num-layers", &m.recompute_num_layers, "N for --recompute-method", {0, limits::kLayers});
+  p.store_true("--distribute-saved-activations", &m.distribute_saved_activations,
+               "full recomputation: each tensor-parallel rank keeps 1/TP of a recomputed group's input");
   p.list("--recompute-modules", &m.recompute_modules,
          "selective recomputation's modules: core_attn (default), moe_act, moe");
 }
@@ -141,6 +143,18 @@ void validate_recompute_args(Arguments& a) {
     fail("--recompute-modules needs --recompute-granularity selective");
   auto& m = a.model;
   const std::string& g = m.recompute_granularity;
+  // Megatron's rules (arguments.py, TransformerConfig): TP > 1, full recomputation with a
+  // method, and not with sequence parallelism (whose inputs are already split over TP).
+  if (m.distribute_saved_activations) {
+    if (a.tensor_model_parallel_size == 1)
+      fail("--distribute-saved-activations splits saved inputs over tensor-parallel ranks: it needs "
+           "--tensor-model-parallel-size > 1");
+    if (g != "full")
+      fail("--distribute-saved-activations applies to --recompute-granularity full only");
+    if (a.sequence_parallel)
+      fail("--distribute-saved-activations cannot be combined with --sequence-parallel (the saved inputs are already "
+           "split over the tensor-parallel ranks)");
+  }
   if (g.empty()) {
     if (a.was_given("--recompute-method") || a.was_given("--recompute-num-layers"))
       fail("--recompute-method and --recompute-num-layers need --recompute-granularity full");

@@ -50,8 +50,6 @@ void validate_parallel_args(Arguments& a) {
                          {"--context-parallel-size", a.context_parallel_size},
                          {"--expert-model-parallel-size", a.expert_model_parallel_size}})
     if (v < 1) fail("{} must be at least 1 (got {})", name, v);
-  if (a.context_parallel_size > 1)
-    fail("--context-parallel-size {} is not supported yet; use 1", a.context_parallel_size);
   const int64_t mp = checked_product({a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size},
                                      "--tensor-model-parallel-size x --pipeline-model-parallel-size x --context-parallel-size");
   if (a.world_size % mp != 0)

@@ -70,6 +70,10 @@ void validate_run_args(const Arguments& a);
 
 void register_profile_flags(FlagParser& p, ProfileArgs& a);
 void validate_profile_args(const ProfileArgs& a);
+
+// Context parallelism and packed documents: after the parallel sizes, before the model's rules.
+void register_context_flags(FlagParser& p, ContextArgs& a);
+void validate_context_args(Arguments& a);
 // validate_parallel_args (arguments.h) runs first; the pipeline rules after the model is known.
 void validate_pipeline_args(Arguments& a);
 

@@ -181,10 +181,11 @@ int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEn
                           static_cast<int>(a.expert_model_parallel_size),
                           static_cast<int>(a.expert_tensor_parallel_size));
   parallel::ProcessGroups groups =
-      env.world_size > 1 ? parallel::build_process_groups(world, grid) : parallel::local_process_groups();
+      env.world_size > 1 ? parallel::build_process_groups(world, grid, static_cast<int>(a.cp_a2a_size)) : parallel::local_process_groups();
   if (env.world_size > 1)
-    log_info("distributed: {} ranks ({}), tensor-parallel {} x data-parallel {} x pipeline-parallel {}{}{}{}{}",
+    log_info("distributed: {} ranks ({}), tensor-parallel {} x data-parallel {} x pipeline-parallel {}{}{}{}{}{}",
              env.world_size, env.source, grid.tp(), grid.dp(), grid.pp(),
+             grid.cp() > 1 ? fmt::format(" x context-parallel {} ({})", grid.cp(), a.cp_comm_type) : std::string(),
              a.virtual_pipeline_model_parallel_size > 1
                  ? fmt::format(" ({} virtual stages per rank, interleaved 1F1B)",
                                a.virtual_pipeline_model_parallel_size)

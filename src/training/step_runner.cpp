@@ -166,7 +166,7 @@ void StepRunner::reduce_loss(const model::LossSums& local, StepResult& r) {
   // The loss is on the last stage: summed over DP, then over PP (zeros elsewhere), so every
   // rank has the global value and takes the same NaN/skip decision.
   double sums[2] = {local.loss_sum, local.tokens};
-  pg_.dp->all_reduce(sums, 2);
+  pg_.dp_cp->all_reduce(sums, 2);  // CP ranks each hold part of every sequence's tokens
   if (pg_.pp->size() > 1) pg_.pp->all_reduce(sums, 2);
   r.loss_sum = sums[0];
   r.tokens = sums[1];
@@ -244,7 +244,7 @@ bool StepRunner::unscale_and_check(optim::GradScaler& scaler) {
   // ranks, so every rank skips or steps alike; the scaler backs off or grows from the verdict.
   int64_t found = ops::unscale_and_check(model_.params().grad_buffer(), optimizer_ranges(), scaler.inv_scale()) ? 1 : 0;
   pg_.mp->all_reduce(&found, 1, comm::ReduceOp::Max);
-  pg_.dp->all_reduce(&found, 1, comm::ReduceOp::Max);
+  pg_.dp_cp->all_reduce(&found, 1, comm::ReduceOp::Max);
   scaler.update(found != 0);
   return found != 0;
 }

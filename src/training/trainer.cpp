@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/packed_documents.h"
 #include "kernels/device.h"
 #include "kernels/profiler.h"
 
@@ -45,7 +46,8 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
 
 void Trainer::setup_data_parallel() {
   // MoE experts' gradients reduce over the expert-data-parallel group (parallel/grid.h).
-  ddp_ = std::make_unique<parallel::DataParallel>(pg_.dp, ddp_options(args_), pg_.edp);
+  // Parameters are replicated over context-parallel ranks too: dense gradients reduce over DP x CP.
+  ddp_ = std::make_unique<parallel::DataParallel>(pg_.dp_cp, ddp_options(args_), pg_.edp);
 }
 
 void Trainer::setup_model() {
@@ -54,7 +56,21 @@ void Trainer::setup_model() {
   model::PipelinePart part{layout.chunks(pg_.pp->rank()), pg_.pp->rank() == 0, pg_.pp->rank() == pg_.pp->size() - 1};
   model_ = std::make_unique<model::GPTModel>(
       args_.model, model::ModelOptions{pg_.tp.get(), args_.sequence_parallel, ddp_->layout_fn(), std::move(part),
-                                       args_.tp_comm_overlap, {pg_.ep.get(), pg_.etp.get(), pg_.tp_ep.get()}});
+                                       args_.tp_comm_overlap, {pg_.ep.get(), pg_.etp.get(), pg_.tp_ep.get()},
+                                       context_parallel()});
+}
+
+model::ContextParallel Trainer::context_parallel() const {
+  model::ContextParallel cp{pg_.cp->size() > 1 ? pg_.cp.get() : nullptr, args_.cp_comm_type};
+  if (cp.comm_type != "a2a+p2p") return cp;
+  // Hierarchical: its two groups, or, where one of them is the whole CP group, the plain form.
+  if (pg_.cp_a2a) {
+    cp.a2a = pg_.cp_a2a.get();
+    cp.ring = pg_.cp_ring.get();
+  } else {
+    cp.comm_type = args_.cp_a2a_size > 1 ? "a2a" : "p2p";
+  }
+  return cp;
 }
 
 void Trainer::setup_pipeline() {
@@ -96,7 +112,7 @@ void Trainer::setup_step_runner() {
     const auto& ps = model_->params();
     const std::string split = ddp_->has_expert_buckets() ? fmt::format("dense over DP {}, experts over expert DP {}",
                                                                        pg_.dp->size(), pg_.edp->size())
-                                                           : fmt::format("1/{}", pg_.dp->size());
+                                                           : fmt::format("1/{}", pg_.dp_cp->size());
     log_info("distributed optimizer: this rank's optimizer state covers {} of {} elements ({}): {:.2f} MiB instead "
              "of {:.2f} MiB",
              owned, ps.numel(), split, static_cast<double>(owned) * per / 1048576.0,
@@ -165,6 +181,8 @@ model::Batch Trainer::make_batch(data::SampleSource& src, int64_t first, int64_t
       if (args_.eod_mask_loss && buf[static_cast<size_t>(t)] == eod) b.loss_mask[o] = 0.f;
     }
   }
+  data::mark_documents(b.tokens, count, S, eod, args_.reset_position_ids, args_.reset_attention_mask,
+                       b.position_ids, b.cu_seqlens);
   return b;
 }
 
@@ -214,7 +232,7 @@ double Trainer::evaluate(data::SampleSource& source, int64_t& consumed, int64_t 
     sums[1] += s.tokens;
     consumed += args_.global_batch_size;
   }
-  pg_.dp->all_reduce(sums, 2);
+  pg_.dp_cp->all_reduce(sums, 2);  // CP ranks each hold part of every sequence's tokens
   if (pg_.pp->size() > 1) pg_.pp->all_reduce(sums, 2);
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }

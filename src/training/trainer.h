@@ -60,6 +60,7 @@ class Trainer {
   // Setup, in order (the constructor).
   void setup_data_parallel();
   void setup_model();
+  model::ContextParallel context_parallel() const;  // the model's CP groups and attention form
   void setup_device();
   void setup_pipeline();
   void setup_schedule();

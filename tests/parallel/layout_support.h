@@ -286,11 +286,13 @@ inline model::TransformerConfig recompute_tp_config(int64_t heads, bool qk_layer
 }
 
 // One step of two micro-batches (F0 F1 B1 B0) of a model on this rank's TP group with sequence
-// parallelism and both dropout streams: this rank's gradients (for bit-identity checks).
-inline std::vector<float> two_microbatch_grads(const model::TransformerConfig& c, comm::Communicator* tp) {
+// parallelism (unless !sp) and both dropout streams: this rank's gradients (for bit-identity
+// checks). `saved_bytes` (if given) gets layer 0's saved activation bytes of micro-batch 0.
+inline std::vector<float> two_microbatch_grads(const model::TransformerConfig& c, comm::Communicator* tp,
+                                               bool sp = true, size_t* saved_bytes = nullptr) {
   model::ModelOptions o;
   o.tp = tp;
-  o.sequence_parallel = true;
+  o.sequence_parallel = sp;
   model::GPTModel m(c, o);
   RngState rng{11, 0}, tp_rng{100 + static_cast<uint64_t>(tp->rank()), 0};
   model::PassContext ctx;
@@ -308,6 +310,7 @@ inline std::vector<float> two_microbatch_grads(const model::TransformerConfig& c
   }
   model::GPTModel::Saved s0, s1;
   const model::LossSums l0 = m.forward(b[0], s0, ctx), l1 = m.forward(b[1], s1, ctx);
+  if (saved_bytes) *saved_bytes = model::TransformerLayer::saved_bytes(s0.layers[0]);
   const float scale = static_cast<float>(1.0 / (l0.tokens + l1.tokens));
   m.params().zero_grad();
   m.backward(s1, scale, ctx);

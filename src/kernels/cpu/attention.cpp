@@ -42,11 +42,17 @@ constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // Below this many score multiply-adds a call runs on one thread: waking a team costs more than
 // the work (and finite-difference tests make thousands of such calls).
-bool worth_threads(const ops::AttentionShape& p) { return p.B * p.Hq * p.S * p.S * p.D >= (int64_t{1} << 18); }
+bool worth_threads(const ops::AttentionShape& p) { return p.B * p.Hq * p.S * p.keys() * p.D >= (int64_t{1} << 18); }
 
 void check_params(const ops::AttentionShape& p) {
-  MT_CHECK(p.B >= 0 && p.S >= 0 && p.D > 0 && p.Hkv > 0 && p.Hq % p.Hkv == 0,
-           "bad attention shape B={} Hq={} Hkv={} S={} D={}", p.B, p.Hq, p.Hkv, p.S, p.D);
+  MT_CHECK(p.B >= 0 && p.S >= 0 && p.D > 0 && p.Hkv > 0 && p.Hq % p.Hkv == 0 && p.keys() >= 0,
+           "bad attention shape B={} Hq={} Hkv={} S={} Sk={} D={}", p.B, p.Hq, p.Hkv, p.S, p.keys(), p.D);
+  MT_CHECK(p.q_pos >= 0 && p.k_pos >= 0 && p.q_pos + p.S <= p.total() && p.k_pos + p.keys() <= p.total(),
+           "attention chunk outside its sequence: queries [{}, +{}), keys [{}, +{}) of {}", p.q_pos, p.S, p.k_pos,
+           p.keys(), p.total());
+  MT_CHECK(!p.cu_seqlens || (p.num_segments >= p.B && p.cu_seqlens[0] == 0 &&
+                             p.cu_seqlens[p.num_segments] == p.B * p.total()),
+           "cu_seqlens of {} segments does not cover {} samples of {}", p.num_segments, p.B, p.total());
 }
 
 // Philox draws u[j] = uniform(seed, offset, idx0 + j) for j < n, one block of 4 at a time.
@@ -59,14 +65,39 @@ void philox_range(uint64_t seed, uint64_t offset, uint64_t idx0, int64_t n, floa
   }
 }
 
+// The keys each row of a query tile sees ([lo, hi), chunk-local key indices), and the span
+// [lo, hi) of all of them (empty when no row sees a key).
+struct RowRanges {
+  int64_t lo[kBq], hi[kBq];
+  int64_t span_lo = 0, span_hi = 0;
+  void fill(const ops::AttentionShape& p, int64_t b, int64_t i0, int64_t nq) {
+    span_lo = p.keys();
+    span_hi = 0;
+    for (int64_t i = 0; i < nq; ++i) {
+      const ops::KeyRange r = ops::visible_keys(p, b, i0 + i);
+      lo[i] = r.lo;
+      hi[i] = r.hi;
+      if (r.hi > r.lo) {
+        span_lo = std::min(span_lo, r.lo);
+        span_hi = std::max(span_hi, r.hi);
+      }
+    }
+    if (span_hi <= span_lo) span_lo = span_hi = 0;
+  }
+  // Key tiles [first, last] the rows meet (first > last: none).
+  int64_t first_tile() const { return span_lo / kBk; }
+  int64_t last_tile() const { return span_hi == 0 ? -1 : (span_hi - 1) / kBk; }
+};
+
 // Rows of one query tile together with the key tile they meet.
 struct TileGeom {
   int64_t i0, nq;  // first query row and row count
   int64_t j0, nk;  // first key and key count
-  // Number of keys of this tile that query row i (tile-local) may see.
-  int64_t visible(int64_t i, bool causal) const {
-    if (!causal) return nk;
-    return std::clamp<int64_t>(i0 + i - j0 + 1, 0, nk);
+  const RowRanges* rows;
+  // Keys [first, second) of this tile that query row i (tile-local) may see.
+  std::pair<int64_t, int64_t> visible(int64_t i) const {
+    const int64_t a = std::clamp<int64_t>(rows->lo[i] - j0, 0, nk), n = std::clamp<int64_t>(rows->hi[i] - j0, 0, nk);
+    return {a, std::max(a, n)};
   }
 };
 
@@ -167,11 +198,13 @@ void tile_acc_cols(const T* w, const T* m, T* out, int64_t nq, int64_t nk, int64
 template <typename T>
 void dropout_factors(const ops::AttentionShape& p, int64_t bh, const TileGeom& g, float* u, T* z) {
   const T keep_scale = T(1) / (T(1) - static_cast<T>(p.dropout_p));
+  const int64_t tot = p.total();
   for (int64_t i = 0; i < g.nq; ++i) {
-    const int64_t n = g.visible(i, p.causal);
-    const uint64_t idx0 = static_cast<uint64_t>((bh * p.S + g.i0 + i) * p.S + g.j0);
-    philox_range(p.seed, p.offset, idx0, n, u + i * kBk);
-    for (int64_t j = 0; j < n; ++j) z[i * kBk + j] = u[i * kBk + j] >= p.dropout_p ? keep_scale : T(0);
+    const auto [a, n] = g.visible(i);
+    // Indexed by positions in the whole sequence: a chunk draws the entries the whole call would.
+    const uint64_t idx0 = static_cast<uint64_t>((bh * tot + p.q_pos + g.i0 + i) * tot + p.k_pos + g.j0);
+    philox_range(p.seed, p.offset, idx0 + static_cast<uint64_t>(a), n - a, u + i * kBk + a);
+    for (int64_t j = a; j < n; ++j) z[i * kBk + j] = u[i * kBk + j] >= p.dropout_p ? keep_scale : T(0);
   }
 }
 
@@ -187,7 +220,7 @@ struct FwdScratch {
 template <typename T>
 void attention_forward_impl(const ops::AttentionShape& p, const T* q, const T* k, const T* v, T* out, T* lse) {
   check_params(p);
-  const int64_t S = p.S, D = p.D, group = p.Hq / p.Hkv;
+  const int64_t S = p.S, Sk = p.keys(), D = p.D, group = p.Hq / p.Hkv;
   const int64_t nqt = (S + kBq - 1) / kBq;
   const int64_t tasks = p.B * p.Hq * nqt;
   const bool dropout = p.dropout_p > 0.f;
@@ -196,6 +229,7 @@ void attention_forward_impl(const ops::AttentionShape& p, const T* q, const T* k
 #pragma omp parallel if (worth_threads(p))
   {
     FwdScratch<T> w(D);
+    RowRanges rows;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       // Reverse tile order within a head: with causal masking the last tiles are the longest,
@@ -204,7 +238,8 @@ void attention_forward_impl(const ops::AttentionShape& p, const T* q, const T* k
       const int64_t b = bh / p.Hq, h = bh % p.Hq;
       const int64_t i0 = qt * kBq, nq = std::min(kBq, S - i0);
       const T* qh = q + bh * S * D;
-      const int64_t kvh = (b * p.Hkv + h / group) * S * D;
+      const int64_t kvh = (b * p.Hkv + h / group) * Sk * D;
+      rows.fill(p, b, i0, nq);
       // The softmax scale is folded into q once per tile; backward does the same, so the
       // recomputed scores match these bit for bit.
       for (int64_t x = 0; x < nq * D; ++x) w.qs[x] = qh[i0 * D + x] * scale;
@@ -212,29 +247,30 @@ void attention_forward_impl(const ops::AttentionShape& p, const T* q, const T* k
       std::fill(w.acc.begin(), w.acc.end(), T(0));
       std::fill(w.m.begin(), w.m.end(), kNegInf);
       std::fill(w.l.begin(), w.l.end(), T(0));
-      const int64_t key_end = p.causal ? i0 + nq : S;
-      for (int64_t j0 = 0; j0 < key_end; j0 += kBk) {
-        const TileGeom g{i0, nq, j0, std::min(kBk, key_end - j0)};
+      for (int64_t kt = rows.first_tile(); kt <= rows.last_tile(); ++kt) {
+        const int64_t j0 = kt * kBk;
+        const TileGeom g{i0, nq, j0, std::min(kBk, rows.span_hi - j0), &rows};
         load_transposed(k + kvh + j0 * D, w.kt.data(), g.nk, D);
         load_rows(v + kvh + j0 * D, w.vr.data(), g.nk, kBk, D);
         tile_dot(w.qs.data(), w.kt.data(), w.s.data(), nq, g.nk, D);
         if (dropout) dropout_factors(p, bh, g, w.u.data(), w.z.data());
         for (int64_t i = 0; i < nq; ++i) {
-          const int64_t n = g.visible(i, p.causal);
+          const auto [a, n] = g.visible(i);
           T* si = w.s.data() + i * kBk;
-          std::fill(si + n, si + kBk, T(0));  // masked keys carry probability exactly 0
-          if (n == 0) continue;
+          std::fill(si, si + a, T(0));  // masked keys carry probability exactly 0
+          std::fill(si + n, si + kBk, T(0));
+          if (n == a) continue;
           T mx = w.m[i];
-          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, si[j]);
+          for (int64_t j = a; j < n; ++j) mx = std::max(mx, si[j]);
           const T alpha = exp_scalar(w.m[i] - mx);  // 0 on the first tile (m = -inf)
-          exp_shifted(si, n, mx);
+          exp_shifted(si + a, n - a, mx);
           T sum = 0;
-          for (int64_t j = 0; j < n; ++j) sum += si[j];
+          for (int64_t j = a; j < n; ++j) sum += si[j];
           w.m[i] = mx;
           w.l[i] = w.l[i] * alpha + sum;
           // The normaliser counts every probability; dropout only changes what reaches V.
           if (dropout)
-            for (int64_t j = 0; j < n; ++j) si[j] *= w.z[i * kBk + j];
+            for (int64_t j = a; j < n; ++j) si[j] *= w.z[i * kBk + j];
           T* ai = w.acc.data() + i * D;
           for (int64_t d = 0; d < D; ++d) ai[d] *= alpha;
         }
@@ -262,6 +298,7 @@ template <typename T>
 struct BwdScratch {
   std::vector<T> qs, dout, lse, di, kt, vt, kr, s, dp, z, dq, dk, dv;
   std::vector<float> u;
+  RowRanges rows;
   BwdScratch(int64_t D, int64_t kv_rows)
       : qs(kBq * D),
         dout(kBq * D),
@@ -299,6 +336,7 @@ void load_query_tile(const ops::AttentionShape& p, int64_t bh, int64_t i0, int64
     w.di[i] = acc;
     w.lse[i] = lse[bh * S + i0 + i];
   }
+  w.rows.fill(p, bh / p.Hq, i0, nq);
 }
 
 // One (query tile, key tile) pair: recomputes P from lse and accumulates into w.dq (unscaled)
@@ -315,21 +353,23 @@ void tile_backward(const ops::AttentionShape& p, int64_t bh, const TileGeom& g, 
   tile_dot(w.dout.data(), w.vt.data(), w.dp.data(), g.nq, g.nk, D);
   if (dropout) dropout_factors(p, bh, g, w.u.data(), w.z.data());
   for (int64_t i = 0; i < g.nq; ++i) {
-    const int64_t n = g.visible(i, p.causal);
+    const auto [a, n] = g.visible(i);
     T* si = w.s.data() + i * kBk;
     T* dpi = w.dp.data() + i * kBk;
     const T l = w.lse[i], di = w.di[i];
-    exp_shifted(si, n, l);
+    exp_shifted(si + a, n - a, l);
     if (dropout) {
       const T* zi = w.z.data() + i * kBk;
       // dp becomes dS; s becomes the dropped probabilities that multiplied V in forward.
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = a; j < n; ++j) {
         dpi[j] = si[j] * (dpi[j] * zi[j] - di);
         si[j] *= zi[j];
       }
     } else {
-      for (int64_t j = 0; j < n; ++j) dpi[j] = si[j] * (dpi[j] - di);
+      for (int64_t j = a; j < n; ++j) dpi[j] = si[j] * (dpi[j] - di);
     }
+    std::fill(si, si + a, T(0));
+    std::fill(dpi, dpi + a, T(0));
     std::fill(si + n, si + kBk, T(0));
     std::fill(dpi + n, dpi + kBk, T(0));
   }
@@ -352,44 +392,56 @@ template <typename T>
 void attention_backward_impl(const ops::AttentionShape& p, const T* q, const T* k, const T* v, const T* out,
                              const T* lse, const T* dout, T* dq, T* dk, T* dv) {
   check_params(p);
-  const int64_t S = p.S, D = p.D, group = p.Hq / p.Hkv;
-  const int64_t nt = (S + kBq - 1) / kBq;
-  static_assert(kBq == kBk, "the causal tile bounds below assume square tiles");
+  const int64_t S = p.S, Sk = p.keys(), D = p.D, group = p.Hq / p.Hkv;
+  const int64_t nt = (S + kBq - 1) / kBq, nkt = (Sk + kBk - 1) / kBk;
   const int64_t kv_heads = p.B * p.Hkv;
-  // Query tiles that meet key tile kt, and key tiles that query tile qt meets.
-  auto first_qt = [&](int64_t kt) { return p.causal ? kt : int64_t{0}; };
-  auto last_kt = [&](int64_t qt) { return p.causal ? qt : nt - 1; };
-  auto geom = [&](int64_t qt, int64_t kt) {
-    return TileGeom{qt * kBq, std::min(kBq, S - qt * kBq), kt * kBk, std::min(kBk, S - kt * kBk)};
+  // The key tiles each (sample, query tile) meets: [first, last] per entry, computed once, so
+  // both schedules skip exactly the same empty pairs.
+  std::vector<std::pair<int64_t, int64_t>> spans(static_cast<size_t>(p.B * nt));
+  {
+    RowRanges r;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t qt = 0; qt < nt; ++qt) {
+        r.fill(p, b, qt * kBq, std::min(kBq, S - qt * kBq));
+        spans[static_cast<size_t>(b * nt + qt)] = {r.first_tile(), r.last_tile()};
+      }
+  }
+  auto span = [&](int64_t b, int64_t qt) { return spans[static_cast<size_t>(b * nt + qt)]; };
+  auto geom = [&](const BwdScratch<T>& w, int64_t qt, int64_t kt) {
+    return TileGeom{qt * kBq, std::min(kBq, S - qt * kBq), kt * kBk, std::min(kBk, Sk - kt * kBk), &w.rows};
   };
   // The schedule choice only changes who computes what, never the arithmetic order.
   const bool fused = kv_heads >= 2 * static_cast<int64_t>(omp_get_max_threads());
+  // Key rows with no query seeing them get zero gradients.
+  std::fill(dk, dk + kv_heads * Sk * D, T(0));
+  std::fill(dv, dv + kv_heads * Sk * D, T(0));
 
   if (fused) {
 #pragma omp parallel if (worth_threads(p))
     {
-      BwdScratch<T> w(D, nt * kBk);
+      BwdScratch<T> w(D, nkt * kBk);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bkv = 0; bkv < kv_heads; ++bkv) {
         const int64_t b = bkv / p.Hkv, hk = bkv % p.Hkv;
-        const T* kh = k + bkv * S * D;
-        const T* vh = v + bkv * S * D;
+        const T* kh = k + bkv * Sk * D;
+        const T* vh = v + bkv * Sk * D;
         std::fill(w.dk.begin(), w.dk.end(), T(0));
         std::fill(w.dv.begin(), w.dv.end(), T(0));
         for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
           const int64_t bh = b * p.Hq + h;
           for (int64_t qt = 0; qt < nt; ++qt) {
-            const TileGeom g0 = geom(qt, 0);
+            const TileGeom g0 = geom(w, qt, 0);
             load_query_tile(p, bh, g0.i0, g0.nq, q, out, lse, dout, w);
             std::fill(w.dq.begin(), w.dq.end(), T(0));
-            for (int64_t kt = 0; kt <= last_kt(qt); ++kt)
-              tile_backward(p, bh, geom(qt, kt), kh, vh, w, true, w.dk.data() + kt * kBk * D,
+            const auto [k0, k1] = span(b, qt);
+            for (int64_t kt = k0; kt <= k1; ++kt)
+              tile_backward(p, bh, geom(w, qt, kt), kh, vh, w, true, w.dk.data() + kt * kBk * D,
                             w.dv.data() + kt * kBk * D);
             store_dq(p, bh, g0.i0, g0.nq, w, dq);
           }
         }
-        std::copy(w.dk.begin(), w.dk.begin() + S * D, dk + bkv * S * D);
-        std::copy(w.dv.begin(), w.dv.begin() + S * D, dv + bkv * S * D);
+        std::copy(w.dk.begin(), w.dk.begin() + Sk * D, dk + bkv * Sk * D);
+        std::copy(w.dv.begin(), w.dv.begin() + Sk * D, dv + bkv * Sk * D);
       }
     }
     return;
@@ -401,24 +453,26 @@ void attention_backward_impl(const ops::AttentionShape& p, const T* q, const T* 
     // dk, dv: one task per key tile of a kv head, visiting query heads and tiles in the same
     // order as the fused schedule. The two loops write disjoint outputs: no barrier between.
 #pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t task = 0; task < kv_heads * nt; ++task) {
-      const int64_t bkv = task / nt, kt = task % nt;
+    for (int64_t task = 0; task < kv_heads * nkt; ++task) {
+      const int64_t bkv = task / nkt, kt = task % nkt;
       const int64_t b = bkv / p.Hkv, hk = bkv % p.Hkv;
-      const T* kh = k + bkv * S * D;
-      const T* vh = v + bkv * S * D;
+      const T* kh = k + bkv * Sk * D;
+      const T* vh = v + bkv * Sk * D;
       std::fill(w.dk.begin(), w.dk.end(), T(0));
       std::fill(w.dv.begin(), w.dv.end(), T(0));
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const int64_t bh = b * p.Hq + h;
-        for (int64_t qt = first_qt(kt); qt < nt; ++qt) {
-          const TileGeom g = geom(qt, kt);
+        for (int64_t qt = 0; qt < nt; ++qt) {
+          const auto [k0, k1] = span(b, qt);
+          if (kt < k0 || kt > k1) continue;
+          const TileGeom g = geom(w, qt, kt);
           load_query_tile(p, bh, g.i0, g.nq, q, out, lse, dout, w);
           tile_backward(p, bh, g, kh, vh, w, false, w.dk.data(), w.dv.data());
         }
       }
-      const TileGeom gk = geom(0, kt);
-      std::copy(w.dk.begin(), w.dk.begin() + gk.nk * D, dk + (bkv * S + gk.j0) * D);
-      std::copy(w.dv.begin(), w.dv.begin() + gk.nk * D, dv + (bkv * S + gk.j0) * D);
+      const int64_t j0 = kt * kBk, nk = std::min(kBk, Sk - j0);
+      std::copy(w.dk.begin(), w.dk.begin() + nk * D, dk + (bkv * Sk + j0) * D);
+      std::copy(w.dv.begin(), w.dv.begin() + nk * D, dv + (bkv * Sk + j0) * D);
     }
     // dq: one task per query tile of a query head, longest (last) tiles first.
 #pragma omp for schedule(dynamic, 1)
@@ -426,11 +480,12 @@ void attention_backward_impl(const ops::AttentionShape& p, const T* q, const T* 
       const int64_t bh = task / nt, qt = nt - 1 - task % nt;
       const int64_t b = bh / p.Hq, h = bh % p.Hq;
       const int64_t bkv = b * p.Hkv + h / group;
-      const TileGeom g0 = geom(qt, 0);
+      const TileGeom g0 = geom(w, qt, 0);
       load_query_tile(p, bh, g0.i0, g0.nq, q, out, lse, dout, w);
       std::fill(w.dq.begin(), w.dq.end(), T(0));
-      for (int64_t kt = 0; kt <= last_kt(qt); ++kt)
-        tile_backward<T>(p, bh, geom(qt, kt), k + bkv * S * D, v + bkv * S * D, w, true, nullptr, nullptr);
+      const auto [k0, k1] = span(b, qt);
+      for (int64_t kt = k0; kt <= k1; ++kt)
+        tile_backward<T>(p, bh, geom(w, qt, kt), k + bkv * Sk * D, v + bkv * Sk * D, w, true, nullptr, nullptr);
       store_dq(p, bh, g0.i0, g0.nq, w, dq);
     }
   }

@@ -58,16 +58,18 @@ void layernorm_backward(const double* dy, const double* x, const double* w, cons
 // cos/sin tables: [seq, rot_dim/2], built by rope_tables with inv_freq[i] = base^(-2i/rot_dim).
 void rope_tables(int64_t seq, int64_t rot_dim, double base, float* cos_out, float* sin_out);
 void rope_tables(int64_t seq, int64_t rot_dim, double base, double* cos_out, double* sin_out);
-// x: [B, H, S, D] in place. Position of element (b,h,s,:) is s.
+// x: [B, H, S, D] in place. Element (b,h,s,:) takes table row s, or b*S + s with per_sample
+// (tables of B*S rows: positions that differ between samples, as packed documents have; the
+// Tensor-level ops take those as [B, S, rot/2]).
 void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                  int64_t rot_dim);
+                  int64_t rot_dim, bool per_sample = false);
 void rope_forward(double* x, const double* cos, const double* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                  int64_t rot_dim);
+                  int64_t rot_dim, bool per_sample = false);
 // Backward is the inverse rotation of dy, in place.
 void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                   int64_t rot_dim);
+                   int64_t rot_dim, bool per_sample = false);
 void rope_backward(double* dx, const double* cos, const double* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                   int64_t rot_dim);
+                   int64_t rot_dim, bool per_sample = false);
 
 // ---- Causal self-attention with GQA (Hq = Hkv * group), tiled with an online softmax:
 // no S x S matrix is kept; lse[B, Hq, S] (log-sum-exp of scaled scores) is saved for backward.

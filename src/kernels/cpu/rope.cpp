@@ -25,10 +25,11 @@ void rope_tables_impl(int64_t seq, int64_t rot_dim, double base, T* cos_out, T* 
     }
 }
 
-// sign = +1 rotates forward, -1 applies the inverse (transpose) rotation.
+// sign = +1 rotates forward, -1 applies the inverse (transpose) rotation. Tables hold S rows,
+// or B * S (sample after sample) where positions differ between samples (packed documents).
 template <typename T>
 void rope_apply(T* x, const T* cos, const T* sin, int64_t B, int64_t H, int64_t S, int64_t D, int64_t rot_dim,
-                T sign) {
+                T sign, bool per_sample) {
   MT_CHECK(rot_dim % 2 == 0 && rot_dim <= D, "rotary dim {} must be even and <= head dim {}", rot_dim, D);
   const int64_t half = rot_dim / 2;
   const int64_t heads = B * H;
@@ -36,8 +37,9 @@ void rope_apply(T* x, const T* cos, const T* sin, int64_t B, int64_t H, int64_t 
   for (int64_t bh = 0; bh < heads; ++bh)
     for (int64_t s = 0; s < S; ++s) {
       T* row = x + (bh * S + s) * D;
-      const T* c = cos + s * half;
-      const T* sn = sin + s * half;
+      const int64_t t = per_sample ? bh / H * S + s : s;
+      const T* c = cos + t * half;
+      const T* sn = sin + t * half;
       for (int64_t i = 0; i < half; ++i) {
         const T x1 = row[i], x2 = row[i + half], si = sign * sn[i];
         row[i] = x1 * c[i] - x2 * si;
@@ -55,20 +57,20 @@ void rope_tables(int64_t seq, int64_t rot_dim, double base, double* cos_out, dou
   rope_tables_impl(seq, rot_dim, base, cos_out, sin_out);
 }
 void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                  int64_t rot_dim) {
-  rope_apply(x, cos, sin, B, H, S, D, rot_dim, 1.f);
+                  int64_t rot_dim, bool per_sample) {
+  rope_apply(x, cos, sin, B, H, S, D, rot_dim, 1.f, per_sample);
 }
 void rope_forward(double* x, const double* cos, const double* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                  int64_t rot_dim) {
-  rope_apply(x, cos, sin, B, H, S, D, rot_dim, 1.0);
+                  int64_t rot_dim, bool per_sample) {
+  rope_apply(x, cos, sin, B, H, S, D, rot_dim, 1.0, per_sample);
 }
 void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                   int64_t rot_dim) {
-  rope_apply(dx, cos, sin, B, H, S, D, rot_dim, -1.f);
+                   int64_t rot_dim, bool per_sample) {
+  rope_apply(dx, cos, sin, B, H, S, D, rot_dim, -1.f, per_sample);
 }
 void rope_backward(double* dx, const double* cos, const double* sin, int64_t B, int64_t H, int64_t S, int64_t D,
-                   int64_t rot_dim) {
-  rope_apply(dx, cos, sin, B, H, S, D, rot_dim, -1.0);
+                   int64_t rot_dim, bool per_sample) {
+  rope_apply(dx, cos, sin, B, H, S, D, rot_dim, -1.0, per_sample);
 }
 
 }  // namespace mt::cpu

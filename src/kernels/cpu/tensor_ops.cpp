@@ -252,12 +252,24 @@ Tensor rows_to_heads(const Tensor& x, int64_t S, int64_t B, int64_t H, int64_t D
   return h;
 }
 
+namespace {
+// Tables [B, S, rot/2] hold every sample's own positions (packed documents); [>= S, rot/2]
+// tables are shared by the samples.
+bool per_sample_tables(const Tensor& x, const Tensor& cos) {
+  const bool per = cos.ndim() == 3;
+  MT_CHECK(per ? cos.dim(0) == x.dim(0) && cos.dim(1) == x.dim(2) : cos.dim(0) >= x.dim(2),
+           "RoPE tables {} for {} samples of {} positions", cos.shape_str(), x.dim(0), x.dim(2));
+  return per;
+}
+}  // namespace
+
 void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, int64_t rot_dim) {
-  cpu::rope_forward(f(x), f(cos), f(sin), x.dim(0), x.dim(1), x.dim(2), x.dim(3), rot_dim);
+  cpu::rope_forward(f(x), f(cos), f(sin), x.dim(0), x.dim(1), x.dim(2), x.dim(3), rot_dim, per_sample_tables(x, cos));
 }
 
 void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, int64_t rot_dim) {
-  cpu::rope_backward(f(dx), f(cos), f(sin), dx.dim(0), dx.dim(1), dx.dim(2), dx.dim(3), rot_dim);
+  cpu::rope_backward(f(dx), f(cos), f(sin), dx.dim(0), dx.dim(1), dx.dim(2), dx.dim(3), rot_dim,
+                     per_sample_tables(dx, cos));
 }
 
 void attention_forward(const AttentionShape& p, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,

@@ -329,6 +329,10 @@ void attention_backward(const ops::AttentionShape& p, const T* q, const nd<T>* k
   if constexpr (!std::is_same_v<T, bf16>) {
     attention_backward_generic(p, q, k, v, out, lse, dout, dq, dk, dv, s);
   } else {
+    if (!p.plain()) {  // chunks and packed documents: the generic kernels
+      attention_backward_generic(p, q, k, v, out, lse, dout, dq, dk, dv, s);
+      return;
+    }
     check_params(p);
     if (p.B * p.Hq * p.S == 0) return;
     const void* ptrs[] = {q, k, v, out, lse, dout, dq, dk, dv};

@@ -210,6 +210,10 @@ void attention_forward(const ops::AttentionShape& p, const T* q, const nd<T>* k,
   if constexpr (!std::is_same_v<T, bf16>) {
     attention_forward_generic(p, q, k, v, out, lse, s);
   } else {
+    if (!p.plain()) {  // chunks and packed documents: the generic kernels
+      attention_forward_generic(p, q, k, v, out, lse, s);
+      return;
+    }
     check_params(p);
     if (p.B * p.Hq * p.S == 0) return;
     const void* ptrs[] = {q, k, v, out, lse};

@@ -1,7 +1,9 @@
 // Generic attention kernels: any head dim up to 256, fp32 or bf16 storage, fp32 math. One warp
 // per query row (forward, dQ) or key row (dK/dV); lanes split the head dim and dot products are
 // warp reductions. Slow next to the tensor-core kernels, but exact enough to test against the
-// CPU at fp32 and used for head dims the tensor-core kernels do not cover.
+// CPU at fp32 and used for head dims the tensor-core kernels do not cover, and for the chunk and
+// packed-document forms of AttentionShape (query/key chunks at positions, cu_seqlens): each row
+// attends to the keys ops::visible_keys gives it, as the CPU kernel does.
 #include <cmath>
 #include <type_traits>
 
@@ -17,15 +19,20 @@ namespace {
 constexpr int kWarps = 4;
 
 struct GenArgs {
-  int S, Hq, Hkv, group, D;
+  int S, Sk, Hq, Hkv, group, D;
   float scale;
   bool causal;
   float dropout_p, keep_scale;
   uint64_t seed, offset;
+  ops::AttentionShape shape;  // positions and documents (visible_keys); cu_seqlens on the device
+  bool plain;                 // shape.plain(): rows see keys [0, i] (causal) or all
 };
 
+// Dropout keyed by positions in the whole sequence, as the CPU's (attention_shape.h).
 __device__ __forceinline__ float gen_drop(const GenArgs& a, int64_t bh, int i, int j) {
-  const uint64_t idx = (static_cast<uint64_t>(bh) * a.S + i) * a.S + j;
+  const uint64_t T = static_cast<uint64_t>(a.shape.total());
+  const uint64_t idx = (static_cast<uint64_t>(bh) * T + static_cast<uint64_t>(a.shape.q_pos + i)) * T +
+                       static_cast<uint64_t>(a.shape.k_pos + j);
   return philox_uniform(a.seed, a.offset, idx) >= a.dropout_p ? a.keep_scale : 0.f;
 }
 
@@ -57,10 +64,10 @@ __global__ void gen_fwd_kernel(GenArgs a, const T* __restrict__ q, const T* __re
   float qr[NDT], acc[NDT] = {}, kr[NDT], vr[NDT];
   load_row<T, NDT>(q + (bh * a.S + i) * D, D, lane, qr);
   float m = -INFINITY, l = 0.f;
-  const int jend = a.causal ? i + 1 : a.S;
-  for (int j = 0; j < jend; ++j) {
-    load_row<T, NDT>(k + (bkv * a.S + j) * D, D, lane, kr);
-    load_row<T, NDT>(v + (bkv * a.S + j) * D, D, lane, vr);
+  const ops::KeyRange r = ops::visible_keys(a.shape, bh / a.Hq, i);
+  for (int j = static_cast<int>(r.lo); j < static_cast<int>(r.hi); ++j) {
+    load_row<T, NDT>(k + (bkv * a.Sk + j) * D, D, lane, kr);
+    load_row<T, NDT>(v + (bkv * a.Sk + j) * D, D, lane, vr);
     const float s = dot_row<NDT>(qr, kr) * a.scale;
     const float mn = fmaxf(m, s);
     const float alpha = expf(m - mn), p = expf(s - mn);
@@ -93,10 +100,10 @@ __global__ void gen_dq_kernel(GenArgs a, const T* __restrict__ q, const T* __res
   load_row<T, NDT>(q + (bh * a.S + i) * D, D, lane, qr);
   load_row<T, NDT>(dout + (bh * a.S + i) * D, D, lane, gr);
   const float li = lse[bh * a.S + i], di = delta[bh * a.S + i];
-  const int jend = a.causal ? i + 1 : a.S;
-  for (int j = 0; j < jend; ++j) {
-    load_row<T, NDT>(k + (bkv * a.S + j) * D, D, lane, kr);
-    load_row<T, NDT>(v + (bkv * a.S + j) * D, D, lane, vr);
+  const ops::KeyRange r = ops::visible_keys(a.shape, bh / a.Hq, i);
+  for (int j = static_cast<int>(r.lo); j < static_cast<int>(r.hi); ++j) {
+    load_row<T, NDT>(k + (bkv * a.Sk + j) * D, D, lane, kr);
+    load_row<T, NDT>(v + (bkv * a.Sk + j) * D, D, lane, vr);
     const float p = expf(dot_row<NDT>(qr, kr) * a.scale - li);
     float dp = dot_row<NDT>(gr, vr);
     if (a.dropout_p > 0.f) dp *= gen_drop(a, bh, i, j);
@@ -117,16 +124,22 @@ __global__ void gen_dkdv_kernel(GenArgs a, const T* __restrict__ q, const T* __r
                                 const T* __restrict__ dout, T* __restrict__ dk, T* __restrict__ dv) {
   const int lane = threadIdx.x & 31;
   const int j = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  if (j >= a.S) return;
+  if (j >= a.Sk) return;
   const int64_t bkv = blockIdx.y;
   const int64_t b = bkv / a.Hkv, hk = bkv % a.Hkv;
   const int D = a.D;
   float kr[NDT], vr[NDT], qr[NDT], gr[NDT], ak[NDT] = {}, av[NDT] = {};
-  load_row<T, NDT>(k + (bkv * a.S + j) * D, D, lane, kr);
-  load_row<T, NDT>(v + (bkv * a.S + j) * D, D, lane, vr);
+  load_row<T, NDT>(k + (bkv * a.Sk + j) * D, D, lane, kr);
+  load_row<T, NDT>(v + (bkv * a.Sk + j) * D, D, lane, vr);
+  // Causal: no query before this key's position sees it.
+  const int64_t first = a.causal ? a.shape.k_pos + j - a.shape.q_pos : 0;
   for (int hg = 0; hg < a.group; ++hg) {
     const int64_t bh = b * a.Hq + hk * a.group + hg;
-    for (int i = a.causal ? j : 0; i < a.S; ++i) {
+    for (int i = first > 0 ? static_cast<int>(first) : 0; i < a.S; ++i) {
+      if (!a.plain) {
+        const ops::KeyRange r = ops::visible_keys(a.shape, b, i);
+        if (j < r.lo || j >= r.hi) continue;  // uniform over the warp: the row is the warp's
+      }
       load_row<T, NDT>(q + (bh * a.S + i) * D, D, lane, qr);
       load_row<T, NDT>(dout + (bh * a.S + i) * D, D, lane, gr);
       const float p = expf(dot_row<NDT>(qr, kr) * a.scale - lse[bh * a.S + i]);
@@ -144,8 +157,8 @@ __global__ void gen_dkdv_kernel(GenArgs a, const T* __restrict__ q, const T* __r
   for (int t = 0; t < NDT; ++t) {
     const int d = lane + 32 * t;
     if (d < D) {
-      dk[(bkv * a.S + j) * D + d] = from_f<T>(ak[t] * a.scale);
-      dv[(bkv * a.S + j) * D + d] = from_f<T>(av[t]);
+      dk[(bkv * a.Sk + j) * D + d] = from_f<T>(ak[t] * a.scale);
+      dv[(bkv * a.Sk + j) * D + d] = from_f<T>(av[t]);
     }
   }
 }
@@ -190,6 +203,9 @@ GenArgs make_gen(const ops::AttentionShape& p) {
            "bad attention shape B={} Hq={} Hkv={} S={} D={}", p.B, p.Hq, p.Hkv, p.S, p.D);
   GenArgs a{};
   a.S = static_cast<int>(p.S);
+  a.Sk = static_cast<int>(p.keys());
+  a.shape = p;
+  a.plain = p.plain();
   a.Hq = static_cast<int>(p.Hq);
   a.Hkv = static_cast<int>(p.Hkv);
   a.group = static_cast<int>(p.Hq / p.Hkv);
@@ -254,7 +270,7 @@ void attention_backward_generic(const ops::AttentionShape& p, const T* q, const 
   Scratch delta(static_cast<size_t>(p.B * p.Hq * p.S) * sizeof(float), s);
   attention_delta(out, dout, delta.as<float>(), p.B * p.Hq * p.S, p.D, s);
   const dim3 gq(static_cast<unsigned>(ceil_div(p.S, kWarps)), static_cast<unsigned>(p.B * p.Hq));
-  const dim3 gk(static_cast<unsigned>(ceil_div(p.S, kWarps)), static_cast<unsigned>(p.B * p.Hkv));
+  const dim3 gk(static_cast<unsigned>(ceil_div(p.keys(), kWarps)), static_cast<unsigned>(p.B * p.Hkv));
   dispatch_ndt(p.D, [&](auto ndt) {
     constexpr int N = decltype(ndt)::value;
     gen_dq_kernel<T, N><<<gq, kWarps * 32, 0, s>>>(a, q, k, v, lse, delta.as<float>(), dout, dq);

@@ -26,7 +26,7 @@ bool all_bf16(std::initializer_list<const Tensor*> ts) {
 }
 // Calls that can never take the strided path (and need no policy error) skip its allocations.
 bool never_cudnn(const AttentionShape& p) {
-  return p.B * p.Hq * p.S == 0 || cuda::attention_backend() == cuda::AttentionBackend::Flash;
+  return p.B * p.Hq * p.S == 0 || !p.plain() || cuda::attention_backend() == cuda::AttentionBackend::Flash;
 }
 Tensor bf16_tensor(const Shape& s) { return Tensor::empty(s, DType::BF16, Device::CUDA); }
 const bf16* in(const Tensor& t) { return t.data<bf16>(); }
