@@ -19,8 +19,7 @@ chmod +x "$TMP/bin/torchrun"
 export PATH="$TMP/bin:$PATH" OMP_NUM_THREADS=1 MASTER_PORT=29541
 
 GPT3_WAITING=()
-LLAMA_WAITING=(--apply-layernorm-1p --decoupled-lr --decoupled-min-lr --fp8-format --fp8-amax-history-len
-               --fp8-amax-compute-algo --fp8-param-gather)
+LLAMA_WAITING=(--apply-layernorm-1p --decoupled-lr --decoupled-min-lr)
 
 "$MEGATRON" flags >"$TMP/flags.tsv"
 # The script's pretrain flags that the table rejects, sorted.
