@@ -4,9 +4,13 @@
 // lane; floating-point contraction is off for this file (GCC would otherwise fuse a * b + c into
 // an FMA where the target has one, rounding once instead of twice), so every target gives the
 // baseline's bits: results depend neither on the CPU's vendor nor its vector width.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#else
 #pragma GCC optimize("fp-contract=off")
+#endif
 // The 64-byte vectors live inside the (always inlined) helpers of this file: no call passes one,
-// so GCC's note that their calling convention differs between targets does not apply.
+// so the compilers' note that their calling convention differs between targets does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
 #include "kernels/cpu/softmax_rows.h"
 
