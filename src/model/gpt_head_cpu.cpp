@@ -10,8 +10,13 @@
 
 namespace mt::model {
 
-// fp16 keeps the unfused path: it rounds the logits' gradient to fp16 between the two GEMMs.
-bool GPTModel::fused_cpu_head() const { return device_ == Device::CPU && !tp_.on() && !cfg_.fp16; }
+// Passes that know the backward's loss scale (the pipeline's training passes). Any other forward
+// may be followed by a backward (a gradient check runs one after an evaluation-mode forward),
+// which needs the logits: those keep the unfused path, as does fp16, which rounds the logits'
+// gradient to fp16 between the two GEMMs.
+bool GPTModel::fused_cpu_head(const PassContext& ctx) const {
+  return device_ == Device::CPU && !tp_.on() && !cfg_.fp16 && ctx.loss_grad_scale.has_value();
+}
 
 LossSums GPTModel::head_forward_cpu(Saved& s, PassContext& ctx) {
   const int64_t n = s.B * s.S, h = cfg_.hidden_size, v = output_->value.dim(0);
@@ -28,7 +33,7 @@ LossSums GPTModel::head_forward_cpu(Saved& s, PassContext& ctx) {
   p.V = p.valid_v = v;  // the padded vocabulary is in the softmax, as in Megatron
   p.H = h;
   Tensor dloss;
-  if (ctx.loss_grad_scale) {
+  if (ctx.loss_grad_scale) {  // always, today (fused_cpu_head); the kernel also gives the loss alone
     s.grad_scale = *ctx.loss_grad_scale;
     dloss = ops::scaled_mask(s.mask, s.grad_scale);
     s.head_dx = Tensor::empty({n, h});

@@ -163,7 +163,7 @@ Tensor GPTModel::forward_chunk(int c, const Batch& batch, const Tensor& input, S
 
 LossSums GPTModel::head_forward(const Tensor& x, Saved& s, PassContext& ctx) {
   s.final_x = final_norm_.forward(x, s.final_norm, ctx);
-  if (fused_cpu_head()) return head_forward_cpu(s, ctx);
+  if (fused_cpu_head(ctx)) return head_forward_cpu(s, ctx);
   s.logits = output_linear().forward(s.final_x, ctx);
   ScopedOpTimer t(ctx.times, &OpTimes::loss);
   s.labels = upload(s.labels_sb);

@@ -127,7 +127,7 @@ class GPTModel {
   LossSums head_forward(const Tensor& x, Saved& s, PassContext& ctx);
   // The CPU head without tensor parallelism: output layer and loss (and in training their
   // gradients) in one chunked pass (gpt_head_cpu.cpp). Whether it applies, and the loss sums.
-  bool fused_cpu_head() const;
+  bool fused_cpu_head(const PassContext& ctx) const;
   LossSums head_forward_cpu(Saved& s, PassContext& ctx);
   LossSums loss_sums(const Tensor& losses, Saved& s);
   Tensor head_backward(Saved& s, float loss_grad_scale, PassContext& ctx);
