@@ -18,7 +18,7 @@ LOG=$(mktemp)
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 CPU=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 # Per-iteration step times after 3 warm-up iterations; the median of them.
-grep '^ iteration' "$LOG" | tail -n +4 | sed -E 's/.*iteration \(ms\): ([0-9.]+).*TFLOP\/s\/GPU\): ([0-9.]+).*/\1 \2/' | sort -n >"$LOG.ms"
+grep '^ iteration' "$LOG" | tail -n +4 | sed -E 's/.*iteration \(ms\): ([0-9.]+).*TFLOP\/s\): ([0-9.]+).*/\1 \2/' | sort -n >"$LOG.ms"
 K=$(wc -l <"$LOG.ms")
 read -r MED_MS MED_TF < <(sed -n "$(( (K + 1) / 2 ))p" "$LOG.ms")
 GEMM=$(grep -oE 'GEMM [0-9.]+%' "$LOG" | tail -1 | tr -dc '0-9.')

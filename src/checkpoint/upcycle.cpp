@@ -1,7 +1,8 @@
 #include "checkpoint/upcycle.h"
 
 #include <cmath>
-#include <regex>
+#include <optional>
+#include <string>
 
 #include "core/error.h"
 
@@ -39,6 +40,29 @@ std::vector<float> expert_part(const std::vector<float>& dense, const Shape& sha
   return out;
 }
 
+// A routed expert's parameter, "<layer>.mlp.experts.local_experts.<e>.<linear_fc1|linear_fc2>.<weight|bias>",
+// split into its parts (parsed by hand: std::regex doubled this file's build time).
+struct ExpertParam {
+  std::string mlp, fc, kind;  // "<layer>.mlp", "linear_fc1" or "linear_fc2", "weight" or "bias"
+  int64_t expert = 0;
+};
+
+std::optional<ExpertParam> parse_expert_param(const std::string& name) {
+  static const std::string mid = ".mlp.experts.local_experts.";
+  const size_t at = name.rfind(mid);
+  if (at == std::string::npos) return std::nullopt;
+  const size_t first = at + mid.size();
+  size_t end = first;
+  while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+  if (end == first || end == name.size() || name[end] != '.') return std::nullopt;
+  const std::string rest = name.substr(end + 1);
+  for (const char* fc : {"linear_fc1", "linear_fc2"})
+    for (const char* kind : {"weight", "bias"})
+      if (rest == std::string(fc) + "." + kind)
+        return ExpertParam{name.substr(0, at) + ".mlp", fc, kind, std::stoll(name.substr(first, end - first))};
+  return std::nullopt;
+}
+
 void write_param(model::Param& p, const std::vector<float>& full) {
   std::vector<float> shard(static_cast<size_t>(p.numel()));
   model::extract_shard(p, full.data(), shard.data());
@@ -49,24 +73,22 @@ void write_param(model::Param& p, const std::vector<float>& full) {
 
 void upcycle_from_dense(CheckpointReader& dense, model::ParamStore& params, const model::TransformerConfig& c,
                         const std::string& load_dir) {
-  static const std::regex expert_re(R"((.*\.mlp)\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.(weight|bias))");
   const int64_t E = c.moe.num_experts, moe_ffn = c.moe.moe_ffn_hidden_size;
   for (auto& p : params.params()) {
-    std::smatch m;
-    if (std::regex_match(p.name, m, expert_re)) {
-      const std::string src = m[1].str() + "." + m[3].str() + "." + m[4].str();
+    if (const std::optional<ExpertParam> m = parse_expert_param(p.name)) {
+      const std::string src = m->mlp + "." + m->fc + "." + m->kind;
       if (!dense.has(src))
         fail("--moe-use-upcycling: the dense checkpoint in {} has no '{}' for '{}' (is it a dense checkpoint of "
              "this model?)",
              load_dir, src, p.name);
       const Shape shape = dense.shape(src);
-      const bool fc1 = m[3].str() == "linear_fc1", weight = m[4].str() == "weight";
+      const bool fc1 = m->fc == "linear_fc1", weight = m->kind == "weight";
       const int64_t dense_ffn = fc1 ? shape[0] / (c.swiglu ? 2 : 1) : weight ? shape[1] : moe_ffn;
       if (dense_ffn % moe_ffn != 0 || E % (dense_ffn / moe_ffn) != 0)
         fail("--moe-use-upcycling: the dense FFN size {} in {} must be a multiple G of --moe-ffn-hidden-size {} with "
              "--num-experts {} divisible by G",
              dense_ffn, load_dir, moe_ffn, E);
-      const int64_t G = dense_ffn / moe_ffn, e = std::stoll(m[2].str());
+      const int64_t G = dense_ffn / moe_ffn, e = m->expert;
       const double scale = upcycling_weight_scale(c, G);
       const std::vector<float> d = dense.read(src);
       // fc2's bias is shared by the expert's whole output: repeated, unscaled (as Megatron).

@@ -284,8 +284,8 @@ Tensor GPTModel::forward_chunk(int c, const Batch& batch, const Tensor& input, S
 }
 
 LossSums GPTModel::head_forward(const Tensor& x, Saved& s, PassContext& ctx) {
-  const int64_t n = s.B * s.S;
   s.final_x = final_norm_.forward(x, s.final_norm, ctx);
+  if (fused_cpu_head(ctx)) return head_forward_cpu(s, ctx);
   s.logits = output_linear().forward(s.final_x, ctx);
   ScopedOpTimer t(ctx.times, &OpTimes::loss);
   s.labels = upload(s.labels_sb);
@@ -302,6 +302,11 @@ LossSums GPTModel::head_forward(const Tensor& x, Saved& s, PassContext& ctx) {
   } else {
     ops::cross_entropy_forward(s.logits, s.labels, losses, s.lse);
   }
+  return loss_sums(losses, s);
+}
+
+LossSums GPTModel::loss_sums(const Tensor& losses, Saved& s) {
+  const int64_t n = s.B * s.S;
   // The token count comes from the host mask. The loss sum goes into this micro-batch's result on
   // the CPU; on the GPU it stays in the device accumulator until collect_device_loss(), so
   // nothing here waits for the device.
@@ -333,6 +338,22 @@ Tensor GPTModel::backward_chunk(int c, Saved& s, const Tensor& dy, float loss_gr
 }
 
 Tensor GPTModel::head_backward(Saved& s, float loss_grad_scale, PassContext& ctx) {
+  Tensor dx;
+  if (s.head_dx.defined()) {  // formed in the forward (fused CPU head)
+    MT_CHECK(loss_grad_scale == s.grad_scale,
+             "head backward with loss gradient scale {} after a forward that formed the gradient for {}",
+             loss_grad_scale, s.grad_scale);
+    dx = std::move(s.head_dx);
+    if (output_linear().report_weight_grad) ctx.grad_ready(output_);
+  } else {
+    dx = output_layer_backward(s, loss_grad_scale, ctx);
+  }
+  Tensor dy = final_norm_.backward(dx, s.final_norm, ctx);
+  if (cfg_.fp16) round_to_half_inplace(dy, Half::FP16);  // the residual stream's gradient, as in the layers
+  return dy;
+}
+
+Tensor GPTModel::output_layer_backward(Saved& s, float loss_grad_scale, PassContext& ctx) {
   Tensor dlogits;
   {
     ScopedOpTimer t(ctx.times, &OpTimes::loss);
@@ -349,11 +370,7 @@ Tensor GPTModel::head_backward(Saved& s, float loss_grad_scale, PassContext& ctx
     if (cfg_.fp16) round_to_half_inplace(dlogits, Half::FP16);  // fp16 logits have fp16 gradients
   }
   s.logits = Tensor();
-  Tensor dx = output_linear().backward(dlogits, s.final_x, ctx);
-  dlogits = Tensor();
-  Tensor dy = final_norm_.backward(dx, s.final_norm, ctx);
-  if (cfg_.fp16) round_to_half_inplace(dy, Half::FP16);  // the residual stream's gradient, as in the layers
-  return dy;
+  return output_linear().backward(dlogits, s.final_x, ctx);
 }
 
 void GPTModel::embedding_backward(const Tensor& dx_in, Saved& s, PassContext& ctx) {

@@ -81,6 +81,9 @@ class GPTModel {
     // cross-entropy, PassContext::loss_grad_scale): `logits` holds that gradient.
     bool logits_are_grad = false;
     float grad_scale = 0.f;
+    // The CPU's fused head (head_forward_cpu) formed the final norm output's gradient in the
+    // forward, and the output layer's weight gradient with it: the backward starts from here.
+    Tensor head_dx;
   };
 
   // The whole model (one chunk with embedding and head): loss sums of a micro-batch. On the
@@ -139,7 +142,13 @@ class GPTModel {
   std::shared_ptr<const SequenceLayout> layout(const Batch& batch) const;
   Tensor run_layers(Tensor x, const Chunk& ch, int64_t S, int64_t B, Saved& s, PassContext& ctx);
   LossSums head_forward(const Tensor& x, Saved& s, PassContext& ctx);
+  // The CPU head without tensor parallelism: output layer and loss (and in training their
+  // gradients) in one chunked pass (gpt_head_cpu.cpp). Whether it applies, and the loss sums.
+  bool fused_cpu_head(const PassContext& ctx) const;
+  LossSums head_forward_cpu(Saved& s, PassContext& ctx);
+  LossSums loss_sums(const Tensor& losses, Saved& s);
   Tensor head_backward(Saved& s, float loss_grad_scale, PassContext& ctx);
+  Tensor output_layer_backward(Saved& s, float loss_grad_scale, PassContext& ctx);  // the unfused path
   void embedding_backward(const Tensor& dx, Saved& s, PassContext& ctx);
   Linear output_linear() const;
 

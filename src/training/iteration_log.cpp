@@ -98,14 +98,16 @@ void IterationLog::print_line(double elapsed_s, double loss, const StepResult& r
   const int64_t n = std::max<int64_t>(iters_, 1);
   const double ms = elapsed_s / static_cast<double>(n) * 1000.0;
   const double tflops = flops_per_iteration(model_, opt_.global_batch_size, model_.seq_length) /
-                        (elapsed_s / static_cast<double>(n)) / 1e12 / static_cast<double>(pg_.grid.world());
+                        (elapsed_s / static_cast<double>(n)) / 1e12 /
+                        (opt_.per_gpu ? static_cast<double>(pg_.grid.world()) : 1.0);
   const double tok_s = static_cast<double>(tokens_count_) / elapsed_s;
   std::string line = fmt::format(
       " iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} | "
-      "throughput per GPU (TFLOP/s/GPU): {:.3f} | tokens per second: {:.0f}{} | learning rate: {:.6E} | "
+      "{}: {:.3f} | tokens per second: {:.0f}{} | learning rate: {:.6E} | "
       "global batch size: {:5d} | lm loss: {:.6E} |{} loss scale: {:.1f} |{}{} "
       "number of skipped iterations: {:3d} | number of nan iterations: {:3d} |",
-      state.iteration, opt_.total_iters, state.consumed_train_samples, ms, tflops, tok_s,
+      state.iteration, opt_.total_iters, state.consumed_train_samples, ms,
+      opt_.per_gpu ? "throughput per GPU (TFLOP/s/GPU)" : "throughput (TFLOP/s)", tflops, tok_s,
       opt_.show_mfu ? fmt::format(" | MFU: {:.1f}%", 100.0 * tflops / 989.0) : std::string(), lr,
       opt_.global_batch_size, loss, moe_line(), scaler ? static_cast<double>(scaler->scale()) : 1.0, fp8_line(),
       // A step skipped for an fp16 overflow has no grad norm: Megatron leaves the field out.

@@ -24,6 +24,9 @@ struct IterationLogOptions {
   int64_t global_batch_size = 0;
   bool progress_bar = true;  // on a terminal only
   bool show_mfu = false;     // --device cuda: MFU against an H100's dense bf16 peak
+  // --device cuda: Megatron's "throughput per GPU (TFLOP/s/GPU)". On the CPU there is no GPU to
+  // divide by: the line says "throughput (TFLOP/s)" and gives the whole run's rate.
+  bool per_gpu = false;
 };
 
 class IterationLog {

@@ -38,7 +38,7 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   lo.total_iters = total_iters_;
   lo.global_batch_size = gbs;
   lo.progress_bar = args_.log_progress_bar;
-  lo.show_mfu = args_.device == "cuda";
+  lo.show_mfu = lo.per_gpu = args_.device == "cuda";
   log_ = std::make_unique<IterationLog>(lo, args_.model, pg_);
   setup_ops();
   log_->set_fp8(model_->fp8());

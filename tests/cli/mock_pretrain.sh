@@ -33,7 +33,7 @@ seed: 42
 Y
 run() { "$MEGATRON" pretrain --config "$TMP/cfg.yaml" --no-progress-bar --data-cache-path "$TMP/cache" "$@"; }
 run --train-iters 10 >"$TMP/full.log" 2>&1 || { cat "$TMP/full.log"; exit 1; }
-check "log line format" "grep -qE '^ iteration +10/ +10 \| consumed samples: +40 \| elapsed time per iteration \(ms\): [0-9.]+ \| throughput per GPU \(TFLOP/s/GPU\): [0-9.]+ \| tokens per second: [0-9]+ \| learning rate: [0-9.E+-]+ \| global batch size: +4 \| lm loss: [0-9.E+-]+ \| loss scale: 1.0 \| grad norm: [0-9.]+ \| number of skipped iterations: +0 \| number of nan iterations: +0 \|' '$TMP/full.log'"
+check "log line format" "grep -qE '^ iteration +10/ +10 \| consumed samples: +40 \| elapsed time per iteration \(ms\): [0-9.]+ \| throughput \(TFLOP/s\): [0-9.]+ \| tokens per second: [0-9]+ \| learning rate: [0-9.E+-]+ \| global batch size: +4 \| lm loss: [0-9.E+-]+ \| loss scale: 1.0 \| grad norm: [0-9.]+ \| number of skipped iterations: +0 \| number of nan iterations: +0 \|' '$TMP/full.log'"
 check "validation block" "grep -q ' validation loss at iteration 5 on validation set | lm loss value: ' '$TMP/full.log'"
 check "yaml values used" "grep -q 'model: 2 layers, hidden 32, 4 heads (2 query groups' '$TMP/full.log'"
 

@@ -30,13 +30,7 @@ void cross_entropy_forward_impl(const T* logits, const int32_t* targets, T* loss
       for (int64_t j = 0; j < valid_v; ++j) mx = std::max(mx, row[j]);
       std::copy(row, row + valid_v, scratch.data());
       vec::exp_shifted(scratch.data(), valid_v, mx);
-      double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // exp terms are in (0, 1]
-      int64_t j = 0;
-      for (; j + 8 <= valid_v; j += 8)
-        for (int l = 0; l < 8; ++l) lanes[l] += scratch[static_cast<size_t>(j + l)];
-      double sum = 0;
-      for (int l = 0; l < 8; ++l) sum += lanes[l];
-      for (; j < valid_v; ++j) sum += scratch[static_cast<size_t>(j)];
+      const double sum = vec::sum_lanes(scratch.data(), valid_v);
       const T l = mx + static_cast<T>(std::log(sum));
       lse[r] = l;
       losses[r] = l - row[targets[r]];

@@ -9,51 +9,24 @@
 // OpenMP threads share the tiles, and each tile is one single-threaded OpenBLAS call per
 // reduction chunk of kKChunk (below any GEMM_Q), accumulated in order. Every element's arithmetic
 // then depends only on the shapes, never on the thread count or the CPU's core count.
-#include <cblas.h>
-
 #include <algorithm>
-#include <limits>
 
-#include "core/error.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/ops.h"
 
 namespace mt::cpu {
 
 namespace {
 
-inline blasint bi(int64_t v) {
-  MT_CHECK(v >= 0 && v <= std::numeric_limits<blasint>::max(), "gemm dimension {} does not fit BLAS int", v);
-  return static_cast<blasint>(v);
-}
-
-// Row-major C[m,n] = alpha * op(A) @ op(B) + beta * C.
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, bi(m), bi(n), bi(k),
-              alpha, a, bi(lda), b, bi(ldb), beta, c, bi(ldc));
-}
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
-                 const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, bi(m), bi(n), bi(k),
-              alpha, a, bi(lda), b, bi(ldb), beta, c, bi(ldc));
-}
-
-constexpr int64_t kKChunk = 128;
+using blas::kKChunk;
 constexpr int64_t kTileM = 256, kTileN = 256;
-
-// OpenBLAS runs single-threaded inside our tiles (its pthread pool would otherwise split each
-// tile again, by its own thread count). The setting is global: it is made here, outside the
-// parallel region, so whoever changed it since (a test, an embedding program) cannot undo it.
-void blas_single_threaded() {
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-}
 
 // C[m,n] = op(A) @ op(B) + beta * C, tile by tile, each tile's k-reduction chunk by chunk (see
 // above). op(A) is [m,k] (A stored [k,m] when ta); op(B) is [k,n] (B stored [n,k] when tb).
 template <typename T>
 void gemm_fixed_k(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
                   int64_t ldb, T beta, T* c, int64_t ldc) {
-  blas_single_threaded();
+  blas::single_threaded();
   const int64_t tiles_m = (m + kTileM - 1) / kTileM, tiles_n = (n + kTileN - 1) / kTileN;
   const int64_t tiles = tiles_m * tiles_n;
 #pragma omp parallel for schedule(dynamic, 1) if (tiles > 1 && m * n * k > (1 << 18))
@@ -62,13 +35,7 @@ void gemm_fixed_k(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
     const int64_t mm = std::min(kTileM, m - i0), nn = std::min(kTileN, n - j0);
     const T* at = ta ? a + i0 : a + i0 * lda;
     const T* bt = tb ? b + j0 * ldb : b + j0;
-    T* ct = c + i0 * ldc + j0;
-    for (int64_t k0 = 0; k0 < k; k0 += kKChunk) {
-      const int64_t kk = std::min(kKChunk, k - k0);
-      const T* ak = ta ? at + k0 * lda : at + k0;
-      const T* bk = tb ? bt + k0 : bt + k0 * ldb;
-      gemm(ta, tb, mm, nn, kk, T(1), ak, lda, bk, ldb, k0 == 0 ? beta : T(1), ct, ldc);
-    }
+    blas::gemm_chunked_k(ta, tb, mm, nn, k, at, lda, bt, ldb, beta, c + i0 * ldc + j0, ldc);
   }
 }
 

@@ -20,17 +20,19 @@ struct Bits<double> {
   using U = uint64_t;
 };
 
-template <typename T>
+// Bytes: 16 (SSE2, the baseline) or wider, which GCC lowers to several baseline operations or,
+// in a function compiled for a wider unit (softmax_rows.cpp), to one: the same bits either way.
+template <typename T, int Bytes = 16>
 struct Vec {
-  typedef T V __attribute__((vector_size(16)));
-  typedef typename Bits<T>::U UV __attribute__((vector_size(16)));
-  static constexpr int64_t N = 16 / sizeof(T);
-  static V load(const T* p) {
+  typedef T V __attribute__((vector_size(Bytes)));
+  typedef typename Bits<T>::U UV __attribute__((vector_size(Bytes)));
+  static constexpr int64_t N = Bytes / sizeof(T);
+  [[gnu::always_inline]] static V load(const T* p) {
     V v;
     std::memcpy(&v, p, sizeof v);
     return v;
   }
-  static void store(T* p, V v) { std::memcpy(p, &v, sizeof v); }
+  [[gnu::always_inline]] static void store(T* p, V v) { std::memcpy(p, &v, sizeof v); }
 };
 
 // exp for the softmax, on a vector: 2^k * poly(r) with x = k ln2 + r, |r| <= ln2/2, and a
@@ -53,11 +55,11 @@ struct ExpConst<double> {
   static constexpr int mant = 52, bias = 1023, degree = 13;
 };
 
-template <typename T>
-typename Vec<T>::V exp_vec(typename Vec<T>::V x) {
+template <typename T, int Bytes = 16>
+[[gnu::always_inline]] inline typename Vec<T, Bytes>::V exp_vec(typename Vec<T, Bytes>::V x) {
   using E = ExpConst<T>;
-  using V = typename Vec<T>::V;
-  using UV = typename Vec<T>::UV;
+  using V = typename Vec<T, Bytes>::V;
+  using UV = typename Vec<T, Bytes>::UV;
   using U = typename Bits<T>::U;
   const V lo = V{} + E::lo, hi = V{} + E::hi;
   V xc = x < lo ? lo : x;
@@ -79,18 +81,42 @@ typename Vec<T>::V exp_vec(typename Vec<T>::V x) {
   return (V)((UV)(poly * two_k) & ~(UV)(x < lo));  // a NaN compares false and stays NaN
 }
 
-// x[j] = exp(x[j] - shift) for j < n; the tail goes through the same vector code.
+// exp of one value through the vector code (the same bits as exp_shifted's lanes).
 template <typename T>
-void exp_shifted(T* x, int64_t n, T shift) {
+T exp_scalar(T x) {
   using W = Vec<T>;
+  T lanes[W::N] = {};
+  lanes[0] = x;
+  W::store(lanes, exp_vec<T>(W::load(lanes)));
+  return lanes[0];
+}
+
+// x[j] = exp(x[j] - shift) for j < n; the tail goes through the same vector code.
+template <typename T, int Bytes = 16>
+[[gnu::always_inline]] inline void exp_shifted(T* x, int64_t n, T shift) {
+  using W = Vec<T, Bytes>;
   int64_t j = 0;
-  for (; j + W::N <= n; j += W::N) W::store(x + j, exp_vec<T>(W::load(x + j) - shift));
+  for (; j + W::N <= n; j += W::N) W::store(x + j, exp_vec<T, Bytes>(W::load(x + j) - shift));
   if (j < n) {
     T tail[W::N] = {};
     std::copy(x + j, x + n, tail);
-    W::store(tail, exp_vec<T>(W::load(tail) - shift));
+    W::store(tail, exp_vec<T, Bytes>(W::load(tail) - shift));
     std::copy(tail, tail + (n - j), x + j);
   }
+}
+
+// sum_j x[j] in double, in a fixed order (8 interleaved lanes, then the tail): vectorisable and
+// independent of the thread count. For the softmax's exp terms, which lie in (0, 1].
+template <typename T>
+double sum_lanes(const T* x, int64_t n) {
+  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += x[j + l];
+  double sum = 0;
+  for (int l = 0; l < 8; ++l) sum += lanes[l];
+  for (; j < n; ++j) sum += x[j];
+  return sum;
 }
 
 }  // namespace mt::cpu::vec
