@@ -84,8 +84,10 @@ std::vector<Suggestion> suggestions(const Arguments& parsed, const Options& o, i
                          a.model.recompute_granularity = "full";
                          a.model.recompute_method = "uniform";
                          a.model.recompute_num_layers = 1;
-                         a.given.push_back("--recompute-method");
-                         a.given.push_back("--recompute-num-layers");
+                         // insert from an array: GCC 12 misreads push_back of short literals here as an
+                         // out-of-bounds copy (-Warray-bounds, a known false positive).
+                         static const std::string given[] = {"--recompute-method", "--recompute-num-layers"};
+                         a.given.insert(a.given.end(), std::begin(given), std::end(given));
                        }});
   // The needed bytes with `a`, or a negative value where the layout is invalid.
   auto try_args = [&](const Arguments& a) -> double {
