@@ -20,6 +20,10 @@ OMP_NUM_THREADS=1 "$MEGATRON" launch --nproc-per-node 4 --master-port $((20000 +
   { echo "FAIL: context-parallel run"; tail -20 "$TMP/cp.log"; exit 1; }
 check "the grid is logged" grep -q "x context-parallel 4 (a2a+p2p)" "$TMP/cp.log"
 check "three losses logged" test "$(losses "$TMP/one.log" | wc -l)" -eq 3
-# The log line prints the loss to 6 significant digits: the same digits under CP.
-check "CP 4 (a2a+p2p) logs the single-process losses" test "$(losses "$TMP/cp.log")" = "$(losses "$TMP/one.log")"
+# The log line prints the loss to 7 significant digits; sums in another order (the losses of
+# other chunks, the CPU's fused output layer per rank) may move the last one.
+same_within() {  # same_within A B: every pair of values within 1e-6 relative
+  paste <(losses "$1") <(losses "$2") | awk '{d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 * $2) bad = 1} END {exit bad}'
+}
+check "CP 4 (a2a+p2p) logs the single-process losses" same_within "$TMP/cp.log" "$TMP/one.log"
 finish
