@@ -280,12 +280,14 @@ int Trainer::run() {
   // Megatron's --profile window: the profiler runs over iterations (start, end] on the listed ranks.
   const bool profiling = args_.profile && std::find(args_.profile_ranks.begin(), args_.profile_ranks.end(),
                                                     std::to_string(pg_.rank)) != args_.profile_ranks.end();
-  if (profiling && !ops::profiler_available())
-    log_info("--profile: this build has no CUDA backend, so there is no CUDA profiler to start (on the CPU, profile "
-             "with perf); training goes on");
+  // The CUDA profiler exists only for a run on the GPU (a CUDA build may run on the CPU, with no driver).
+  const bool cuda_profiler = ops::profiler_available() && model_->params().device() == Device::CUDA;
+  if (profiling && !cuda_profiler)
+    log_info("--profile: this run is on the CPU, so there is no CUDA profiler to start (on the CPU, profile with "
+             "perf); training goes on");
   bool profiler_on = false;
   while (state_.iteration < total_iters_) {
-    if (profiling && state_.iteration == args_.profile_step_start && ops::profiler_available()) {
+    if (profiling && state_.iteration == args_.profile_step_start && cuda_profiler) {
       ops::profiler_start();
       profiler_on = true;
     }
