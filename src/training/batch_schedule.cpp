@@ -67,6 +67,8 @@ std::vector<std::pair<int64_t, int64_t>> parse_step_schedule(const std::string& 
 }
 
 BatchSchedule::BatchSchedule(const Arguments& a) : final_(a.global_batch_size) {
+  // validate_training_args derives the global batch first; every size below divides by it.
+  MT_CHECK(final_ > 0, "a batch schedule for a global batch size of {}", final_);
   if (!a.step_batch_size_schedule.empty()) steps_ = parse_step_schedule(a.step_batch_size_schedule, a.model.seq_length);
   if (a.rampup_batch_size.size() == 3) {
     rampup_start_ = int_word(a.rampup_batch_size[0], "the start batch size");

@@ -16,6 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     a.model.seq_length = 1 + static_cast<int64_t>(size % 4096);
     a.step_batch_size_schedule = text;
     mt::validate_batch_schedule_args(a);
+    // A run derives the global batch (validate_training_args) before it builds the schedule.
+    if (a.global_batch_size <= 0) a.global_batch_size = 1 + static_cast<int64_t>(size % 64);
     const mt::BatchSchedule s(a);
     for (int64_t c : {int64_t{0}, int64_t{1}, int64_t{1} << 20, int64_t{1} << 40}) (void)s.at(c);
     (void)s.iterations_for(int64_t{1} << 16);
