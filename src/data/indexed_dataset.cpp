@@ -250,7 +250,17 @@ void IndexedDataset::read_as(int64_t seq, int64_t offset, int64_t length, Out* o
   const uint8_t* src = bin_.data() + sequence_pointer(seq) + offset * static_cast<int64_t>(isz);
   auto convert = [&](auto tag) {
     using T = decltype(tag);
-    for (int64_t i = 0; i < length; ++i) out[i] = static_cast<Out>(load<T>(src + i * sizeof(T)));
+    for (int64_t i = 0; i < length; ++i) {
+      const T v = load<T>(src + i * sizeof(T));
+      if constexpr (std::is_floating_point_v<T> && std::is_integral_v<Out>) {
+        // A float .bin read as token ids: NaN, infinities and values beyond the id type would be
+        // undefined to convert (found by fuzz_idx).
+        if (!(v >= static_cast<T>(std::numeric_limits<Out>::min()) && v <= static_cast<T>(std::numeric_limits<Out>::max())))
+          fail("{}.bin: token {} of sequence {} is {}, not a token id (a float dataset read as tokens)", prefix_,
+               offset + i, seq, static_cast<double>(v));
+      }
+      out[i] = static_cast<Out>(v);
+    }
   };
   with_element_type(dtype_, convert);
 }
