@@ -16,15 +16,17 @@ HostMirror& HostMirror::operator=(HostMirror&&) noexcept = default;
 void HostMirror::start(const std::vector<Tensor>& srcs) {
   size_t n = 0;
   for (const Tensor& t : srcs) {
-    MT_CHECK(t.dtype() == DType::F32 && t.device() == srcs[0].device(),
-             "HostMirror: a {} {} among f32 tensors of one device", dtype_name(t.dtype()), t.shape_str());
+    MT_CHECK((t.dtype() == DType::F32 || t.dtype() == DType::I32) && t.dtype() == srcs[0].dtype() &&
+                 t.device() == srcs[0].device(),
+             "HostMirror: a {} {} among {} tensors of one device", dtype_name(t.dtype()), t.shape_str(),
+             dtype_name(srcs[0].dtype()));
     n += static_cast<size_t>(t.numel());
   }
   values_.resize(n);
   if (srcs.empty() || srcs[0].device() == Device::CPU) {
     size_t at = 0;
     for (const Tensor& t : srcs) {
-      if (t.numel() > 0) std::memcpy(values_.data() + at, t.data<float>(), t.nbytes());
+      if (t.numel() > 0) std::memcpy(values_.data() + at, t.raw(), t.nbytes());
       at += static_cast<size_t>(t.numel());
     }
     return;
@@ -36,6 +38,14 @@ void HostMirror::start(const std::vector<Tensor>& srcs) {
 const std::vector<float>& HostMirror::wait() {
   if (gpu_ && gpu_->pending()) gpu_->wait(values_);
   return values_;
+}
+
+std::vector<int32_t> HostMirror::wait_i32() {
+  const std::vector<float>& v = wait();
+  std::vector<int32_t> out(v.size());
+  static_assert(sizeof(float) == sizeof(int32_t));
+  if (!v.empty()) std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+  return out;
 }
 
 }  // namespace mt::ops

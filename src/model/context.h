@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "core/philox.h"
 #include "model/op_times.h"
@@ -54,6 +55,9 @@ struct PassContext {
   // The running micro-batch's token layout (context parallelism, positions, documents); null:
   // whole sequences, positions 0..S-1, one document per sample. Set by GPTModel per chunk pass.
   std::shared_ptr<const SequenceLayout> seq;
+  // Parameters whose gradient GEMMs are still running beside the pass (the grouped MoE experts'
+  // weight gradients on the GPU): reported ready by join_deferred_expert_grads (model/moe/experts.h).
+  std::vector<const Param*> deferred_grads;
   uint64_t dropout_offset(uint64_t n) { return rng ? rng->next_offset(n) : 0; }
   RngState* region_rng(bool tp_region) const { return tp_region && tp_rng ? tp_rng : rng; }
   void before_use(const Param* p) {

@@ -329,6 +329,7 @@ Tensor GPTModel::backward_chunk(int c, Saved& s, const Tensor& dy, float loss_gr
     const ops::NvtxRange range("layer {} backward", layers_[i].number);
     dx = layers_[i].backward(dx, s.S, s.B, s.layers[i - ch.first], ctx);
   }
+  join_deferred_expert_grads(ctx);  // before the pass ends, anything reads the expert gradients
   if (ch.embedding) {
     embedding_backward(dx, s, ctx);
     dx = Tensor();

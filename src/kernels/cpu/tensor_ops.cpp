@@ -75,7 +75,8 @@ void grouped_linear_forward(const Tensor& x, const std::vector<const Tensor*>& w
 }
 
 void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<const Tensor*>& w,
-                             const std::vector<Tensor*>& dw, const std::vector<int64_t>& counts, Tensor& dx) {
+                             const std::vector<Tensor*>& dw, const std::vector<int64_t>& counts, Tensor& dx,
+                             bool /*defer_wgrad: the CPU finishes everything before it returns*/) {
   int64_t off = 0;
   for (size_t g = 0; g < w.size(); ++g) {
     if (counts[g] > 0) {
@@ -87,6 +88,8 @@ void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vecto
     off += counts[g];
   }
 }
+
+void join_deferred_work(Device) {}  // nothing is ever left running on the CPU
 
 void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db, bool accumulate_dw) {
   require_cpu_f32(dy, "linear_backward_weight");

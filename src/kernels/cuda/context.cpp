@@ -39,10 +39,13 @@ GpuContext::~GpuContext() {
   if (g_live == this) g_live = nullptr;
   // Errors here would only repeat one that the run has reported (or is exiting with).
   if (cudaStreamSynchronize(c.stream) != cudaSuccess) cudaGetLastError();
-  for (cudaStream_t s : c.side)
-    if (cudaStreamDestroy(s) != cudaSuccess) cudaGetLastError();
-  for (cudaEvent_t e : c.joins) cudaEventDestroy(e);
-  if (c.fork) cudaEventDestroy(c.fork);
+  for (Impl::StreamPool* p : {&c.side, &c.deferred}) {
+    for (cudaStream_t s : p->streams)
+      if (cudaStreamSynchronize(s) != cudaSuccess || cudaStreamDestroy(s) != cudaSuccess) cudaGetLastError();
+    for (cudaEvent_t e : p->joins) cudaEventDestroy(e);
+    if (p->fork) cudaEventDestroy(p->fork);
+  }
+  c.deferred_keep.clear();
   c.gemm.reset();
   c.alloc->set_stream(nullptr);  // frees after this run are ordered on the default stream
   if (cudaStreamDestroy(c.stream) != cudaSuccess) cudaGetLastError();
@@ -96,40 +99,68 @@ int side_stream_count() {
 
 }  // namespace
 
-SideStreams::SideStreams(cudaStream_t main) : main_(main) {
+namespace {
+
+ops::GpuContext::Impl::StreamPool& pool(SideStreams::Join join) {
   ops::GpuContext::Impl& c = context();
+  return join == SideStreams::Join::Deferred ? c.deferred : c.side;
+}
+
+}  // namespace
+
+SideStreams::SideStreams(cudaStream_t main, Join join) : main_(main), join_(join) {
   const int n = side_stream_count();
   if (n == 1) return;
-  if (c.side.empty()) {
-    c.side.resize(static_cast<size_t>(n));
-    c.joins.resize(static_cast<size_t>(n));
+  ops::GpuContext::Impl::StreamPool& p = pool(join_);
+  if (p.streams.empty()) {
+    p.streams.resize(static_cast<size_t>(n));
+    p.joins.resize(static_cast<size_t>(n));
+    p.pending.assign(static_cast<size_t>(n), false);
     for (int i = 0; i < n; ++i) {
-      MT_CUDA_CHECK(cudaStreamCreateWithFlags(&c.side[static_cast<size_t>(i)], cudaStreamNonBlocking));
-      MT_CUDA_CHECK(cudaEventCreateWithFlags(&c.joins[static_cast<size_t>(i)], cudaEventDisableTiming));
+      MT_CUDA_CHECK(cudaStreamCreateWithFlags(&p.streams[static_cast<size_t>(i)], cudaStreamNonBlocking));
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&p.joins[static_cast<size_t>(i)], cudaEventDisableTiming));
     }
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&c.fork, cudaEventDisableTiming));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&p.fork, cudaEventDisableTiming));
   }
-  MT_CUDA_CHECK(cudaEventRecord(c.fork, main_));
+  MT_CUDA_CHECK(cudaEventRecord(p.fork, main_));
 }
 
 cudaStream_t SideStreams::next() {
-  ops::GpuContext::Impl& c = context();
-  if (c.side.empty()) return main_;
-  const size_t i = next_++ % c.side.size();
+  ops::GpuContext::Impl::StreamPool& p = pool(join_);
+  if (p.streams.empty()) return main_;
+  const size_t i = next_++ % p.streams.size();
   if (i >= used_) {  // first use of this side stream in the fork: start it after main's work
-    MT_CUDA_CHECK(cudaStreamWaitEvent(c.side[i], c.fork, 0));
+    MT_CUDA_CHECK(cudaStreamWaitEvent(p.streams[i], p.fork, 0));
     used_ = i + 1;
   }
-  return c.side[i];
+  return p.streams[i];
 }
 
 SideStreams::~SideStreams() {
-  ops::GpuContext::Impl& c = context();
+  ops::GpuContext::Impl::StreamPool& p = pool(join_);
   for (size_t i = 0; i < used_; ++i) {
     // A failure here leaves the context broken; the next checked call reports it.
-    if (cudaEventRecord(c.joins[i], c.side[i]) != cudaSuccess || cudaStreamWaitEvent(main_, c.joins[i], 0) != cudaSuccess)
+    if (cudaEventRecord(p.joins[i], p.streams[i]) != cudaSuccess) return;
+    if (join_ == Join::Deferred) {
+      p.pending[i] = true;  // the event's latest record covers this stream's earlier deferred work
+    } else if (cudaStreamWaitEvent(main_, p.joins[i], 0) != cudaSuccess) {
       return;
+    }
   }
+}
+
+void keep_until_joined(std::shared_ptr<const void> t) { context().deferred_keep.push_back(std::move(t)); }
+
+void join_deferred(cudaStream_t main) {
+  ops::GpuContext::Impl& c = context();
+  ops::GpuContext::Impl::StreamPool& p = c.deferred;
+  for (size_t i = 0; i < p.streams.size(); ++i) {
+    if (!p.pending[i]) continue;
+    MT_CUDA_CHECK(cudaStreamWaitEvent(main, p.joins[i], 0));
+    p.pending[i] = false;
+  }
+  // Freed on the host now, reused only by work ordered after this wait on `main`.
+  c.deferred_keep.clear();
 }
 
 }  // namespace mt::cuda

@@ -133,21 +133,53 @@ void grouped_linear_forward(const Tensor& x, const std::vector<const Tensor*>& w
 }
 
 void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<const Tensor*>& w,
-                             const std::vector<Tensor*>& dw, const std::vector<int64_t>& counts, Tensor& dx) {
+                             const std::vector<Tensor*>& dw, const std::vector<int64_t>& counts, Tensor& dx,
+                             bool defer_wgrad) {
   MT_CHECK(w.size() == counts.size() && dw.size() == counts.size(),
            "grouped_linear_backward: {} weights and {} gradients for {} groups", w.size(), dw.size(), counts.size());
-  cuda::SideStreams side(st());
   with_half(dy, [&]<typename T>(T*) {
+    if (!defer_wgrad) {
+      cuda::SideStreams side(st());
+      int64_t off = 0;
+      for (size_t g = 0; g < w.size(); ++g) {
+        const int64_t out = w[g]->dim(0), in = w[g]->dim(1), n = counts[g];
+        if (n > 0)
+          cuda::linear_backward(gemm(), h<T>(dy) + off * out, h<T>(x) + off * in, h<T>(*w[g]), h<T>(dx) + off * in,
+                                f(*dw[g]), nullptr, n, out, in, side.next());
+        off += n;
+      }
+      return;
+    }
+    {  // the data gradients, which the compute stream needs next
+      cuda::SideStreams side(st());
+      int64_t off = 0;
+      for (size_t g = 0; g < w.size(); ++g) {
+        const int64_t out = w[g]->dim(0), in = w[g]->dim(1), n = counts[g];
+        if (n > 0)
+          cuda::linear_backward(gemm(), h<T>(dy) + off * out, static_cast<const T*>(nullptr), h<T>(*w[g]),
+                                h<T>(dx) + off * in, nullptr, nullptr, n, out, in, side.next());
+        off += n;
+      }
+    }
+    // The weight gradients (the same GEMMs and bits as above), left running until
+    // join_deferred_work; dy and x stay allocated until then.
+    cuda::SideStreams side(st(), cuda::SideStreams::Join::Deferred);
     int64_t off = 0;
     for (size_t g = 0; g < w.size(); ++g) {
       const int64_t out = w[g]->dim(0), in = w[g]->dim(1), n = counts[g];
       if (n > 0)
-        cuda::linear_backward(gemm(), h<T>(dy) + off * out, h<T>(x) + off * in, h<T>(*w[g]), h<T>(dx) + off * in,
-                              f(*dw[g]), nullptr, n, out, in, side.next());
+        cuda::linear_backward(gemm(), h<T>(dy) + off * out, h<T>(x) + off * in, static_cast<const T*>(nullptr),
+                              static_cast<T*>(nullptr), f(*dw[g]), nullptr, n, out, in, side.next());
       off += n;
     }
   });
+  if (defer_wgrad) {
+    cuda::keep_until_joined(std::make_shared<const Tensor>(dy));
+    cuda::keep_until_joined(std::make_shared<const Tensor>(x));
+  }
 }
+
+void join_deferred_work(Device) { cuda::join_deferred(st()); }
 
 void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor* db, bool accumulate_dw) {
   const int64_t out = dw.dim(0), in = dw.dim(1), rows = x.numel() / in;

@@ -1,5 +1,8 @@
 #include "model/moe/experts.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "core/error.h"
 #include "kernels/ops.h"
 
@@ -25,6 +28,13 @@ Linear expert_linear(ParamStore& ps, const std::string& prefix, int64_t in, int6
 }
 
 }  // namespace
+
+void join_deferred_expert_grads(PassContext& ctx) {
+  if (ctx.deferred_grads.empty()) return;
+  ops::join_deferred_work(ctx.deferred_grads.front()->value.device());
+  for (const Param* p : ctx.deferred_grads) ctx.grad_ready(p);
+  ctx.deferred_grads.clear();
+}
 
 void GroupedExperts::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, int64_t first,
                            int64_t count, const ExpertParallel* ep) {
@@ -97,6 +107,18 @@ void expert_gemms(const std::vector<Linear>& lin, const Tensor& x, Tensor& y, co
   }
 }
 
+// The grouped experts' weight-gradient GEMMs are left running beside the backward that follows
+// (the next layers' attention, say), on the GPU: they read their inputs and write only their own
+// gradients, which nothing reads before join_deferred_expert_grads. MT_DEFER_EXPERT_WGRAD=0 joins
+// them at once (for measuring the overlap); the bits are the same either way.
+bool defer_weight_grads() {
+  static const bool on = [] {
+    const char* v = std::getenv("MT_DEFER_EXPERT_WGRAD");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
 // dx rows of each expert (written), and its weight (and bias) gradients (accumulated).
 Tensor expert_gemms_backward(const std::vector<Linear>& lin, const Tensor& dy, const Tensor& x,
                              const std::vector<int64_t>& counts, bool grouped_gemm, PassContext& ctx) {
@@ -105,8 +127,12 @@ Tensor expert_gemms_backward(const std::vector<Linear>& lin, const Tensor& dy, c
   if (grouped(lin, grouped_gemm)) {
     std::vector<Tensor*> dw;
     for (const Linear& l : lin) dw.push_back(&l.weight->grad);
-    ops::grouped_linear_backward(dy, x, weights(lin), dw, counts, dx);
-    for (const Linear& l : lin) ctx.grad_ready(l.weight);
+    const bool defer = defer_weight_grads() && dy.device() != Device::CPU;
+    ops::grouped_linear_backward(dy, x, weights(lin), dw, counts, dx, defer);
+    for (const Linear& l : lin) {
+      if (defer) ctx.deferred_grads.push_back(l.weight);
+      else ctx.grad_ready(l.weight);
+    }
     return dx;
   }
   int64_t off = 0;
@@ -159,6 +185,8 @@ Tensor GroupedExperts::forward(const Tensor& xp, const std::vector<int64_t>& cou
 }
 
 Tensor GroupedExperts::backward(const Tensor& dyp, Saved& s, PassContext& ctx) const {
+  // The previous MoE layer's deferred weight gradients: at most one layer's inputs stay allocated.
+  join_deferred_expert_grads(ctx);
   if (!s.a.defined()) {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     s.a = s.xp.dim(0) > 0 ? (swiglu ? ops::swiglu_forward(s.h) : ops::gelu_forward(s.h, openai_gelu))

@@ -30,4 +30,9 @@ struct GroupedExperts {
   Tensor backward(const Tensor& dyp, Saved& s, PassContext& ctx) const;
 };
 
+// The grouped experts' weight gradients that a backward left running on the GPU (experts.cpp):
+// waited for (in stream order) and reported ready. Before anything reads them: the next MoE
+// layer's backward and the end of each backward pass call it.
+void join_deferred_expert_grads(PassContext& ctx);
+
 }  // namespace mt::model

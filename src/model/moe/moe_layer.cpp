@@ -36,6 +36,7 @@ Tensor MoELayer::forward(const Tensor& x, int64_t B, Saved& s, PassContext& ctx)
   Tensor sy;  // the shared expert's output; with the overlap it is computed during the dispatch
   const bool overlap = has_shared && cfg.moe.shared_expert_overlap;
   const TokenDispatcher::InFlight shared_forward = [&] { sy = shared_expert_forward(x, s, ctx); };
+  s.dispatch.expected_rows = cfg.moe.capacity_factor > 0 ? -1 : map.dim(0) * cfg.moe.topk;
   const Tensor xp = dispatcher->dispatch(x, probs, map, s.dispatch, counts, routed, ctx,
                                          overlap ? shared_forward : TokenDispatcher::InFlight());
   router.finish_forward(routed, s.router, ctx);

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "kernels/host_mirror.h"
 #include "kernels/ops.h"
 
 namespace mt::model {
@@ -257,11 +258,24 @@ class AllToAllDispatcher final : public TokenDispatcher {
     std::vector<int64_t> all;
     {
       ScopedOpTimer t(ctx.times, &OpTimes::permute);
-      all = plan(map, s);
+      if (s.expected_rows >= 0) {
+        // The host reads the counts (a wait for the device) after the permute is queued, so the
+        // GPU has that work in hand while the host wakes up and launches the experts' GEMMs.
+        Tensor counts_d;
+        s.token_rows = ops::moe_dispatch_plan(map, counts_d);
+        counts_mirror_.start({counts_d});
+        xp = ops::moe_permute(x, s.token_rows, s.expected_rows);
+        const std::vector<int32_t> c = counts_mirror_.wait_i32();
+        all.assign(c.begin(), c.end());
+        MT_CHECK(sum(all) == s.expected_rows, "moe dispatch: the plan has {} rows, {} expected (dropless)", sum(all),
+                 s.expected_rows);
+      } else {
+        all = plan(map, s);
+        xp = ops::moe_permute(x, s.token_rows, sum(all));
+      }
       routed = narrow(all);  // this rank's own tokens
       s.probs = probs;
       s.rows = sum(all);
-      xp = ops::moe_permute(x, s.token_rows, s.rows);
     }
     if (!ep_ && !etp_) {
       if (in_flight) in_flight();
@@ -390,6 +404,7 @@ class AllToAllDispatcher final : public TokenDispatcher {
     return transpose_chunks(rows, transposed(s.recv_chunks, src, local_), local_, src);
   }
 
+  mutable ops::HostMirror counts_mirror_;  // the plan's per-expert counts, read by the host
   comm::Communicator* ep_;   // null: a group of one
   comm::Communicator* etp_;  // null: experts whole
   int64_t local_;            // experts per EP member

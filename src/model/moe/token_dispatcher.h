@@ -50,6 +50,10 @@ class TokenDispatcher {
     // per (ETP member, EP member, local expert) the rows the ETP group received (ETP x EP x local;
     // without expert TP just this rank's).
     std::vector<int64_t> send_chunks, recv_chunks;
+    // Set by the caller before dispatch: the plan's row count when it is known in advance
+    // (dropless routing: tokens x topk), else -1. Lets the permute be queued before the host
+    // waits for the per-expert counts.
+    int64_t expected_rows = -1;
   };
   virtual ~TokenDispatcher() = default;
   // Work with no part in the exchange (the shared expert) that dispatch and combine_backward run
