@@ -273,6 +273,28 @@ std::vector<Case> cases() {
                  grouped_linear_backward(dy, x, wp, dwp, counts, dx);
                  return Outputs{y, dx, dw[0], dw[1], dw[2], dw[3]};
                }});
+  c.push_back({"grouped_linear_backward_deferred", 1e-2, [=](Device d) {
+                 // The weight gradients left running (GPU) while the inputs' last handles go:
+                 // they must stay allocated and dw must be complete after the join.
+                 const std::vector<int64_t> counts{9, 30, 0, 25};
+                 const int64_t n = 64;
+                 std::vector<Tensor> w, dw;
+                 for (int g = 0; g < 4; ++g) {
+                   w.push_back(act(d, {out, in}, 40 + g));
+                   dw.push_back(f32(d, {out, in}, 50 + g));
+                 }
+                 std::vector<const Tensor*> wp;
+                 std::vector<Tensor*> dwp;
+                 for (int g = 0; g < 4; ++g) wp.push_back(&w[g]), dwp.push_back(&dw[g]);
+                 Tensor dx = act(d, {n, in}, 6);
+                 {
+                   const Tensor x = act(d, {n, in}, 44), dy = act(d, {n, out}, 45);
+                   grouped_linear_backward(dy, x, wp, dwp, counts, dx, /*defer_wgrad=*/true);
+                 }
+                 const Tensor scratch = act(d, {n, out}, 46);  // may reuse freed memory: must not
+                 join_deferred_work(d);
+                 return Outputs{dx, dw[0], dw[1], dw[2], dw[3], scratch};
+               }});
   c.push_back({"embedding", 1e-2, [=](Device d) {
                  const Tensor id = ids(d, {3, 0, 7, 3, 49, 12});
                  Tensor dtable = f32(d, {50, D}, 9);
