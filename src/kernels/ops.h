@@ -54,6 +54,10 @@ struct DecaySegment {
 struct AdamWStep {
   double lr = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   int64_t step = 1;
+  // Gradient clipping folded into the update: each grad is read as fp32(g * grad_scale), the
+  // product clip_grads would have written (clip_coefficient), without a pass over the grads of its
+  // own. 1 (no clipping) multiplies exactly.
+  float grad_scale = 1.f;
 };
 
 // One SGD update (torch.optim.SGD as Megatron sets it up): `first` makes the momentum buffer a
@@ -61,7 +65,15 @@ struct AdamWStep {
 struct SGDStep {
   double lr = 0, weight_decay = 0, momentum = 0;
   bool first = false;
+  float grad_scale = 1.f;  // as AdamWStep's
 };
+
+// Megatron's clip_grad_norm coefficient as fp32 grads take it: max_norm / (total_norm + 1e-6) in
+// double where that is below 1, else 1 (also for a NaN norm, as Megatron's "if clip_coeff < 1.0").
+inline float clip_coefficient(double total_norm, double max_norm) {
+  const double c = max_norm / (total_norm + 1.0e-6);
+  return c < 1.0 ? static_cast<float>(c) : 1.f;
+}
 
 // The compute copy of the parameters (--bf16, --fp16) that an update refreshes in the same pass:
 // `out` (numel of the parameters) receives the updated values rounded to `half` (BF16 or F16),

@@ -12,7 +12,8 @@ AdamW::AdamW(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> s
       exp_avg_(Tensor::zeros({numel}, DType::F32, device)),
       exp_avg_sq_(Tensor::zeros({numel}, DType::F32, device)) {}
 
-void AdamW::step(Tensor& params, const Tensor& grads, double lr, double weight_decay, const ops::HalfCopy& copy) {
+void AdamW::step(Tensor& params, const Tensor& grads, double lr, double weight_decay, float grad_scale,
+                 const ops::HalfCopy& copy) {
   ++step_;
   ops::AdamWStep h;
   h.lr = lr;
@@ -21,6 +22,7 @@ void AdamW::step(Tensor& params, const Tensor& grads, double lr, double weight_d
   h.beta2 = beta2_;
   h.eps = eps_;
   h.step = step_;
+  h.grad_scale = grad_scale;
   ops::adamw_step(params, grads, exp_avg_, exp_avg_sq_, segments_, h, copy);
 }
 

@@ -41,8 +41,10 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update of `params` from `grads` (fp32 tensors of the buffer's numel, on the device the
   // optimizer was made for) with this step's lr and weight decay (the schedule's values), writing
-  // the compute copy `copy` (ops::HalfCopy; none in fp32 runs) in the same pass.
-  virtual void step(Tensor& params, const Tensor& grads, double lr, double weight_decay,
+  // the compute copy `copy` (ops::HalfCopy; none in fp32 runs) in the same pass. grad_scale:
+  // gradient clipping applied as the grads are read (ops::clip_coefficient; 1 for none), which
+  // leaves `grads` as they were.
+  virtual void step(Tensor& params, const Tensor& grads, double lr, double weight_decay, float grad_scale,
                     const ops::HalfCopy& copy) = 0;
   // The state apart from the step count, the one interface checkpoints read and write it through
   // on either device: the optimizer's own tensors, in place, so a write changes the next step. A

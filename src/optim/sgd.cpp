@@ -9,7 +9,8 @@ SGD::SGD(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> spans
   if (momentum_ != 0.0) momentum_buffer_ = Tensor::zeros({numel}, DType::F32, device);
 }
 
-void SGD::step(Tensor& params, const Tensor& grads, double lr, double weight_decay, const ops::HalfCopy& copy) {
+void SGD::step(Tensor& params, const Tensor& grads, double lr, double weight_decay, float grad_scale,
+               const ops::HalfCopy& copy) {
   ops::SGDStep h;
   h.lr = lr;
   h.weight_decay = weight_decay;
@@ -17,6 +18,7 @@ void SGD::step(Tensor& params, const Tensor& grads, double lr, double weight_dec
   // torch creates the buffer as a copy of the first d_p rather than decaying zeros; the step
   // count stands in for "buffer not yet created" so a restored run behaves the same.
   h.first = step_ == 0;
+  h.grad_scale = grad_scale;
   ++step_;
   ops::sgd_step(params, grads, momentum_buffer_.defined() ? &momentum_buffer_ : nullptr, segments_, h, copy);
 }

@@ -13,7 +13,8 @@ namespace mt::optim {
 class SGD final : public Optimizer {
  public:
   SGD(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> spans, Device device);
-  void step(Tensor& params, const Tensor& grads, double lr, double weight_decay, const ops::HalfCopy& copy) override;
+  void step(Tensor& params, const Tensor& grads, double lr, double weight_decay, float grad_scale,
+            const ops::HalfCopy& copy) override;
   // "momentum_buffer" when momentum != 0; torch keeps no state otherwise.
   std::vector<StateTensor> state() override;
   int64_t step_count() const override { return step_; }

@@ -179,11 +179,12 @@ class ShardedOptimizer final : public optim::Optimizer {
     for (auto [lo, hi] : ranges)
       parts_.push_back({lo, hi, optim::make_optimizer(cfg, hi - lo, spans_within(spans, lo, hi), device)});
   }
-  void step(Tensor& params, const Tensor& grads, double lr, double wd, const ops::HalfCopy& copy) override {
+  void step(Tensor& params, const Tensor& grads, double lr, double wd, float grad_scale,
+            const ops::HalfCopy& copy) override {
     for (auto& p : parts_) {
       const int64_t n = p.hi - p.lo;
       Tensor part = params.flat_range(p.lo, {n});
-      p.opt->step(part, grads.flat_range(p.lo, {n}), lr, wd, copy.part(p.lo, n));
+      p.opt->step(part, grads.flat_range(p.lo, {n}), lr, wd, grad_scale, copy.part(p.lo, n));
     }
   }
   // Each owned range's tensors in turn, in owned_ranges() order, placed at their range: checkpoints

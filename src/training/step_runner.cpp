@@ -252,16 +252,15 @@ bool StepRunner::unscale_and_check(optim::GradScaler& scaler) {
 void StepRunner::clip_and_step(double grad_norm, checkpoint::TrainingState& state) {
   auto& ps = model_.params();
   const int64_t steps = state.scheduler_samples;  // the scheduler counts samples of updates
-  if (opt_.clip_grad > 0) {
-    TimerScope t(timers_, "optimizer-clip-main-grad", 1);
-    ops::clip_grads(ps.grad_buffer(), optimizer_ranges(), grad_norm, opt_.clip_grad);
-  }
+  // The clipping is folded into the update (one pass over the grads fewer: 9 GB of traffic per
+  // step for a 2B-parameter model); the update reads each grad as clip_grads would have left it.
+  const float grad_scale = opt_.clip_grad > 0 ? ops::clip_coefficient(grad_norm, opt_.clip_grad) : 1.f;
   // The update writes the compute copy in the same pass; with the distributed optimizer the
   // parameter all-gather refreshes it instead, bucket by bucket, once the other slices are in.
   const bool gather = ddp_.sharded();
   {
     TimerScope t(timers_, "optimizer-inner-step", 1);
-    optimizer_->step(ps.main_buffer(), ps.grad_buffer(), schedule_.lr(steps), schedule_.weight_decay(steps),
+    optimizer_->step(ps.main_buffer(), ps.grad_buffer(), schedule_.lr(steps), schedule_.weight_decay(steps), grad_scale,
                      gather ? ops::HalfCopy{} : compute_copy(ps));
   }
   if (gather) {

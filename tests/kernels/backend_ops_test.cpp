@@ -270,7 +270,7 @@ std::vector<Case> cases() {
                  for (int g = 0; g < 4; ++g) wp.push_back(&w[g]), dwp.push_back(&dw[g]);
                  Tensor y = act(d, {n, out}, 5), dx = act(d, {n, in}, 6);
                  grouped_linear_forward(x, wp, counts, y);
-                 grouped_linear_backward(dy, x, wp, dwp, counts, dx);
+                 grouped_linear_backward(dy, x, wp, dwp, counts, {true, true, false, true}, dx);  // group 2 overwrites
                  return Outputs{y, dx, dw[0], dw[1], dw[2], dw[3]};
                }});
   c.push_back({"grouped_linear_backward_deferred", 1e-2, [=](Device d) {
@@ -289,7 +289,7 @@ std::vector<Case> cases() {
                  Tensor dx = act(d, {n, in}, 6);
                  {
                    const Tensor x = act(d, {n, in}, 44), dy = act(d, {n, out}, 45);
-                   grouped_linear_backward(dy, x, wp, dwp, counts, dx, /*defer_wgrad=*/true);
+                   grouped_linear_backward(dy, x, wp, dwp, counts, {false, true, true, true}, dx, /*defer_wgrad=*/true);
                  }
                  const Tensor scratch = act(d, {n, out}, 46);  // may reuse freed memory: must not
                  join_deferred_work(d);
@@ -457,6 +457,7 @@ std::vector<Case> cases() {
                  h.beta2 = 1.0 - 1.0 / 128;
                  h.eps = 1.0 / (1 << 20);
                  h.step = 3;
+                 h.grad_scale = 0.375f;  // clipping folded into the update
                  adamw_step(p, f32(d, {5000}, 63), m, v, segments, h, copy);
                  return Outputs{p, m, v, copy.out};
                }});
@@ -471,6 +472,7 @@ std::vector<Case> cases() {
                  h.first = true;  // the momentum buffer starts as the first direction, then accumulates
                  sgd_step(p, g, &buf, segments, h, copy);
                  h.first = false;
+                 h.grad_scale = 0.625f;
                  sgd_step(p, g, &buf, segments, h, copy);
                  return Outputs{p, buf, copy.out};
                }});

@@ -106,9 +106,11 @@ TEST(OptimOps, UnscaleAndCheckLooksOnlyAtTheRanges) {
 struct Update {
   std::vector<float> p0 = test::random_vec<float>(3000, 1), g = test::random_vec<float>(3000, 2, -0.1, 0.1);
   std::vector<DecaySegment> segments = {{0, 1000, true}, {1000, 1700, false}, {1700, 3000, true}};
+  float grad_scale = 1.f;
   std::vector<float> adamw(const HalfCopy& copy) const {
     Tensor p = vec(p0), m = Tensor::zeros({3000}), v = Tensor::zeros({3000});
     AdamWStep h;
+    h.grad_scale = grad_scale;
     h.lr = 1e-2;
     h.weight_decay = 0.1;
     adamw_step(p, vec(g), m, v, segments, h, copy);
@@ -117,6 +119,7 @@ struct Update {
   std::vector<float> sgd(const HalfCopy& copy) const {
     Tensor p = vec(p0), buf = Tensor::zeros({3000});
     SGDStep h;
+    h.grad_scale = grad_scale;
     h.lr = 0.1;
     h.weight_decay = 0.01;
     h.momentum = 0.9;
@@ -149,6 +152,28 @@ TEST(OptimOps, UpdatesWriteTheComputeCopyInTheSamePass) {
       }
     }
   }
+}
+
+// Clipping folded into the update (StepRunner) gives the bits of clip_grads followed by the
+// update, and leaves the grads as they were.
+TEST(OptimOps, UpdatesWithAGradScaleEqualClippingFirst) {
+  for (const bool sgd : {false, true}) {
+    SCOPED_TRACE(sgd ? "sgd" : "adamw");
+    Update clipped;
+    Tensor g = vec(clipped.g);
+    const double norm = 3.7, max_norm = 1.0;
+    clip_grads(g, {{0, 3000}}, norm, max_norm);
+    clipped.g = g.to_vector();
+    Update fused;
+    fused.grad_scale = clip_coefficient(norm, max_norm);
+    ASSERT_LT(fused.grad_scale, 1.f);
+    const std::vector<float> want = sgd ? clipped.sgd({}) : clipped.adamw({});
+    const std::vector<float> got = sgd ? fused.sgd({}) : fused.adamw({});
+    EXPECT_TRUE(test::bit_equal(got, want));
+    EXPECT_FALSE(test::bit_equal(got, sgd ? Update{}.sgd({}) : Update{}.adamw({})));  // it did clip
+  }
+  EXPECT_EQ(clip_coefficient(0.5, 1.0), 1.f);
+  EXPECT_EQ(clip_coefficient(std::nan(""), 1.0), 1.f);
 }
 
 TEST(OptimOps, UpdatesTouchOnlyTheirSegments) {

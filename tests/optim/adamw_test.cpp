@@ -54,7 +54,7 @@ TEST(AdamW, ThreeStepsMatchFormulaWithDecayMask) {
   const float wd = 0.1f;
   const std::vector<double> wd_mask = {wd, wd, 0, 0, wd, wd};
   for (int s = 0; s < 3; ++s) {
-    opt->step(p, vec(grads[s]), lrs[s], wd, {});
+    opt->step(p, vec(grads[s]), lrs[s], wd, 1.f, {});
     ref.step(std::vector<double>(grads[s].begin(), grads[s].end()), lrs[s], wd_mask);
   }
   EXPECT_EQ(opt->step_count(), 3);
@@ -81,7 +81,7 @@ TEST(AdamW, FirstStepMovesEachParamByLr) {
   OptimizerConfig cfg;
   auto opt = make_optimizer(cfg, 3, {}, Device::CPU);
   Tensor p = vec({1.0f, 1.0f, 1.0f});
-  opt->step(p, vec({3.0f, -0.01f, 100.0f}), 0.1f, 0.0f, {});
+  opt->step(p, vec({3.0f, -0.01f, 100.0f}), 0.1f, 0.0f, 1.f, {});
   expect_close(p.data<float>()[0], 0.9);
   expect_close(p.data<float>()[1], 1.1);
   expect_close(p.data<float>()[2], 0.9);
@@ -98,7 +98,7 @@ TEST(AdamW, RestoredStateContinuesBitIdentically) {
   }
   Tensor p = vec(p0);
   auto a = make_optimizer(cfg, n, {{0, 500, true}, {500, 500, false}}, Device::CPU);
-  for (int s = 0; s < 2; ++s) a->step(p, vec(g[s]), 1e-3f, 0.1f, {});
+  for (int s = 0; s < 2; ++s) a->step(p, vec(g[s]), 1e-3f, 0.1f, 1.f, {});
   Tensor p2 = p.clone();
 
   // Through the state interface: the saved values written into a fresh optimizer's tensors.
@@ -109,8 +109,8 @@ TEST(AdamW, RestoredStateContinuesBitIdentically) {
   b->set_step_count(a->step_count());
 
   for (int s = 2; s < 4; ++s) {
-    a->step(p, vec(g[s]), 1e-3f, 0.1f, {});
-    b->step(p2, vec(g[s]), 1e-3f, 0.1f, {});
+    a->step(p, vec(g[s]), 1e-3f, 0.1f, 1.f, {});
+    b->step(p2, vec(g[s]), 1e-3f, 0.1f, 1.f, {});
   }
   EXPECT_EQ(p.to_vector(), p2.to_vector());
 }
@@ -127,7 +127,7 @@ TEST(AdamW, ResultIndependentOfThreadCount) {
     omp_set_num_threads(threads);
     auto opt = make_optimizer(OptimizerConfig{}, n, spans, Device::CPU);
     Tensor p = vec(p0);
-    for (int s = 0; s < 2; ++s) opt->step(p, vec(g), 1e-3f, 0.05f, {});
+    for (int s = 0; s < 2; ++s) opt->step(p, vec(g), 1e-3f, 0.05f, 1.f, {});
     return p.to_vector();
   };
   const int saved = omp_get_max_threads();

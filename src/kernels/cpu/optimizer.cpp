@@ -62,11 +62,9 @@ void for_segments(const std::vector<DecaySegment>& segments, int64_t n, F&& f) {
 
 void clip_grads(Tensor& grads, const FlatRanges& ranges, double total_norm, double max_norm) {
   check_ranges(grads, ranges, "clip_grads");
-  const double clip_coeff = max_norm / (total_norm + 1.0e-6);
-  // Written as Megatron's "if clip_coeff < 1.0" so a NaN norm leaves the grads alone (the
-  // caller detects NaN and skips the step).
-  if (!(clip_coeff < 1.0)) return;
-  const float c = static_cast<float>(clip_coeff);
+  // A NaN norm leaves the grads alone (the caller detects NaN and skips the step).
+  const float c = clip_coefficient(total_norm, max_norm);
+  if (c == 1.f) return;
   float* g = grads.data<float>();
   for (const auto& r : ranges) {
     // Plain variables, not structured bindings: clang's OpenMP cannot capture bindings.
@@ -116,10 +114,11 @@ void adamw_step(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& ex
   const float* g = grads.data<float>();
   float* m = exp_avg.data<float>();
   float* v = exp_avg_sq.data<float>();
+  const float gs = h.grad_scale;
   with_copy_writer(copy, n, "adamw_step", [&](auto write) {
     for_segments(segments, n, [&](int64_t i, bool decay) {
       // torch skips the multiply when weight_decay == 0; multiplying by exactly 1 is the same.
-      const float gi = g[i];
+      const float gi = g[i] * gs;  // the clipped grad (x 1 is exact)
       const float pi = p[i] * (decay ? decay_factor : 1.0f);
       const float mi = b1 * m[i] + omb1 * gi;
       const float vi = b2 * v[i] + omb2 * gi * gi;
@@ -147,10 +146,11 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor* momentum_buffer, cons
   float* p = params.data<float>();
   const float* g = grads.data<float>();
   float* buf = momentum_buffer ? momentum_buffer->data<float>() : nullptr;
+  const float gs = h.grad_scale;
   with_copy_writer(copy, n, "sgd_step", [&](auto write) {
     for_segments(segments, n, [&](int64_t i, bool decay) {
       const float wd = decay ? weight_decay : 0.0f;
-      float d_p = g[i];
+      float d_p = g[i] * gs;  // the clipped grad (x 1 is exact)
       if (wd != 0.0f) d_p = d_p + wd * p[i];
       if (buf) {
         buf[i] = first ? d_p : buf[i] * mom + d_p;

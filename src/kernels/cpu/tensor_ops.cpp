@@ -75,15 +75,18 @@ void grouped_linear_forward(const Tensor& x, const std::vector<const Tensor*>& w
 }
 
 void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<const Tensor*>& w,
-                             const std::vector<Tensor*>& dw, const std::vector<int64_t>& counts, Tensor& dx,
+                             const std::vector<Tensor*>& dw, const std::vector<int64_t>& counts,
+                             const std::vector<bool>& accumulate_dw, Tensor& dx,
                              bool /*defer_wgrad: the CPU finishes everything before it returns*/) {
+  MT_CHECK(accumulate_dw.size() == counts.size(), "grouped_linear_backward: {} accumulate flags for {} groups",
+           accumulate_dw.size(), counts.size());
   int64_t off = 0;
   for (size_t g = 0; g < w.size(); ++g) {
     if (counts[g] > 0) {
       const Tensor dy_rows = dy.slice(off, counts[g]);
       Tensor dx_rows = dx.slice(off, counts[g]);
       linear_backward_data_into(dy_rows, *w[g], dx_rows);
-      linear_backward_weight(dy_rows, x.slice(off, counts[g]), *dw[g], nullptr, true);
+      linear_backward_weight(dy_rows, x.slice(off, counts[g]), *dw[g], nullptr, accumulate_dw[g]);
     }
     off += counts[g];
   }

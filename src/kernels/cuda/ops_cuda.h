@@ -277,6 +277,7 @@ struct AdamWTensor {
 struct AdamWHyper {
   double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   int64_t step = 1;  // 1-based step count after increment (as the CPU's step_)
+  float grad_scale = 1.f;  // the clip coefficient (ops::AdamWStep)
 };
 void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h, cudaStream_t s);
 // SGD as kernels/cpu/optimizer.cpp (torch's SGD as Megatron sets it up), bit for bit in the same
@@ -294,6 +295,7 @@ struct SGDTensor {
 struct SGDHyper {
   float lr = 0, weight_decay = 0, momentum = 0;
   bool first = false;  // the momentum buffer starts as this step's d
+  float grad_scale = 1.f;  // the clip coefficient (ops::SGDStep)
 };
 void sgd_step(const std::vector<SGDTensor>& tensors, const SGDHyper& h, cudaStream_t s);
 

@@ -32,7 +32,7 @@ struct UpdateBatch {
 };
 
 struct AdamScalars {
-  float step_size, bc2_sqrt, b1, omb1, b2, omb2, eps;
+  float step_size, bc2_sqrt, b1, omb1, b2, omb2, eps, grad_scale;
 };
 
 __device__ __forceinline__ int find_tensor(const int64_t* block_start, int count, int64_t b) {
@@ -66,7 +66,7 @@ __global__ void adamw_kernel(const __grid_constant__ UpdateBatch batch, AdamScal
   TO* __restrict__ out = static_cast<TO*>(batch.out[k.t]);
   const float df = batch.f[k.t];
   for (int64_t i = k.begin + threadIdx.x; i < k.end; i += blockDim.x) {
-    const float gi = g[i];
+    const float gi = __fmul_rn(g[i], c.grad_scale);  // the clipped grad (x 1 is exact)
     const float pi = __fmul_rn(p[i], df);
     const float mi = __fadd_rn(__fmul_rn(c.b1, m[i]), __fmul_rn(c.omb1, gi));
     const float vi = __fadd_rn(__fmul_rn(c.b2, v[i]), __fmul_rn(__fmul_rn(c.omb2, gi), gi));
@@ -81,7 +81,7 @@ __global__ void adamw_kernel(const __grid_constant__ UpdateBatch batch, AdamScal
 
 // SGD as the CPU's, operation for operation: d = g (+ wd*p), b = first ? d : b*mom + d, p += -lr*b.
 template <typename TO>
-__global__ void sgd_kernel(const __grid_constant__ UpdateBatch batch, float neg_lr, float mom, bool first) {
+__global__ void sgd_kernel(const __grid_constant__ UpdateBatch batch, float neg_lr, float mom, bool first, float gs) {
   const UpdateBlock k = update_block(batch);
   float* __restrict__ p = batch.p[k.t];
   const float* __restrict__ g = batch.g[k.t];
@@ -89,7 +89,7 @@ __global__ void sgd_kernel(const __grid_constant__ UpdateBatch batch, float neg_
   TO* __restrict__ out = static_cast<TO*>(batch.out[k.t]);
   const float wd = batch.f[k.t];
   for (int64_t i = k.begin + threadIdx.x; i < k.end; i += blockDim.x) {
-    float d = g[i];
+    float d = __fmul_rn(g[i], gs);  // the clipped grad (x 1 is exact)
     if (wd != 0.0f) d = __fadd_rn(d, __fmul_rn(wd, p[i]));
     if (buf) {
       d = first ? d : __fadd_rn(__fmul_rn(buf[i], mom), d);
@@ -241,6 +241,7 @@ void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h, cu
   c.b2 = static_cast<float>(h.beta2);
   c.omb2 = static_cast<float>(1.0 - h.beta2);
   c.eps = static_cast<float>(h.eps);
+  c.grad_scale = h.grad_scale;
   const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
   const bool f16_out = f16_copies(tensors, "adamw_step");
   for_update_batches(
@@ -270,9 +271,9 @@ void sgd_step(const std::vector<SGDTensor>& tensors, const SGDHyper& h, cudaStre
       },
       [&](const UpdateBatch& b, unsigned blocks) {
         if (f16_out)
-          sgd_kernel<f16><<<blocks, kThreads, 0, s>>>(b, -h.lr, h.momentum, h.first);
+          sgd_kernel<f16><<<blocks, kThreads, 0, s>>>(b, -h.lr, h.momentum, h.first, h.grad_scale);
         else
-          sgd_kernel<bf16><<<blocks, kThreads, 0, s>>>(b, -h.lr, h.momentum, h.first);
+          sgd_kernel<bf16><<<blocks, kThreads, 0, s>>>(b, -h.lr, h.momentum, h.first, h.grad_scale);
       });
 }
 

@@ -83,9 +83,9 @@ double grad_norm_squared(const Tensor& grads, const FlatRanges& ranges) {
 
 void clip_grads(Tensor& grads, const FlatRanges& ranges, double total_norm, double max_norm) {
   check_ranges(grads, ranges, "clip_grads");
-  const double c = max_norm / (total_norm + 1e-6);
-  if (!(c < 1.0)) return;  // as Megatron: also leaves the grads alone when the norm is NaN
-  for (auto [lo, hi] : ranges) cuda::scale_inplace(grads.data<float>() + lo, static_cast<float>(c), hi - lo, st());
+  const float c = clip_coefficient(total_norm, max_norm);
+  if (c == 1.f) return;  // as Megatron: also leaves the grads alone when the norm is NaN
+  for (auto [lo, hi] : ranges) cuda::scale_inplace(grads.data<float>() + lo, c, hi - lo, st());
 }
 
 bool unscale_and_check(Tensor& grads, const FlatRanges& ranges, float inv_scale) {
@@ -117,6 +117,7 @@ void adamw_step(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& ex
   c.beta2 = static_cast<float>(h.beta2);
   c.eps = static_cast<float>(h.eps);
   c.step = h.step;
+  c.grad_scale = h.grad_scale;
   cuda::adamw_step(ts, c, st());
 }
 
@@ -133,6 +134,7 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor* momentum_buffer, cons
   c.weight_decay = static_cast<float>(h.weight_decay);
   c.momentum = static_cast<float>(h.momentum);
   c.first = h.first;
+  c.grad_scale = h.grad_scale;
   cuda::sgd_step(ts, c, st());
 }
 

@@ -133,10 +133,11 @@ void grouped_linear_forward(const Tensor& x, const std::vector<const Tensor*>& w
 }
 
 void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<const Tensor*>& w,
-                             const std::vector<Tensor*>& dw, const std::vector<int64_t>& counts, Tensor& dx,
-                             bool defer_wgrad) {
-  MT_CHECK(w.size() == counts.size() && dw.size() == counts.size(),
-           "grouped_linear_backward: {} weights and {} gradients for {} groups", w.size(), dw.size(), counts.size());
+                             const std::vector<Tensor*>& dw, const std::vector<int64_t>& counts,
+                             const std::vector<bool>& accumulate_dw, Tensor& dx, bool defer_wgrad) {
+  MT_CHECK(w.size() == counts.size() && dw.size() == counts.size() && accumulate_dw.size() == counts.size(),
+           "grouped_linear_backward: {} weights, {} gradients and {} accumulate flags for {} groups", w.size(),
+           dw.size(), accumulate_dw.size(), counts.size());
   with_half(dy, [&]<typename T>(T*) {
     if (!defer_wgrad) {
       cuda::SideStreams side(st());
@@ -145,7 +146,7 @@ void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vecto
         const int64_t out = w[g]->dim(0), in = w[g]->dim(1), n = counts[g];
         if (n > 0)
           cuda::linear_backward(gemm(), h<T>(dy) + off * out, h<T>(x) + off * in, h<T>(*w[g]), h<T>(dx) + off * in,
-                                f(*dw[g]), nullptr, n, out, in, side.next());
+                                f(*dw[g]), nullptr, n, out, in, side.next(), accumulate_dw[g]);
         off += n;
       }
       return;
@@ -169,7 +170,7 @@ void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vecto
       const int64_t out = w[g]->dim(0), in = w[g]->dim(1), n = counts[g];
       if (n > 0)
         cuda::linear_backward(gemm(), h<T>(dy) + off * out, h<T>(x) + off * in, static_cast<const T*>(nullptr),
-                              static_cast<T*>(nullptr), f(*dw[g]), nullptr, n, out, in, side.next());
+                              static_cast<T*>(nullptr), f(*dw[g]), nullptr, n, out, in, side.next(), accumulate_dw[g]);
       off += n;
     }
   });

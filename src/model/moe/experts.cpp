@@ -19,9 +19,10 @@ Linear expert_linear(ParamStore& ps, const std::string& prefix, int64_t in, int6
   l.out = out;
   l.weight = &ps.add(prefix + ".weight", {out, in}, init, true, wsplit);
   l.bias = with_bias ? &ps.add(prefix + ".bias", {out}, Init::Zeros, false, bsplit) : nullptr;
-  // An expert that receives no token in a step runs no GEMM, yet its gradient is reduced with
-  // the others: it must read zero, so these are zeroed with the step rather than overwritten.
-  l.weight->gemm_only_grad = false;
+  // Like a Linear's, the weight's gradient is written by its step's first GEMM rather than zeroed
+  // first. An expert that receives no token in a micro-batch runs no GEMM there, yet its gradient
+  // may be reduced as soon as it is reported ready: take_accumulate_dw zeroes it then.
+  l.weight->gemm_only_grad = true;
   for (Param* p : {l.weight, l.bias})
     if (p) p->expert = true;
   return l;
@@ -111,6 +112,21 @@ void expert_gemms(const std::vector<Linear>& lin, const Tensor& x, Tensor& y, co
 // (the next layers' attention, say), on the GPU: they read their inputs and write only their own
 // gradients, which nothing reads before join_deferred_expert_grads. MT_DEFER_EXPERT_WGRAD=0 joins
 // them at once (for measuring the overlap); the bits are the same either way.
+// Per expert: whether its weight-gradient GEMM adds to the gradient (false: the step's first
+// write). An expert without rows here whose gradient is still unwritten gets zeros now, since
+// the gradient is reported ready after this pass.
+std::vector<bool> take_accumulate_dw(const std::vector<Linear>& lin, const std::vector<int64_t>& counts) {
+  std::vector<bool> acc(lin.size(), true);
+  for (size_t i = 0; i < lin.size(); ++i) {
+    if (counts[i] > 0) {
+      acc[i] = lin[i].weight->take_accumulate();
+    } else if (!lin[i].weight->take_accumulate()) {
+      lin[i].weight->grad.zero_();
+    }
+  }
+  return acc;
+}
+
 bool defer_weight_grads() {
   static const bool on = [] {
     const char* v = std::getenv("MT_DEFER_EXPERT_WGRAD");
@@ -128,13 +144,14 @@ Tensor expert_gemms_backward(const std::vector<Linear>& lin, const Tensor& dy, c
     std::vector<Tensor*> dw;
     for (const Linear& l : lin) dw.push_back(&l.weight->grad);
     const bool defer = defer_weight_grads() && dy.device() != Device::CPU;
-    ops::grouped_linear_backward(dy, x, weights(lin), dw, counts, dx, defer);
+    ops::grouped_linear_backward(dy, x, weights(lin), dw, counts, take_accumulate_dw(lin, counts), dx, defer);
     for (const Linear& l : lin) {
       if (defer) ctx.deferred_grads.push_back(l.weight);
       else ctx.grad_ready(l.weight);
     }
     return dx;
   }
+  const std::vector<bool> acc = take_accumulate_dw(lin, counts);
   int64_t off = 0;
   for (size_t i = 0; i < lin.size(); ++i) {
     if (counts[i] > 0) {
@@ -150,10 +167,10 @@ Tensor expert_gemms_backward(const std::vector<Linear>& lin, const Tensor& dy, c
           w = lin[i].fp8.forward_weight(lin[i].weight->value, ctx);
         }
         ops::linear_backward_data_into(b.dy_dgrad, w, dx_rows);
-        ops::linear_backward_weight(b.dy_wgrad, b.x_wgrad, lin[i].weight->grad, db, true);
+        ops::linear_backward_weight(b.dy_wgrad, b.x_wgrad, lin[i].weight->grad, db, acc[i]);
       } else {
         ops::linear_backward_data_into(dyi, lin[i].weight->value, dx_rows);
-        ops::linear_backward_weight(dyi, xi, lin[i].weight->grad, db, true);
+        ops::linear_backward_weight(dyi, xi, lin[i].weight->grad, db, acc[i]);
       }
     }
     off += counts[i];
