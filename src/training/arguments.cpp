@@ -33,6 +33,7 @@ void register_flags(Registered& r, Arguments& a) {
   register_training_flags(p, a);
   p.group("learning rate and optimizer");
   register_optimizer_flags(p, a);
+  register_lr_group_flags(p, a);
   p.group("checkpointing");
   register_checkpoint_flags(p, a);
   p.group("distributed");
@@ -116,6 +117,7 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   validate_checkpoint_args(a);
   validate_ops_args(a);
   finish_optimizer_args(a);
+  validate_lr_group_args(a);
   validate_data_args(a);
   finish_model_args(a, tokenizer_vocab_size);
   validate_size_products(a);

@@ -52,6 +52,10 @@ void validate_float_args(const Arguments& a);
 // After the logging and checkpoint sections: loss scaling, and the weight-decay schedule's ends.
 void finish_optimizer_args(Arguments& a);
 
+// --decoupled-lr / --decoupled-min-lr (arguments_lr_groups.cpp): after the optimizer's checks.
+void register_lr_group_flags(FlagParser& p, OptimizerArgs& a);
+void validate_lr_group_args(const Arguments& a);
+
 void register_logging_flags(FlagParser& p, LoggingArgs& a);
 void validate_logging_args(const LoggingArgs& a);
 

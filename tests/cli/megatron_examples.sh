@@ -19,7 +19,7 @@ chmod +x "$TMP/bin/torchrun"
 export PATH="$TMP/bin:$PATH" OMP_NUM_THREADS=1 MASTER_PORT=29541
 
 GPT3_WAITING=()
-LLAMA_WAITING=(--apply-layernorm-1p --decoupled-lr --decoupled-min-lr)
+LLAMA_WAITING=(--apply-layernorm-1p)
 
 "$MEGATRON" flags >"$TMP/flags.tsv"
 # The script's pretrain flags that the table rejects, sorted.

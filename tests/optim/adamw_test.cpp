@@ -87,6 +87,33 @@ TEST(AdamW, FirstStepMovesEachParamByLr) {
   expect_close(p.data<float>()[2], 0.9);
 }
 
+// The decoupled group (--decoupled-lr) steps with its own rate, weight decay included (torch's
+// per-group lr enters 1 - lr * wd too); the moments and the step count are shared.
+TEST(AdamW, DecoupledGroupStepsAtItsOwnRate) {
+  OptimizerConfig cfg;
+  cfg.adam_beta2 = 0.95f;
+  // [0,2) decoupled and decayed, [2,3) decoupled without decay, [3,4) exempt, [4,6) uncovered.
+  const std::vector<ParamSpan> spans = {{0, 2, true, true}, {2, 1, false, true}, {3, 1, false, false}};
+  auto opt = make_optimizer(cfg, 6, spans, Device::CPU);
+  const std::vector<float> p0 = {0.5f, -1.0f, 2.0f, 0.25f, -0.75f, 1.5f};
+  Tensor p = vec(p0);
+  const double wd = 0.1;
+  const std::vector<double> mask = {wd, wd, 0, 0, wd, wd};
+  RefAdamW slow{0.9, 0.95, 1e-8, {p0.begin(), p0.end()}, std::vector<double>(6, 0.0), std::vector<double>(6, 0.0)};
+  RefAdamW fast = slow;
+  const std::vector<std::vector<float>> grads = {{0.1f, -0.2f, 0.3f, 1e-3f, -0.5f, 0.0f},
+                                                 {-0.05f, 0.4f, 0.3f, -2e-3f, 0.25f, 1.0f}};
+  const StepRates rates[2] = {{1e-2, 3e-2, wd}, {5e-3, 2e-2, wd}};
+  for (int s = 0; s < 2; ++s) {
+    opt->update(p, vec(grads[s]), rates[s], {});
+    const std::vector<double> g(grads[s].begin(), grads[s].end());
+    slow.step(g, rates[s].lr, mask);
+    fast.step(g, rates[s].decoupled_lr, mask);
+  }
+  EXPECT_EQ(opt->step_count(), 2);
+  for (int64_t i = 0; i < 6; ++i) expect_close(p.data<float>()[i], i < 3 ? fast.p[i] : slow.p[i]);
+}
+
 TEST(AdamW, RestoredStateContinuesBitIdentically) {
   OptimizerConfig cfg;
   const int64_t n = 1000;
