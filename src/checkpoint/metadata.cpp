@@ -110,7 +110,7 @@ void check_model_args(const JsonFields& a) {
   for (const char* k : {"swiglu", "openai_gelu", "add_bias_linear", "add_qkv_bias",
                         "untie_embeddings_and_output_weights", "bf16"})
     a.boolean(k);
-  for (const char* k : {"rope_scaling", "qk_layernorm", "fp16"}) a.boolean_or(k, false);
+  for (const char* k : {"rope_scaling", "qk_layernorm", "fp16", "layernorm_zero_centered_gamma"}) a.boolean_or(k, false);
   for (const char* k : {"normalization", "position_embedding_type", "tokenizer_type", "vocab_file", "merge_file",
                         "tokenizer_model"})
     json_string(a.at(k), a.what(k));

@@ -90,6 +90,7 @@ nlohmann::json model_args_to_json(const model::TransformerConfig& m, const data:
           {"rope_high_freq_factor", m.rope_high_freq_factor},
           {"rope_original_max_position", m.rope_original_max_position},
           {"qk_layernorm", m.qk_layernorm},
+          {"layernorm_zero_centered_gamma", m.layernorm_zero_centered_gamma},
           {"add_bias_linear", m.add_bias_linear},
           {"add_qkv_bias", m.add_qkv_bias},
           {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights},
@@ -130,6 +131,7 @@ void model_args_from_json(const nlohmann::json& j, model::TransformerConfig& m, 
     m.rope_high_freq_factor = j.value("rope_high_freq_factor", 4.0);
     m.rope_original_max_position = j.value("rope_original_max_position", int64_t{8192});
     m.qk_layernorm = j.value("qk_layernorm", false);
+    m.layernorm_zero_centered_gamma = j.value("layernorm_zero_centered_gamma", false);
     m.add_bias_linear = j.at("add_bias_linear");
     m.add_qkv_bias = j.at("add_qkv_bias");
     m.untie_embeddings_and_output_weights = j.at("untie_embeddings_and_output_weights");
