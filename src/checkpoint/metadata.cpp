@@ -101,6 +101,8 @@ void check_model_args(const JsonFields& a) {
   a.integer("orig_vocab_size", 1, vocab);
   a.integer("tokenizer_vocab_size", 0, kMaxVocab);
   a.integer_or("rope_original_max_position", 8192, 1, kMaxPositions);
+  a.integer_or("tiktoken_num_special_tokens", 1000, 1, kMaxVocab);
+  a.string_or("tiktoken_pattern", "");
   for (const char* k : {"norm_epsilon", "rotary_base"})
     if (json_number(a.at(k), a.what(k), 0, 1e15) <= 0) fail("{} must be positive", a.what(k));
   if (json_number(a.at("rotary_percent"), a.what("rotary_percent"), 0, 1) <= 0)

@@ -100,7 +100,10 @@ nlohmann::json model_args_to_json(const model::TransformerConfig& m, const data:
           {"vocab_file", tokenizer.vocab_file},
           {"merge_file", tokenizer.merge_file},
           {"tokenizer_model", tokenizer.tokenizer_model},
-          {"tokenizer_vocab_size", tokenizer.vocab_size}};
+          {"tokenizer_vocab_size", tokenizer.vocab_size},
+          {"tiktoken_pattern", tokenizer.tiktoken_pattern},
+          {"tiktoken_num_special_tokens", tokenizer.tiktoken_num_special_tokens},
+          {"tokenizer_special_tokens", tokenizer.special_tokens}};
   if (m.moe.enabled()) moe_to_json(m.moe, j);  // dense checkpoints stay as they were
   return j;
 }
@@ -142,6 +145,10 @@ void model_args_from_json(const nlohmann::json& j, model::TransformerConfig& m, 
     tokenizer.merge_file = j.at("merge_file");
     tokenizer.tokenizer_model = j.at("tokenizer_model");
     tokenizer.vocab_size = j.at("tokenizer_vocab_size");
+    // Added with TikTokenizer: older checkpoints have Megatron's defaults.
+    tokenizer.tiktoken_pattern = j.value("tiktoken_pattern", std::string());
+    tokenizer.tiktoken_num_special_tokens = j.value("tiktoken_num_special_tokens", int64_t{1000});
+    tokenizer.special_tokens = j.value("tokenizer_special_tokens", std::vector<std::string>());
     moe_from_json(j, m.num_layers, m.moe);  // added later: a checkpoint without it is dense
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint state.json lacks model arguments: {}", e.what());

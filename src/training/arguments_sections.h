@@ -40,6 +40,8 @@ void register_fp8_flags(FlagParser& p, model::Fp8Config& f);
 void validate_fp8_args(Arguments& a);
 
 void register_data_flags(FlagParser& p, DataArgs& a);
+void register_tiktoken_flags(FlagParser& p, data::TokenizerOptions& t);  // arguments_tiktoken.cpp
+void validate_tiktoken_args(const Arguments& a);
 void validate_data_args(const Arguments& a);
 
 void register_training_flags(FlagParser& p, TrainingArgs& a);
