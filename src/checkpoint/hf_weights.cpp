@@ -90,6 +90,13 @@ void add_moe_rules(const HfSpec& s, const std::string& m, const std::string& h, 
   }
 }
 
+// HF stores a norm's full scale; a --apply-layernorm-1p model stores it minus 1.
+std::vector<float> shift_norm(std::vector<float> v, const model::TransformerConfig& c, float by) {
+  if (c.layernorm_zero_centered_gamma)
+    for (float& x : v) x += by;
+  return v;
+}
+
 }  // namespace
 
 std::vector<HfRule> hf_rules(const HfSpec& s, const std::string& gp) {
@@ -103,15 +110,15 @@ std::vector<HfRule> hf_rules(const HfSpec& s, const std::string& gp) {
       const std::string m = "decoder.layers." + std::to_string(i) + ".", h = gp + "h." + std::to_string(i) + ".";
       for (const char* wb : {"weight", "bias"}) {
         const std::string x = wb;
-        add(HfRule::Copy, m + "input_layernorm." + x, {h + "ln_1." + x});
+        add(x == "weight" ? HfRule::Norm : HfRule::Copy, m + "input_layernorm." + x, {h + "ln_1." + x});
         add(HfRule::Gpt2Qkv, m + "self_attention.linear_qkv." + x, {h + "attn.c_attn." + x});
         add(x == "weight" ? HfRule::Transpose : HfRule::Copy, m + "self_attention.linear_proj." + x, {h + "attn.c_proj." + x});
-        add(HfRule::Copy, m + "pre_mlp_layernorm." + x, {h + "ln_2." + x});
+        add(x == "weight" ? HfRule::Norm : HfRule::Copy, m + "pre_mlp_layernorm." + x, {h + "ln_2." + x});
         add(x == "weight" ? HfRule::Transpose : HfRule::Copy, m + "mlp.linear_fc1." + x, {h + "mlp.c_fc." + x});
         add(x == "weight" ? HfRule::Transpose : HfRule::Copy, m + "mlp.linear_fc2." + x, {h + "mlp.c_proj." + x});
       }
     }
-    add(HfRule::Copy, "decoder.final_layernorm.weight", {gp + "ln_f.weight"});
+    add(HfRule::Norm, "decoder.final_layernorm.weight", {gp + "ln_f.weight"});
     add(HfRule::Copy, "decoder.final_layernorm.bias", {gp + "ln_f.bias"});
     if (c.untie_embeddings_and_output_weights) add(HfRule::Vocab, "output_layer.weight", {"lm_head.weight"});
     return r;
@@ -119,7 +126,7 @@ std::vector<HfRule> hf_rules(const HfSpec& s, const std::string& gp) {
   add(HfRule::Vocab, "embedding.word_embeddings.weight", {"model.embed_tokens.weight"});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string m = "decoder.layers." + std::to_string(i) + ".", h = "model.layers." + std::to_string(i) + ".";
-    add(HfRule::Copy, m + "input_layernorm.weight", {h + "input_layernorm.weight"});
+    add(HfRule::Norm, m + "input_layernorm.weight", {h + "input_layernorm.weight"});
     add(HfRule::Qkv, m + "self_attention.linear_qkv.weight",
         {h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"});
     if (c.add_qkv_bias)
@@ -127,10 +134,10 @@ std::vector<HfRule> hf_rules(const HfSpec& s, const std::string& gp) {
           {h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias", h + "self_attn.v_proj.bias"});
     add(HfRule::Copy, m + "self_attention.linear_proj.weight", {h + "self_attn.o_proj.weight"});
     if (c.qk_layernorm) {
-      add(HfRule::Copy, m + "self_attention.q_layernorm.weight", {h + "self_attn.q_norm.weight"});
-      add(HfRule::Copy, m + "self_attention.k_layernorm.weight", {h + "self_attn.k_norm.weight"});
+      add(HfRule::Norm, m + "self_attention.q_layernorm.weight", {h + "self_attn.q_norm.weight"});
+      add(HfRule::Norm, m + "self_attention.k_layernorm.weight", {h + "self_attn.k_norm.weight"});
     }
-    add(HfRule::Copy, m + "pre_mlp_layernorm.weight", {h + "post_attention_layernorm.weight"});
+    add(HfRule::Norm, m + "pre_mlp_layernorm.weight", {h + "post_attention_layernorm.weight"});
     if (c.moe.is_moe_layer(i)) {
       add_moe_rules(s, m, h, r);
       continue;
@@ -138,7 +145,7 @@ std::vector<HfRule> hf_rules(const HfSpec& s, const std::string& gp) {
     add(HfRule::Fc1, m + "mlp.linear_fc1.weight", {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"});
     add(HfRule::Copy, m + "mlp.linear_fc2.weight", {h + "mlp.down_proj.weight"});
   }
-  add(HfRule::Copy, "decoder.final_layernorm.weight", {"model.norm.weight"});
+  add(HfRule::Norm, "decoder.final_layernorm.weight", {"model.norm.weight"});
   if (c.untie_embeddings_and_output_weights) add(HfRule::Vocab, "output_layer.weight", {"lm_head.weight"});
   return r;
 }
@@ -199,6 +206,7 @@ std::vector<float> import_tensor(const HfSpec& s, const HfRule& r, HfTensors& sr
   std::vector<float> out(static_cast<size_t>(shape_numel(shape)), 0.f);
   switch (r.kind) {
     case HfRule::Copy: return src.read(r.hf[0], shape);
+    case HfRule::Norm: return shift_norm(src.read(r.hf[0], shape), c, -1.0f);
     case HfRule::Transpose: return transpose(src.read(r.hf[0], {shape[1], shape[0]}), shape[1], shape[0]);
     case HfRule::Vocab: {
       if (shape[0] < s.vocab_size) fail("'{}': padded vocabulary {} is smaller than the model's {}", r.megatron, shape[0], s.vocab_size);
@@ -241,6 +249,7 @@ std::vector<HfTensor> export_tensor(const HfSpec& s, const HfRule& r, const std:
   const int64_t cols = cols_of(shape);
   switch (r.kind) {
     case HfRule::Copy: return {{r.hf[0], shape, m}};
+    case HfRule::Norm: return {{r.hf[0], shape, shift_norm(m, c, 1.0f)}};
     case HfRule::Transpose: return {{r.hf[0], {shape[1], shape[0]}, transpose(m, shape[0], shape[1])}};
     case HfRule::Vocab:
       return {{r.hf[0], rows_shape(s.vocab_size, shape),

@@ -40,7 +40,9 @@ class HfTensors {
 
 // One Megatron tensor and the HF tensors it is made of.
 struct HfRule {
-  enum Kind { Copy, Transpose, Vocab, Fc1, Qkv, Gpt2Qkv } kind = Copy;
+  // Norm: a norm's weight, copied, minus 1 on import and plus 1 on export where the model stores
+  // it zero-centred (--apply-layernorm-1p).
+  enum Kind { Copy, Norm, Transpose, Vocab, Fc1, Qkv, Gpt2Qkv } kind = Copy;
   std::string megatron;
   std::vector<std::string> hf;
 };

@@ -101,6 +101,8 @@ void check_model_args(const JsonFields& a) {
   a.integer("orig_vocab_size", 1, vocab);
   a.integer("tokenizer_vocab_size", 0, kMaxVocab);
   a.integer_or("rope_original_max_position", 8192, 1, kMaxPositions);
+  a.integer_or("tiktoken_num_special_tokens", 1000, 1, kMaxVocab);
+  a.string_or("tiktoken_pattern", "");
   for (const char* k : {"norm_epsilon", "rotary_base"})
     if (json_number(a.at(k), a.what(k), 0, 1e15) <= 0) fail("{} must be positive", a.what(k));
   if (json_number(a.at("rotary_percent"), a.what("rotary_percent"), 0, 1) <= 0)
@@ -110,7 +112,7 @@ void check_model_args(const JsonFields& a) {
   for (const char* k : {"swiglu", "openai_gelu", "add_bias_linear", "add_qkv_bias",
                         "untie_embeddings_and_output_weights", "bf16"})
     a.boolean(k);
-  for (const char* k : {"rope_scaling", "qk_layernorm", "fp16"}) a.boolean_or(k, false);
+  for (const char* k : {"rope_scaling", "qk_layernorm", "fp16", "layernorm_zero_centered_gamma"}) a.boolean_or(k, false);
   for (const char* k : {"normalization", "position_embedding_type", "tokenizer_type", "vocab_file", "merge_file",
                         "tokenizer_model"})
     json_string(a.at(k), a.what(k));

@@ -90,6 +90,7 @@ nlohmann::json model_args_to_json(const model::TransformerConfig& m, const data:
           {"rope_high_freq_factor", m.rope_high_freq_factor},
           {"rope_original_max_position", m.rope_original_max_position},
           {"qk_layernorm", m.qk_layernorm},
+          {"layernorm_zero_centered_gamma", m.layernorm_zero_centered_gamma},
           {"add_bias_linear", m.add_bias_linear},
           {"add_qkv_bias", m.add_qkv_bias},
           {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights},
@@ -99,7 +100,10 @@ nlohmann::json model_args_to_json(const model::TransformerConfig& m, const data:
           {"vocab_file", tokenizer.vocab_file},
           {"merge_file", tokenizer.merge_file},
           {"tokenizer_model", tokenizer.tokenizer_model},
-          {"tokenizer_vocab_size", tokenizer.vocab_size}};
+          {"tokenizer_vocab_size", tokenizer.vocab_size},
+          {"tiktoken_pattern", tokenizer.tiktoken_pattern},
+          {"tiktoken_num_special_tokens", tokenizer.tiktoken_num_special_tokens},
+          {"tokenizer_special_tokens", tokenizer.special_tokens}};
   if (m.moe.enabled()) moe_to_json(m.moe, j);  // dense checkpoints stay as they were
   return j;
 }
@@ -130,6 +134,7 @@ void model_args_from_json(const nlohmann::json& j, model::TransformerConfig& m, 
     m.rope_high_freq_factor = j.value("rope_high_freq_factor", 4.0);
     m.rope_original_max_position = j.value("rope_original_max_position", int64_t{8192});
     m.qk_layernorm = j.value("qk_layernorm", false);
+    m.layernorm_zero_centered_gamma = j.value("layernorm_zero_centered_gamma", false);
     m.add_bias_linear = j.at("add_bias_linear");
     m.add_qkv_bias = j.at("add_qkv_bias");
     m.untie_embeddings_and_output_weights = j.at("untie_embeddings_and_output_weights");
@@ -140,6 +145,10 @@ void model_args_from_json(const nlohmann::json& j, model::TransformerConfig& m, 
     tokenizer.merge_file = j.at("merge_file");
     tokenizer.tokenizer_model = j.at("tokenizer_model");
     tokenizer.vocab_size = j.at("tokenizer_vocab_size");
+    // Added with TikTokenizer: older checkpoints have Megatron's defaults.
+    tokenizer.tiktoken_pattern = j.value("tiktoken_pattern", std::string());
+    tokenizer.tiktoken_num_special_tokens = j.value("tiktoken_num_special_tokens", int64_t{1000});
+    tokenizer.special_tokens = j.value("tokenizer_special_tokens", std::vector<std::string>());
     moe_from_json(j, m.num_layers, m.moe);  // added later: a checkpoint without it is dense
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint state.json lacks model arguments: {}", e.what());

@@ -24,11 +24,14 @@ const Flag kFlags[] = {
     {"--input", "PATH...", "JSONL input files or glob patterns; *.gz is read with zlib, *.zst with libzstd"},
     {"--json-keys", "KEY...", "JSON keys to tokenize, one output per key (default: text)"},
     {"--output-prefix", "PREFIX", "writes PREFIX_{key}_document.bin/.idx"},
-    {"--tokenizer-type", "TYPE", "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, NullTokenizer"},
+    {"--tokenizer-type", "TYPE", "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, TikTokenizer, NullTokenizer"},
     {"--vocab-file", "PATH", "vocabulary (GPT2BPETokenizer)"},
     {"--merge-file", "PATH", "BPE merges (GPT2BPETokenizer)"},
     {"--tokenizer-model", "PATH", "tokenizer.json / SentencePiece model / HF directory"},
-    {"--vocab-size", "N", "vocabulary size (NullTokenizer)"},
+    {"--vocab-size", "N", "vocabulary size (NullTokenizer; TikTokenizer, default 131072)"},
+    {"--tiktoken-pattern", "v1|v2", "TikTokenizer's pre-tokenization pattern (default v2)"},
+    {"--tiktoken-num-special-tokens", "N", "TikTokenizer's special-token ids before the vocabulary (default 1000)"},
+    {"--tokenizer-special-tokens", "TOKEN...", "TikTokenizer's special tokens (default <unk> <s> </s> <mask> <pad> <cls> <sep>)"},
     {"--append-eod", "", "append the tokenizer's EOD id to every non-empty document"},
     {"--workers", "N", "tokenizer threads (default: one per hardware thread, at most 4 per hardware thread); output does not depend on it"},
     {"--partitions", "N", "order documents like Megatron's N-partition run (round-robin over lines)"},
@@ -159,6 +162,9 @@ PreprocessArgs parse_preprocess_args(const std::vector<std::string>& args) {
     else if (flag == "--merge-file") a.tokenizer.merge_file = value();
     else if (flag == "--tokenizer-model") a.tokenizer.tokenizer_model = value();
     else if (flag == "--vocab-size") a.tokenizer.vocab_size = parse_int(flag, value(), 1);
+    else if (flag == "--tiktoken-pattern") a.tokenizer.tiktoken_pattern = value();
+    else if (flag == "--tiktoken-num-special-tokens") a.tokenizer.tiktoken_num_special_tokens = parse_int(flag, value(), 1);
+    else if (flag == "--tokenizer-special-tokens") a.tokenizer.special_tokens = values(true);
     else if (flag == "--append-eod") a.append_eod = true;
     else if (flag == "--workers") workers = parse_int(flag, value(), 1);
     else if (flag == "--partitions") partitions = parse_int(flag, value(), 1);

@@ -27,7 +27,11 @@ struct TokenizerOptions {
   std::string vocab_file;       // --vocab-file
   std::string merge_file;       // --merge-file
   std::string tokenizer_model;  // --tokenizer-model
-  int64_t vocab_size = 0;       // --vocab-size (NullTokenizer)
+  int64_t vocab_size = 0;       // --vocab-size (NullTokenizer; TikTokenizer: 0 is Megatron's 131072)
+  // TikTokenizer (data/tokenizers/tiktoken_tokenizer.h).
+  std::string tiktoken_pattern;                 // --tiktoken-pattern v1|v2 (empty: v2)
+  int64_t tiktoken_num_special_tokens = 1000;   // --tiktoken-num-special-tokens
+  std::vector<std::string> special_tokens;      // --tokenizer-special-tokens
 };
 
 // Throws mt::Error naming the flag or file on bad input.

@@ -7,6 +7,7 @@
 #include "data/tokenizers/hf_tokenizer.h"
 #include "data/tokenizers/null_tokenizer.h"
 #include "data/tokenizers/sentencepiece_tokenizer.h"
+#include "data/tokenizers/tiktoken_tokenizer.h"
 
 namespace mt::data {
 
@@ -14,7 +15,7 @@ namespace {
 
 constexpr const char* kValidTypes =
     "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, "
-    "Llama2Tokenizer, NullTokenizer";
+    "Llama2Tokenizer, TikTokenizer, NullTokenizer";
 
 }  // namespace
 
@@ -45,9 +46,17 @@ std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerOptions& opts) {
     return std::make_unique<SentencePieceTokenizer>(opts.tokenizer_model,
                                                     SentencePieceTokenizer::Flavor::Llama2);
   }
-  if (opts.type == "TikTokenizer")
-    fail("--tokenizer-type TikTokenizer: tiktoken vocabularies are not supported yet; use HuggingFaceTokenizer with "
-         "--tokenizer-model pointing at the model's tokenizer.json (Llama 3's tokenizer is published in both forms)");
+  if (opts.type == "TikTokenizer") {
+    if (opts.tokenizer_model.empty())
+      fail("--tokenizer-type TikTokenizer needs --tokenizer-model (Megatron's JSON vocabulary: a list of {{rank, "
+           "token_bytes, token_str}})");
+    TikTokenOptions t;
+    if (!opts.tiktoken_pattern.empty()) t.pattern = opts.tiktoken_pattern;
+    t.num_special_tokens = opts.tiktoken_num_special_tokens;
+    t.special_tokens = opts.special_tokens;
+    if (opts.vocab_size > 0) t.vocab_size = opts.vocab_size;
+    return std::make_unique<TikTokenizer>(opts.tokenizer_model, t);
+  }
   if (opts.type.empty()) fail("--tokenizer-type is required; valid types: {}", kValidTypes);
   fail("--tokenizer-type {} is not supported; valid types: {}", opts.type, kValidTypes);
 }

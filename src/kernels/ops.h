@@ -42,7 +42,7 @@ using ShardReduce = std::function<void(void* data, size_t count, ReduceType type
 using FlatRanges = std::vector<std::pair<int64_t, int64_t>>;
 
 // A flat range of an optimizer's buffer and whether its elements take weight decay;
-// optim::make_segments builds them sorted, disjoint and covering the buffer.
+// optim::make_segment_groups builds them sorted, disjoint and covering the buffer.
 struct DecaySegment {
   int64_t begin = 0, end = 0;
   bool weight_decay = true;

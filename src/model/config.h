@@ -56,6 +56,9 @@ struct TransformerConfig {
   double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
   int64_t rope_original_max_position = 8192;
   bool qk_layernorm = false;         // --qk-layernorm: a norm over each head's q and k (Qwen3)
+  // --apply-layernorm-1p (Megatron's layernorm_zero_centered_gamma): every norm stores its weight
+  // as w - 1, initialised to zero, and scales by (1 + w).
+  bool layernorm_zero_centered_gamma = false;
   bool add_bias_linear = true;
   bool add_qkv_bias = false;         // true when add_bias_linear (Megatron), or --add-qkv-bias
   bool untie_embeddings_and_output_weights = false;

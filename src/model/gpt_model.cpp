@@ -96,6 +96,8 @@ GPTModel::GPTModel(const TransformerConfig& cfg, const ModelOptions& opts) : cfg
     }
   }
   if (word_emb_ && !part.last_stage && !cfg_.untie_embeddings_and_output_weights) word_emb_->shared_embedding = true;
+  for (Param* p : {word_emb_, output_})
+    if (p) p->embedding_or_output = true;
   emb_drop_.p = cfg_.hidden_dropout;
   emb_drop_.tp_region = tp_.sp();
   params_.allocate(cfg_.half(), opts.layout);

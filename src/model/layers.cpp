@@ -127,7 +127,9 @@ Tensor Linear::backward_column_overlapped(const Tensor& dy, const Tensor& x, Pas
 void Norm::build(ParamStore& ps, const std::string& prefix, const TransformerConfig& cfg, const TensorParallel* tp) {
   rms = cfg.rmsnorm();
   eps = cfg.norm_epsilon;
-  weight = &ps.add(prefix + ".weight", {cfg.hidden_size}, Init::Ones, false);
+  one_plus = cfg.layernorm_zero_centered_gamma;
+  half = cfg.half();
+  weight = &ps.add(prefix + ".weight", {cfg.hidden_size}, one_plus ? Init::Zeros : Init::Ones, false);
   bias = rms ? nullptr : &ps.add(prefix + ".bias", {cfg.hidden_size}, Init::Zeros, false);
   const bool sp = tp && tp->sp();
   weight->sequence_parallel = sp;
@@ -139,8 +141,26 @@ Tensor Norm::forward(const Tensor& x, Saved& s, PassContext& ctx) const {
   ctx.before_use(bias);
   ScopedOpTimer t(ctx.times, &OpTimes::norm);
   s.x = x;
-  return rms ? ops::rmsnorm_forward(x, weight->value, eps, s.rstd)
-             : ops::layernorm_forward(x, weight->value, bias->value, eps, s.mean, s.rstd);
+  s.scale = scale();
+  return rms ? ops::rmsnorm_forward(x, s.scale, eps, s.rstd)
+             : ops::layernorm_forward(x, s.scale, bias->value, eps, s.mean, s.rstd);
+}
+
+Tensor Norm::scale() const {
+  if (!one_plus) return weight->value;
+  const Tensor& w = weight->main;
+  if (!ones_.defined() || ones_.device() != w.device())
+    ones_ = Tensor::from_vector(std::vector<float>(static_cast<size_t>(w.numel()), 1.0f), w.shape()).to_device(w.device());
+  Tensor g = ones_.clone();
+  ops::add_inplace(g, w);
+  const DType t = weight->value.dtype();
+  if (t == DType::F32) {  // fp32, or the CPU's emulation of half storage
+    round_to_half_inplace(g, half);
+    return g;
+  }
+  Tensor out = Tensor::empty(g.shape(), t, g.device());
+  ops::cast(g, out);
+  return out;
 }
 
 Tensor Norm::forward_residual(const Tensor& x, const Tensor& residual, Tensor& sum, Half half, Saved& s,
@@ -159,16 +179,17 @@ Tensor Norm::forward_residual(const Tensor& x, const Tensor& residual, Tensor& s
   ctx.before_use(weight);
   ctx.before_use(bias);
   ScopedOpTimer t(ctx.times, &OpTimes::norm);
-  Tensor y = rms ? ops::add_rmsnorm_forward(x, residual, weight->value, eps, s.rstd, sum)
-                 : ops::add_layernorm_forward(x, residual, weight->value, bias->value, eps, s.mean, s.rstd, sum);
+  s.scale = scale();
+  Tensor y = rms ? ops::add_rmsnorm_forward(x, residual, s.scale, eps, s.rstd, sum)
+                 : ops::add_layernorm_forward(x, residual, s.scale, bias->value, eps, s.mean, s.rstd, sum);
   s.x = sum;
   return y;
 }
 
 Tensor Norm::backward(const Tensor& dy, Saved& s, PassContext& ctx, const Tensor* dx_add) const {
   ScopedOpTimer t(ctx.times, &OpTimes::norm);
-  Tensor dx = rms ? ops::rmsnorm_backward(dy, s.x, weight->value, s.rstd, weight->grad, dx_add)
-                  : ops::layernorm_backward(dy, s.x, weight->value, s.mean, s.rstd, weight->grad, bias->grad, dx_add);
+  Tensor dx = rms ? ops::rmsnorm_backward(dy, s.x, s.scale, s.rstd, weight->grad, dx_add)
+                  : ops::layernorm_backward(dy, s.x, s.scale, s.mean, s.rstd, weight->grad, bias->grad, dx_add);
   s = Saved{};
   ctx.grad_ready(weight);
   ctx.grad_ready(bias);

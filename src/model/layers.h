@@ -64,8 +64,12 @@ struct Norm {
   Param* bias = nullptr;  // LayerNorm only
   bool rms = false;
   float eps = 1e-5f;
+  // --apply-layernorm-1p: `weight` holds w - 1 (zero at init) and the kernels scale by 1 + w.
+  bool one_plus = false;
+  Half half = Half::None;  // the compute copy's type: the scale is rounded to it, as a weight is
   struct Saved {
     Tensor x, mean, rstd;
+    Tensor scale;  // what forward scaled by (1 + w under one_plus), for backward
   };
   // Under sequence parallelism the norm sees a sequence shard: its parameters are marked so
   // their partial gradients are summed over TP.
@@ -78,6 +82,11 @@ struct Norm {
                           PassContext& ctx) const;
   // dx (+ dx_add, the residual branch's gradient, in the same pass on the GPU).
   Tensor backward(const Tensor& dy, Saved& s, PassContext& ctx, const Tensor* dx_add = nullptr) const;
+  // The scale the kernels multiply by: the weight's compute copy, or under one_plus 1 + w formed
+  // in fp32 from the main weight and then rounded once to the compute type (the kernels read
+  // the scale in the activations' type). d(1 + w)/dw = 1, so the kernels' dw is w's gradient.
+  Tensor scale() const;
+  mutable Tensor ones_;  // one_plus: a [hidden] tensor of ones on the weight's device (made on first use)
 };
 
 // Dropout whose mask is a pure function of (seed, offset): nothing is stored but the offset.

@@ -216,7 +216,7 @@ Param* ParamStore::find(const std::string& name) {
 
 std::vector<optim::ParamSpan> ParamStore::spans() const {
   std::vector<optim::ParamSpan> out;
-  for (const auto& p : params_) out.push_back({p.offset, p.numel(), p.weight_decay});
+  for (const auto& p : params_) out.push_back({p.offset, p.numel(), p.weight_decay, p.embedding_or_output});
   return out;
 }
 

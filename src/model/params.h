@@ -52,6 +52,9 @@ struct Param {
   // and checkpoints need to save it once.
   bool shared_embedding = false;
   bool replica = false;
+  // The word embedding and the output layer's weight on whichever stage holds them (Megatron's
+  // is_embedding_or_output_parameter): the optimizer's decoupled learning-rate group.
+  bool embedding_or_output = false;
   // A routed expert's weight (Megatron's `allreduce = False` expert params): it differs across
   // expert-parallel ranks, so its gradient is reduced over the expert-data-parallel group rather
   // than DP, the grad norm counts it once per expert, and checkpoints save it from EDP rank 0.

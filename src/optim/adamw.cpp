@@ -8,22 +8,24 @@ AdamW::AdamW(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> s
     : beta1_(as_decimal(cfg.adam_beta1)),
       beta2_(as_decimal(cfg.adam_beta2)),
       eps_(as_decimal(cfg.adam_eps)),
-      segments_(make_segments(numel, std::move(spans))),
+      segments_(make_segment_groups(numel, std::move(spans))),
       exp_avg_(Tensor::zeros({numel}, DType::F32, device)),
       exp_avg_sq_(Tensor::zeros({numel}, DType::F32, device)) {}
 
-void AdamW::step(Tensor& params, const Tensor& grads, double lr, double weight_decay, float grad_scale,
-                 const ops::HalfCopy& copy) {
-  ++step_;
+void AdamW::update(Tensor& params, const Tensor& grads, const StepRates& rates, const ops::HalfCopy& copy) {
+  ++step_;  // one step for both groups: they share the bias correction, as torch's param groups do
   ops::AdamWStep h;
-  h.lr = lr;
-  h.weight_decay = weight_decay;
+  h.weight_decay = rates.weight_decay;
   h.beta1 = beta1_;
   h.beta2 = beta2_;
   h.eps = eps_;
   h.step = step_;
-  h.grad_scale = grad_scale;
-  ops::adamw_step(params, grads, exp_avg_, exp_avg_sq_, segments_, h, copy);
+  h.grad_scale = rates.grad_scale;
+  h.lr = rates.lr;
+  ops::adamw_step(params, grads, exp_avg_, exp_avg_sq_, segments_.main, h, copy);
+  if (segments_.decoupled.empty()) return;
+  h.lr = rates.decoupled_lr;
+  ops::adamw_step(params, grads, exp_avg_, exp_avg_sq_, segments_.decoupled, h, copy);
 }
 
 std::vector<StateTensor> AdamW::state() {

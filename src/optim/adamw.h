@@ -14,15 +14,14 @@ namespace mt::optim {
 class AdamW final : public Optimizer {
  public:
   AdamW(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> spans, Device device);
-  void step(Tensor& params, const Tensor& grads, double lr, double weight_decay, float grad_scale,
-            const ops::HalfCopy& copy) override;
+  void update(Tensor& params, const Tensor& grads, const StepRates& rates, const ops::HalfCopy& copy) override;
   std::vector<StateTensor> state() override;  // exp_avg, exp_avg_sq
   int64_t step_count() const override { return step_; }
   void set_step_count(int64_t n) override { step_ = n; }
 
  private:
   double beta1_, beta2_, eps_;
-  std::vector<Segment> segments_;
+  SegmentGroups segments_;
   Tensor exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;
 };

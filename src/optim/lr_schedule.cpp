@@ -47,6 +47,16 @@ void validate(const LRScheduleConfig& c) {
       mt::fail("--lr-wsd-decay-style must be one of linear, cosine, exponential, minus_sqrt; got '{}'",
                c.wsd_decay_style);
   }
+  if (c.decoupled_lr) {
+    const double dmin = c.decoupled_min_lr.value_or(c.min_lr);
+    if (!(*c.decoupled_lr >= 0.0)) mt::fail("--decoupled-lr must be >= 0, got {}", *c.decoupled_lr);
+    // Megatron asserts this for --lr only; past it the decoupled group's lr would rise while decaying.
+    if (!(dmin >= 0.0 && dmin <= *c.decoupled_lr))
+      mt::fail("--decoupled-min-lr ({}, or --min-lr when unset) must be in [0, --decoupled-lr ({})]", dmin,
+               *c.decoupled_lr);
+  } else if (c.decoupled_min_lr) {
+    mt::fail("--decoupled-min-lr needs --decoupled-lr (it is the decoupled group's floor)");
+  }
   if (!(c.start_wd >= 0.0)) mt::fail("--start-weight-decay must be >= 0, got {}", c.start_wd);
   if (!(c.end_wd >= c.start_wd))
     mt::fail("--end-weight-decay ({}) must be >= --start-weight-decay ({})", c.end_wd, c.start_wd);
@@ -65,30 +75,39 @@ double cosine_coeff(double ratio) { return 0.5 * (std::cos(std::numbers::pi * ra
 
 LRSchedule::LRSchedule(const LRScheduleConfig& cfg) : cfg_(cfg) { validate(cfg_); }
 
-double LRSchedule::lr(int64_t num_steps) const {
+double LRSchedule::lr(int64_t num_steps) const { return lr(num_steps, cfg_.max_lr, cfg_.min_lr); }
+
+double LRSchedule::decoupled_lr(int64_t num_steps) const {
+  if (!cfg_.decoupled_lr) return lr(num_steps);
+  return lr(num_steps, *cfg_.decoupled_lr, cfg_.decoupled_min_lr.value_or(cfg_.min_lr));
+}
+
+// Megatron's get_lr(param_group): every group shares the warm-up start, the lengths and the
+// styles; only max_lr and min_lr are the group's.
+double LRSchedule::lr(int64_t num_steps, double max_lr, double min_lr) const {
   MT_CHECK(num_steps >= 0, "num_steps {}", num_steps);
   const LRScheduleConfig& c = cfg_;
   const double n = static_cast<double>(num_steps);
 
   if (c.warmup_steps > 0 && num_steps <= c.warmup_steps)
-    return c.lr_warmup_init + (c.max_lr - c.lr_warmup_init) * n / static_cast<double>(c.warmup_steps);
+    return c.lr_warmup_init + (max_lr - c.lr_warmup_init) * n / static_cast<double>(c.warmup_steps);
 
   // Constant ignores decay_steps entirely: it stays at max_lr, even past the decay horizon.
-  if (c.decay_style == "constant") return c.max_lr;
+  if (c.decay_style == "constant") return max_lr;
 
-  if (num_steps > c.decay_steps) return c.min_lr;
+  if (num_steps > c.decay_steps) return min_lr;
 
   if (c.decay_style == "inverse-square-root") {
     // pow(x, 0.5) rather than sqrt: Python's ** calls C pow, and this keeps its bits.
     const double warmup = static_cast<double>(std::max<int64_t>(c.warmup_steps, 1));
     const double steps = static_cast<double>(std::max<int64_t>(num_steps, 1));
-    const double lr = c.max_lr * std::pow(warmup, 0.5) / std::pow(steps, 0.5);
-    return std::max(c.min_lr, lr);
+    const double lr = max_lr * std::pow(warmup, 0.5) / std::pow(steps, 0.5);
+    return std::max(min_lr, lr);
   }
 
   const double decay_ratio =
       static_cast<double>(num_steps - c.warmup_steps) / static_cast<double>(c.decay_steps - c.warmup_steps);
-  const double delta_lr = c.max_lr - c.min_lr;
+  const double delta_lr = max_lr - min_lr;
   double coeff = 1.0;
   if (c.decay_style == "linear") {
     coeff = 1.0 - decay_ratio;
@@ -109,7 +128,7 @@ double LRSchedule::lr(int64_t num_steps) const {
       }
     }
   }
-  return c.min_lr + coeff * delta_lr;
+  return min_lr + coeff * delta_lr;
 }
 
 double LRSchedule::weight_decay(int64_t num_steps) const {

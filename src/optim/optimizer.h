@@ -3,7 +3,8 @@
 // DESIGN.md), on the device of that buffer: the update is an op (ops::adamw_step, ops::sgd_step)
 // and the state is a set of fp32 tensors beside the params, so one class serves the CPU and the
 // GPU. A ParamSpan tells which ranges get weight decay (Megatron: no decay on biases and norm
-// weights, i.e. on 1-D params).
+// weights, i.e. on 1-D params) and which belong to the decoupled learning-rate group (Megatron's
+// --decoupled-lr: the word embedding and the output layer, its is_embedding_or_output_parameter).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -18,6 +19,17 @@ struct ParamSpan {
   int64_t offset = 0;
   int64_t numel = 0;
   bool weight_decay = true;
+  bool decoupled_lr = false;
+};
+
+// One update's rates from the schedule: `lr` for the default group, `decoupled_lr` for the
+// decoupled group (equal to `lr` without --decoupled-lr), one weight decay for both (Megatron's
+// groups differ only in max_lr/min_lr).
+struct StepRates {
+  double lr = 0, decoupled_lr = 0, weight_decay = 0;
+  // Gradient clipping applied as the grads are read (ops::clip_coefficient; 1: none), which
+  // leaves the grads as they were.
+  float grad_scale = 1.f;
 };
 
 struct OptimizerConfig {
@@ -40,12 +52,13 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // One update of `params` from `grads` (fp32 tensors of the buffer's numel, on the device the
-  // optimizer was made for) with this step's lr and weight decay (the schedule's values), writing
-  // the compute copy `copy` (ops::HalfCopy; none in fp32 runs) in the same pass. grad_scale:
-  // gradient clipping applied as the grads are read (ops::clip_coefficient; 1 for none), which
-  // leaves `grads` as they were.
-  virtual void step(Tensor& params, const Tensor& grads, double lr, double weight_decay, float grad_scale,
-                    const ops::HalfCopy& copy) = 0;
+  // optimizer was made for) with this step's rates (the schedule's values), writing the compute
+  // copy `copy` (ops::HalfCopy; none in fp32 runs) in the same pass.
+  virtual void update(Tensor& params, const Tensor& grads, const StepRates& rates, const ops::HalfCopy& copy) = 0;
+  // The same with one learning rate for every parameter.
+  void step(Tensor& params, const Tensor& grads, double lr, double weight_decay, const ops::HalfCopy& copy) {
+    update(params, grads, StepRates{lr, lr, weight_decay}, copy);
+  }
   // The state apart from the step count, the one interface checkpoints read and write it through
   // on either device: the optimizer's own tensors, in place, so a write changes the next step. A
   // reader on the host copies them where they live on a device (Tensor::to_device / copy_from),
@@ -57,7 +70,7 @@ class Optimizer {
 
 // AdamW (optim/adamw.h) or SGD (optim/sgd.h) over a flat buffer of numel on `device` (where the
 // params it will step live), its state zeroed there. Spans must not overlap; elements outside
-// every span get weight decay. Throws mt::Error naming the flag for invalid settings
+// every span get weight decay and the default learning rate. Throws mt::Error naming the flag for invalid settings
 // (--optimizer, --adam-beta1, ...).
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> spans,
                                           Device device);

@@ -17,21 +17,21 @@ void push(std::vector<Segment>& out, int64_t begin, int64_t end, bool decay) {
 }
 }  // namespace
 
-std::vector<Segment> make_segments(int64_t numel, std::vector<ParamSpan> spans) {
+SegmentGroups make_segment_groups(int64_t numel, std::vector<ParamSpan> spans) {
   MT_CHECK(numel >= 0, "numel {}", numel);
   std::sort(spans.begin(), spans.end(),
             [](const ParamSpan& a, const ParamSpan& b) { return a.offset < b.offset; });
-  std::vector<Segment> out;
+  SegmentGroups out;
   int64_t pos = 0;
   for (const ParamSpan& s : spans) {
     MT_CHECK(s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= numel,
              "span [{}, {}) outside buffer of {}", s.offset, s.offset + s.numel, numel);
     MT_CHECK(s.offset >= pos, "span at {} overlaps the previous span ending at {}", s.offset, pos);
-    push(out, pos, s.offset, true);
-    push(out, s.offset, s.offset + s.numel, s.weight_decay);
+    push(out.main, pos, s.offset, true);
+    push(s.decoupled_lr ? out.decoupled : out.main, s.offset, s.offset + s.numel, s.weight_decay);
     pos = s.offset + s.numel;
   }
-  push(out, pos, numel, true);
+  push(out.main, pos, numel, true);
   return out;
 }
 

@@ -13,8 +13,7 @@ namespace mt::optim {
 class SGD final : public Optimizer {
  public:
   SGD(const OptimizerConfig& cfg, int64_t numel, std::vector<ParamSpan> spans, Device device);
-  void step(Tensor& params, const Tensor& grads, double lr, double weight_decay, float grad_scale,
-            const ops::HalfCopy& copy) override;
+  void update(Tensor& params, const Tensor& grads, const StepRates& rates, const ops::HalfCopy& copy) override;
   // "momentum_buffer" when momentum != 0; torch keeps no state otherwise.
   std::vector<StateTensor> state() override;
   int64_t step_count() const override { return step_; }
@@ -22,7 +21,7 @@ class SGD final : public Optimizer {
 
  private:
   double momentum_;
-  std::vector<Segment> segments_;
+  SegmentGroups segments_;
   Tensor momentum_buffer_;  // undefined without momentum
   int64_t step_ = 0;
 };

@@ -163,7 +163,7 @@ std::vector<optim::ParamSpan> spans_within(const std::vector<optim::ParamSpan>& 
   std::vector<optim::ParamSpan> local;
   for (const auto& s : spans) {
     const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel);
-    if (a < b) local.push_back({a - lo, b - a, s.weight_decay});
+    if (a < b) local.push_back({a - lo, b - a, s.weight_decay, s.decoupled_lr});
   }
   return local;
 }
@@ -179,12 +179,11 @@ class ShardedOptimizer final : public optim::Optimizer {
     for (auto [lo, hi] : ranges)
       parts_.push_back({lo, hi, optim::make_optimizer(cfg, hi - lo, spans_within(spans, lo, hi), device)});
   }
-  void step(Tensor& params, const Tensor& grads, double lr, double wd, float grad_scale,
-            const ops::HalfCopy& copy) override {
+  void update(Tensor& params, const Tensor& grads, const optim::StepRates& rates, const ops::HalfCopy& copy) override {
     for (auto& p : parts_) {
       const int64_t n = p.hi - p.lo;
       Tensor part = params.flat_range(p.lo, {n});
-      p.opt->step(part, grads.flat_range(p.lo, {n}), lr, wd, grad_scale, copy.part(p.lo, n));
+      p.opt->update(part, grads.flat_range(p.lo, {n}), rates, copy.part(p.lo, n));
     }
   }
   // Each owned range's tensors in turn, in owned_ranges() order, placed at their range: checkpoints

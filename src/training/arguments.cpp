@@ -33,6 +33,7 @@ void register_flags(Registered& r, Arguments& a) {
   register_training_flags(p, a);
   p.group("learning rate and optimizer");
   register_optimizer_flags(p, a);
+  register_lr_group_flags(p, a);
   p.group("checkpointing");
   register_checkpoint_flags(p, a);
   p.group("distributed");
@@ -40,6 +41,7 @@ void register_flags(Registered& r, Arguments& a) {
   register_context_flags(p, a);
   p.group("data and tokenizer");
   register_data_flags(p, a);
+  register_tiktoken_flags(p, a.tokenizer);
   p.group("logging and evaluation");
   register_logging_flags(p, a);
   register_ops_flags(p, a);
@@ -116,7 +118,9 @@ void validate_args(Arguments& a, int64_t tokenizer_vocab_size) {
   validate_checkpoint_args(a);
   validate_ops_args(a);
   finish_optimizer_args(a);
+  validate_lr_group_args(a);
   validate_data_args(a);
+  validate_tiktoken_args(a);
   finish_model_args(a, tokenizer_vocab_size);
   validate_size_products(a);
   if (a.tensor_model_parallel_size > 1)

@@ -86,6 +86,7 @@ struct OptimizerArgs {
   double start_weight_decay = -1, end_weight_decay = -1;
   std::string weight_decay_incr_style = "constant";
   double clip_grad = 1.0;
+  double decoupled_lr = -1, decoupled_min_lr = -1;  // unset (arguments_lr_groups.cpp)
   // --fp16 loss scaling (--loss-scale: static; unset: dynamic with the other four flags).
   optim::GradScalerConfig grad_scaler;
 };

@@ -15,7 +15,8 @@ void register_data_flags(FlagParser& p, DataArgs& a) {
   p.value("--vocab-file", &a.tokenizer.vocab_file, "GPT-2 encoder.json");
   p.value("--merge-file", &a.tokenizer.merge_file, "GPT-2 vocab.bpe");
   p.value("--tokenizer-model", &a.tokenizer.tokenizer_model, "tokenizer.json / directory / SentencePiece .model");
-  p.value("--vocab-size", &a.tokenizer.vocab_size, "vocabulary size (NullTokenizer)", {1, limits::kVocab});
+  p.value("--vocab-size", &a.tokenizer.vocab_size, "vocabulary size (NullTokenizer; TikTokenizer, default 131072)",
+          {1, limits::kVocab});
   p.list("--data-path", &a.data.data_path, "PREFIX or W1 PREFIX1 W2 PREFIX2 ...");
   p.list("--train-data-path", &a.data.train_data_path, "data for the train split only");
   p.list("--valid-data-path", &a.data.valid_data_path, "data for the validation split only");

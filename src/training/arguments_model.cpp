@@ -39,6 +39,8 @@ void register_model_flags(FlagParser& p, ModelArgs& a, ModelAliases& r) {
   p.store_true("--use-rope-scaling", &m.rope_scaling, "Llama 3.1 RoPE frequency scaling");
   p.value("--rope-scaling-factor", &m.rope_scaling_factor, "RoPE scaling factor (default 8.0)");
   p.store_true("--qk-layernorm", &m.qk_layernorm, "normalize each head's queries and keys (Qwen3)");
+  p.store_true("--apply-layernorm-1p", &m.layernorm_zero_centered_gamma,
+               "store every norm's weight zero-centred (w - 1, initialised to 0; the norm scales by 1 + w)");
   p.store_true("--untie-embeddings-and-output-weights", &m.untie_embeddings_and_output_weights,
                "separate output layer weights");
   p.value("--init-method-std", &m.init_method_std, "std of the normal init (default 0.02)");

@@ -114,6 +114,8 @@ optim::LRScheduleConfig schedule_config(const OptimizerArgs& o, const TrainingAr
   lc.start_wd = o.start_weight_decay;
   lc.end_wd = o.end_weight_decay;
   lc.wd_incr_style = o.weight_decay_incr_style;
+  if (o.decoupled_lr >= 0) lc.decoupled_lr = o.decoupled_lr;
+  if (o.decoupled_min_lr >= 0) lc.decoupled_min_lr = o.decoupled_min_lr;
   if (t.train_iters > 0) {  // iteration-based: Megatron converts to samples
     int64_t decay_iters = o.lr_decay_iters > 0 ? o.lr_decay_iters : t.train_iters;
     lc.decay_steps = decay_iters * gbs;

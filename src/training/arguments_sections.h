@@ -40,6 +40,8 @@ void register_fp8_flags(FlagParser& p, model::Fp8Config& f);
 void validate_fp8_args(Arguments& a);
 
 void register_data_flags(FlagParser& p, DataArgs& a);
+void register_tiktoken_flags(FlagParser& p, data::TokenizerOptions& t);  // arguments_tiktoken.cpp
+void validate_tiktoken_args(const Arguments& a);
 void validate_data_args(const Arguments& a);
 
 void register_training_flags(FlagParser& p, TrainingArgs& a);
@@ -51,6 +53,10 @@ void validate_optimizer_args(const Arguments& a);  // schedule lengths, then val
 void validate_float_args(const Arguments& a);
 // After the logging and checkpoint sections: loss scaling, and the weight-decay schedule's ends.
 void finish_optimizer_args(Arguments& a);
+
+// --decoupled-lr / --decoupled-min-lr (arguments_lr_groups.cpp): after the optimizer's checks.
+void register_lr_group_flags(FlagParser& p, OptimizerArgs& a);
+void validate_lr_group_args(const Arguments& a);
 
 void register_logging_flags(FlagParser& p, LoggingArgs& a);
 void validate_logging_args(const LoggingArgs& a);

@@ -260,8 +260,9 @@ void StepRunner::clip_and_step(double grad_norm, checkpoint::TrainingState& stat
   const bool gather = ddp_.sharded();
   {
     TimerScope t(timers_, "optimizer-inner-step", 1);
-    optimizer_->step(ps.main_buffer(), ps.grad_buffer(), schedule_.lr(steps), schedule_.weight_decay(steps), grad_scale,
-                     gather ? ops::HalfCopy{} : compute_copy(ps));
+    const optim::StepRates rates{schedule_.lr(steps), schedule_.decoupled_lr(steps), schedule_.weight_decay(steps),
+                                 grad_scale};
+    optimizer_->update(ps.main_buffer(), ps.grad_buffer(), rates, gather ? ops::HalfCopy{} : compute_copy(ps));
   }
   if (gather) {
     TimerScope t(timers_, "params-all-gather", 1);  // started here; with overlap it completes later

@@ -288,13 +288,20 @@ int Trainer::run() {
   bool profiler_on = false;
   while (state_.iteration < total_iters_) {
     if (profiling && state_.iteration == args_.profile_step_start && cuda_profiler) {
+      log_info("--profile: CUDA profiler started before iteration {}", state_.iteration + 1);
       ops::profiler_start();
       profiler_on = true;
     }
-    IterationResult r = train_step();
+    IterationResult r;
+    {
+      // Names each step in a capture (nsys stats, ncu --nvtx), so what was captured shows.
+      const ops::NvtxRange range("iteration {}", state_.iteration + 1);
+      r = train_step();
+    }
     if (profiler_on && state_.iteration == args_.profile_step_end) {
       ops::profiler_stop();
       profiler_on = false;
+      log_info("--profile: CUDA profiler stopped after iteration {}", state_.iteration);
     }
     if (saver_->pending()) saver_->poll();  // completes an async save once every rank has written it
     before_log(r);

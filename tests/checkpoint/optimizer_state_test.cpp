@@ -48,7 +48,7 @@ struct Run {
   void step(uint64_t seed) {
     for (auto& p : params().params())
       p.grad.copy_from(Tensor::from_vector(test::random_vec<float>(static_cast<size_t>(p.numel()), seed++), p.shape));
-    opt->step(params().main_buffer(), params().grad_buffer(), 1e-2, 0.1, 1.f, {});
+    opt->step(params().main_buffer(), params().grad_buffer(), 1e-2, 0.1, {});
     dp->start_param_gather();
   }
 };

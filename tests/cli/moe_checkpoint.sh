@@ -6,6 +6,7 @@
 set -u
 MEGATRON=$1
 source "$(dirname "$0")/lib/expect.bash"
+source "$(dirname "$0")/lib/ids_npy.bash"
 ARGS=(--num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2 --lr 1e-3
       --mock-data --vocab-size 64 --tokenizer-type NullTokenizer --eval-iters 0 --no-progress-bar --device cpu
       --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear
@@ -28,14 +29,7 @@ run pretrain "${ARGS[@]}" --train-iters 4 --load "$TMP/ck2"
 check "resumed iteration 4 has the full run's loss" [ "$(loss_at 4 "$TMP/out")" = "$(loss_at 4 "$TMP/full.log")" ]
 
 # Logits from the checkpoint alone, from its HF export, and from that re-imported.
-# input ids [2, 5] as int64 .npy (numpy 1.0 header, padded to 64 bytes).
-python3 - "$TMP/ids.npy" <<'PY'
-import struct, sys
-h = "{'descr': '<i8', 'fortran_order': False, 'shape': (2, 5), }"
-h += " " * (64 - 10 - len(h) - 1) + "\n"
-ids = [1, 5, 9, 2, 33, 60, 0, 7, 7, 41]
-open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + struct.pack("<10q", *ids))
-PY
+write_ids_npy "$TMP/ids.npy"
 run logits --load "$TMP/ck" --input-ids "$TMP/ids.npy" --output "$TMP/native.npy"
 run convert --from megatron --to hf --input "$TMP/ck" --output "$TMP/hf"
 check "exported as qwen2_moe" grep -q '"model_type": "qwen2_moe"' "$TMP/hf/config.json"

@@ -162,7 +162,7 @@ TEST(GPTModel, TinyModelOverfitsFixedBatch) {
     auto r = m.forward(b, s, ctx);
     m.params().zero_grad();
     m.backward(s, static_cast<float>(1.0 / r.tokens), ctx);
-    opt->step(m.params().main_buffer(), m.params().grad_buffer(), 1e-2f, 0.f, 1.f, {});
+    opt->step(m.params().main_buffer(), m.params().grad_buffer(), 1e-2f, 0.f, {});
     m.params().sync_model_from_main();
     if (it == 0) first = r.loss_sum / r.tokens;
     last = r.loss_sum / r.tokens;

@@ -76,7 +76,7 @@ TrainRun train(const TransformerConfig& c, int steps = 3) {
     r.losses.push_back(l0.loss_sum);
     r.losses.push_back(l1.loss_sum);
     r.grads.push_back(m.params().grad_buffer().to_vector());
-    opt->step(m.params().main_buffer(), m.params().grad_buffer(), 1e-2f, 0.f, 1.f, {});
+    opt->step(m.params().main_buffer(), m.params().grad_buffer(), 1e-2f, 0.f, {});
     m.params().sync_model_from_main();
   }
   return r;

@@ -54,7 +54,7 @@ TEST(AdamW, ThreeStepsMatchFormulaWithDecayMask) {
   const float wd = 0.1f;
   const std::vector<double> wd_mask = {wd, wd, 0, 0, wd, wd};
   for (int s = 0; s < 3; ++s) {
-    opt->step(p, vec(grads[s]), lrs[s], wd, 1.f, {});
+    opt->step(p, vec(grads[s]), lrs[s], wd, {});
     ref.step(std::vector<double>(grads[s].begin(), grads[s].end()), lrs[s], wd_mask);
   }
   EXPECT_EQ(opt->step_count(), 3);
@@ -81,10 +81,37 @@ TEST(AdamW, FirstStepMovesEachParamByLr) {
   OptimizerConfig cfg;
   auto opt = make_optimizer(cfg, 3, {}, Device::CPU);
   Tensor p = vec({1.0f, 1.0f, 1.0f});
-  opt->step(p, vec({3.0f, -0.01f, 100.0f}), 0.1f, 0.0f, 1.f, {});
+  opt->step(p, vec({3.0f, -0.01f, 100.0f}), 0.1f, 0.0f, {});
   expect_close(p.data<float>()[0], 0.9);
   expect_close(p.data<float>()[1], 1.1);
   expect_close(p.data<float>()[2], 0.9);
+}
+
+// The decoupled group (--decoupled-lr) steps with its own rate, weight decay included (torch's
+// per-group lr enters 1 - lr * wd too); the moments and the step count are shared.
+TEST(AdamW, DecoupledGroupStepsAtItsOwnRate) {
+  OptimizerConfig cfg;
+  cfg.adam_beta2 = 0.95f;
+  // [0,2) decoupled and decayed, [2,3) decoupled without decay, [3,4) exempt, [4,6) uncovered.
+  const std::vector<ParamSpan> spans = {{0, 2, true, true}, {2, 1, false, true}, {3, 1, false, false}};
+  auto opt = make_optimizer(cfg, 6, spans, Device::CPU);
+  const std::vector<float> p0 = {0.5f, -1.0f, 2.0f, 0.25f, -0.75f, 1.5f};
+  Tensor p = vec(p0);
+  const double wd = 0.1;
+  const std::vector<double> mask = {wd, wd, 0, 0, wd, wd};
+  RefAdamW slow{0.9, 0.95, 1e-8, {p0.begin(), p0.end()}, std::vector<double>(6, 0.0), std::vector<double>(6, 0.0)};
+  RefAdamW fast = slow;
+  const std::vector<std::vector<float>> grads = {{0.1f, -0.2f, 0.3f, 1e-3f, -0.5f, 0.0f},
+                                                 {-0.05f, 0.4f, 0.3f, -2e-3f, 0.25f, 1.0f}};
+  const StepRates rates[2] = {{1e-2, 3e-2, wd}, {5e-3, 2e-2, wd}};
+  for (int s = 0; s < 2; ++s) {
+    opt->update(p, vec(grads[s]), rates[s], {});
+    const std::vector<double> g(grads[s].begin(), grads[s].end());
+    slow.step(g, rates[s].lr, mask);
+    fast.step(g, rates[s].decoupled_lr, mask);
+  }
+  EXPECT_EQ(opt->step_count(), 2);
+  for (int64_t i = 0; i < 6; ++i) expect_close(p.data<float>()[i], i < 3 ? fast.p[i] : slow.p[i]);
 }
 
 TEST(AdamW, RestoredStateContinuesBitIdentically) {
@@ -98,7 +125,7 @@ TEST(AdamW, RestoredStateContinuesBitIdentically) {
   }
   Tensor p = vec(p0);
   auto a = make_optimizer(cfg, n, {{0, 500, true}, {500, 500, false}}, Device::CPU);
-  for (int s = 0; s < 2; ++s) a->step(p, vec(g[s]), 1e-3f, 0.1f, 1.f, {});
+  for (int s = 0; s < 2; ++s) a->step(p, vec(g[s]), 1e-3f, 0.1f, {});
   Tensor p2 = p.clone();
 
   // Through the state interface: the saved values written into a fresh optimizer's tensors.
@@ -109,8 +136,8 @@ TEST(AdamW, RestoredStateContinuesBitIdentically) {
   b->set_step_count(a->step_count());
 
   for (int s = 2; s < 4; ++s) {
-    a->step(p, vec(g[s]), 1e-3f, 0.1f, 1.f, {});
-    b->step(p2, vec(g[s]), 1e-3f, 0.1f, 1.f, {});
+    a->step(p, vec(g[s]), 1e-3f, 0.1f, {});
+    b->step(p2, vec(g[s]), 1e-3f, 0.1f, {});
   }
   EXPECT_EQ(p.to_vector(), p2.to_vector());
 }
@@ -127,7 +154,7 @@ TEST(AdamW, ResultIndependentOfThreadCount) {
     omp_set_num_threads(threads);
     auto opt = make_optimizer(OptimizerConfig{}, n, spans, Device::CPU);
     Tensor p = vec(p0);
-    for (int s = 0; s < 2; ++s) opt->step(p, vec(g), 1e-3f, 0.05f, 1.f, {});
+    for (int s = 0; s < 2; ++s) opt->step(p, vec(g), 1e-3f, 0.05f, {});
     return p.to_vector();
   };
   const int saved = omp_get_max_threads();

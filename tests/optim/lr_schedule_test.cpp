@@ -175,3 +175,49 @@ TEST(LRSchedule, ValidationNamesTheFlags) {
 
 }  // namespace
 }  // namespace mt::optim
+
+namespace mt::optim {
+namespace {
+
+// --decoupled-lr 5e-3 --decoupled-min-lr 5e-4 over base("cosine"): the embedding/output group
+// follows the same warm-up (from the shared --lr-warmup-init) and cosine, between its own bounds;
+// the default group is untouched. Values worked out by hand from Megatron's get_lr.
+TEST(LRSchedule, DecoupledGroupSharesTheScheduleWithItsOwnBounds) {
+  LRScheduleConfig c = base("cosine");
+  c.decoupled_lr = 5e-3;
+  c.decoupled_min_lr = 5e-4;
+  LRSchedule s(c);
+  EXPECT_DOUBLE_EQ(s.decoupled_lr(0), 1e-5);
+  EXPECT_DOUBLE_EQ(s.decoupled_lr(25), 1.2575e-3);  // 1e-5 + (5e-3 - 1e-5) / 4
+  EXPECT_DOUBLE_EQ(s.decoupled_lr(100), 5e-3);
+  EXPECT_DOUBLE_EQ(s.decoupled_lr(550), 2.75e-3);  // half way: (5e-3 + 5e-4) / 2
+  EXPECT_DOUBLE_EQ(s.decoupled_lr(1000), 5e-4);
+  EXPECT_DOUBLE_EQ(s.decoupled_lr(5000), 5e-4);
+  EXPECT_DOUBLE_EQ(s.lr(550), 5.5e-4);  // the default group as without the flags
+  EXPECT_DOUBLE_EQ(s.lr(100), 1e-3);
+
+  c.decoupled_min_lr.reset();  // floor defaults to --min-lr (1e-4)
+  LRSchedule t(c);
+  EXPECT_DOUBLE_EQ(t.decoupled_lr(550), 2.55e-3);  // 1e-4 + (5e-3 - 1e-4) / 2
+  EXPECT_DOUBLE_EQ(t.decoupled_lr(1001), 1e-4);
+
+  c.decoupled_lr.reset();  // no decoupled group: both rates are --lr's
+  LRSchedule u(c);
+  for (int64_t n : {0, 50, 100, 550, 1000, 2000}) EXPECT_EQ(u.decoupled_lr(n), u.lr(n));
+}
+
+TEST(LRSchedule, DecoupledBoundsAreChecked) {
+  LRScheduleConfig c = base("linear");
+  c.decoupled_min_lr = 1e-4;
+  testing::expect_error([&] { LRSchedule s(c); }, "--decoupled-min-lr needs --decoupled-lr");
+  c.decoupled_lr = 5e-5;  // below its floor
+  testing::expect_error([&] { LRSchedule s(c); }, "--decoupled-min-lr (0.0001, or --min-lr when unset)");
+  c.decoupled_min_lr.reset();  // --min-lr 1e-4 is the floor, still above
+  testing::expect_error([&] { LRSchedule s(c); }, "--decoupled-min-lr");
+  c.decoupled_lr = 2e-4;
+  LRSchedule ok(c);
+  EXPECT_DOUBLE_EQ(ok.decoupled_lr(1000), 1e-4);
+}
+
+}  // namespace
+}  // namespace mt::optim

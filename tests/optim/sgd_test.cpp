@@ -32,7 +32,7 @@ void run_three_steps(float momentum) {
   const double mu = momentum;
   const double mask[4] = {1, 0, 0, 1};
   for (int s = 0; s < 3; ++s) {
-    opt->step(p, vec(grads[s]), lrs[s], static_cast<float>(wd), 1.f, {});
+    opt->step(p, vec(grads[s]), lrs[s], static_cast<float>(wd), {});
     for (int i = 0; i < 4; ++i) {
       const double d = grads[s][i] + wd * mask[i] * rp[i];
       rb[i] = (s == 0) ? d : mu * rb[i] + d;
@@ -60,14 +60,14 @@ TEST(SGD, RestoredBufferContinuesBitIdentically) {
   for (int i = 0; i < n; ++i) g[i] = 0.01f * static_cast<float>(i - 32);
   Tensor p = vec(std::vector<float>(n, 1.0f));
   auto a = make_optimizer(sgd_config(0.9f), n, {}, Device::CPU);
-  a->step(p, vec(g), 0.1f, 0.01f, 1.f, {});
+  a->step(p, vec(g), 0.1f, 0.01f, {});
   Tensor p2 = p.clone();
   auto b = make_optimizer(sgd_config(0.9f), n, {}, Device::CPU);
   b->state()[0].value.copy_from(a->state()[0].value);
   b->set_step_count(a->step_count());
   for (int s = 0; s < 2; ++s) {
-    a->step(p, vec(g), 0.1f, 0.01f, 1.f, {});
-    b->step(p2, vec(g), 0.1f, 0.01f, 1.f, {});
+    a->step(p, vec(g), 0.1f, 0.01f, {});
+    b->step(p2, vec(g), 0.1f, 0.01f, {});
   }
   EXPECT_EQ(p.to_vector(), p2.to_vector());
 }

@@ -64,10 +64,7 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_file, const std::str
 
 std::vector<int32_t> Gpt2BpeTokenizer::encode(std::string_view text) const {
   std::string fixed;
-  if (utf8::valid_prefix(text) != text.size()) {
-    fixed = utf8::sanitize(text);
-    text = fixed;
-  }
+  text = utf8::valid_text(text, fixed);
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
   pattern_->for_each_match(text, [&](size_t b, size_t e) {

@@ -374,10 +374,7 @@ void HfTokenizer::encode_section(std::string_view text, bool first, std::vector<
 
 std::vector<int32_t> HfTokenizer::encode_plain(std::string_view text) const {
   std::string fixed;
-  if (utf8::valid_prefix(text) != text.size()) {
-    fixed = utf8::sanitize(text);
-    text = fixed;
-  }
+  text = utf8::valid_text(text, fixed);
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
   if (raw_matcher_.empty()) {

@@ -38,4 +38,12 @@ size_t valid_prefix(std::string_view s);
 // as the WHATWG decoder and Python's errors="replace" do).
 std::string sanitize(std::string_view s);
 
+// s itself when it is valid UTF-8, else its sanitized copy kept in `storage` (what the
+// tokenizers encode: Python's str never holds invalid UTF-8).
+inline std::string_view valid_text(std::string_view s, std::string& storage) {
+  if (valid_prefix(s) == s.size()) return s;
+  storage = sanitize(s);
+  return storage;
+}
+
 }  // namespace mt::data::utf8
