@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Resuming from Megatron-LM's own checkpoints (issue #21): tests/fixtures/megatron_ckpt holds
+# checkpoints Megatron-LM wrote at iteration 5 (torch_dist fp32, legacy torch fp32, torch_dist
+# bf16 with the distributed optimizer) and the losses it logged for iterations 1-10. Loading them
+# and training to 10 with the README's flags must reproduce iterations 6-10: fp32 within 1e-5
+# relative, bf16 within bf16 tolerance, and so under TP=2 and PP=2 (two CPU processes) as well.
+MEGATRON=$1
+SRC=${2:-$(cd "$(dirname "$0")/../.." && pwd)}
+source "$(dirname "$0")/lib/expect.bash"
+FIX="$SRC/tests/fixtures/megatron_ckpt"
+cp -r "$FIX" "$TMP/fx" && chmod -R u+w "$TMP/fx"
+cd "$TMP/fx" || exit 1
+before=$(tree_sum "$TMP/fx")
+# The README's flags (--transformer-impl local and the fusion switches are accepted as no-ops).
+A=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --group-query-attention --num-query-groups 2
+   --ffn-hidden-size 128 --seq-length 64 --max-position-embeddings 64 --normalization RMSNorm --swiglu
+   --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights
+   --attention-dropout 0 --hidden-dropout 0 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --min-lr 1e-4
+   --lr-decay-style cosine --lr-warmup-iters 2 --lr-decay-iters 20 --weight-decay 0.1 --clip-grad 1.0 --seed 1234
+   --data-path data/fix_text_document --split 98,2,0 --tokenizer-type NullTokenizer --vocab-size 511
+   --log-interval 1 --eval-iters 0 --eval-interval 1000 --train-iters 15 --exit-interval 10
+   --no-gradient-accumulation-fusion --no-rope-fusion --no-masked-softmax-fusion --no-persist-layer-norm
+   --transformer-impl local --no-progress-bar --data-cache-path "$TMP/cache")
+
+# resume NAME TOLERANCE LABEL [launch args --] [extra flags]: losses 6-10 against Megatron's log.
+resume() {
+  local name=$1 tol=$2 label=$3; shift 3
+  local log="$TMP/log.$label"
+  if [ "${1:-}" = launch ]; then
+    shift
+    OMP_NUM_THREADS=1 timeout 600 "$MEGATRON" launch --nproc-per-node 2 --master-port $((20000 + RANDOM % 20000)) \
+      -- pretrain "${A[@]}" --load "$name" "$@" >"$log" 2>&1
+  else
+    timeout 600 "$MEGATRON" pretrain "${A[@]}" --num-threads 1 --load "$name" "$@" >"$log" 2>&1
+  fi
+  check "$label: resume exits 0" test $? -eq 0
+  grep -o 'lm loss: [0-9.E+-]*' "$log" | awk '{print $3}' >"$TMP/got.$label"
+  awk '$1 >= 6 {print $2}' "$name.losses_1_10" >"$TMP/want.$label"
+  check "$label: iterations 6-10 after the checkpoint's 5" test "$(wc -l <"$TMP/got.$label")" -eq 5
+  check "$label: losses match Megatron-LM's within $tol relative" \
+    awk -v tol="$tol" 'NR == FNR {e[FNR] = $1; next} {d = $1 - e[FNR]; if (d < 0) d = -d; if (d > tol * e[FNR]) bad = 1} END {exit bad}' \
+    "$TMP/want.$label" "$TMP/got.$label"
+  grep -q "loaded checkpoint from $name at iteration 5" "$log"
+  check "$label: says it loaded iteration 5" test $? -eq 0
+  [ $fails -eq 0 ] || { echo "--- $label"; tail -5 "$log"; }
+}
+
+resume ck_dist 1e-5 torch_dist
+resume ck_torch 1e-5 torch
+resume ck_distopt 1e-3 torch_dist_bf16_distopt --bf16 --use-distributed-optimizer
+resume ck_dist 1e-5 torch_dist_tp2 launch --tensor-model-parallel-size 2
+resume ck_dist 1e-5 torch_dist_pp2 launch --pipeline-model-parallel-size 2
+resume ck_distopt 1e-3 distopt_dp2 launch --bf16 --use-distributed-optimizer
+
+check "loading leaves the checkpoints as they were" test "$before" = "$(tree_sum "$TMP/fx")"
+finish
