@@ -73,6 +73,7 @@ class Trainer {
   std::vector<model::Batch> train_batches(int64_t global_batch_size);
   void maybe_load();
   void upcycle();  // --moe-use-upcycling
+  void check_ckpt_format(int64_t it) const;  // --ckpt-format vs what --load holds
   // Operating the run (trainer_ops.cpp): metrics sinks, timers, stopping, stragglers.
   void setup_ops();
   void before_log(IterationResult& r);  // every rank, after each step (collectives at log lines)

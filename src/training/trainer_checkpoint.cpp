@@ -6,6 +6,7 @@
 
 #include "checkpoint/fp8_state.h"
 #include "checkpoint/hf_import.h"
+#include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/model_args.h"
 #include "checkpoint/upcycle.h"
 #include "core/error.h"
@@ -90,6 +91,7 @@ void Trainer::maybe_load() {
     log_warn("--load {}: no latest_checkpointed_iteration.txt, training from scratch", args_.load);
     return;
   }
+  check_ckpt_format(*it);
   const auto load_start = std::chrono::steady_clock::now();
   // Megatron's "release" checkpoint: weights only, training starts at iteration 0.
   const bool release = *it == checkpoint::kReleaseIteration;
@@ -143,6 +145,18 @@ void Trainer::maybe_load() {
   }
   log_info("loaded checkpoint from {} at iteration {} in {:.2f} s", args_.load, *it,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+}
+
+// Megatron's meaning of --ckpt-format for loading: a checkpoint of another format is an error
+// unless --auto-detect-ckpt-format (or no --ckpt-format at all: megatron.cpp detects by default).
+void Trainer::check_ckpt_format(int64_t it) const {
+  if (!args_.was_given("--ckpt-format") || args_.auto_detect_ckpt_format) return;
+  const auto f = checkpoint::megatron::detect_format(checkpoint::iteration_dir(args_.load, it));
+  const std::string found = checkpoint::megatron::format_name(f);
+  if (found != args_.ckpt_format)
+    fail("--load {} holds a {} checkpoint but --ckpt-format is {}; give --ckpt-format {} or add "
+         "--auto-detect-ckpt-format",
+         args_.load, found, args_.ckpt_format, found);
 }
 
 // Megatron's --moe-use-upcycling: the MoE model starts from the dense checkpoint in --load

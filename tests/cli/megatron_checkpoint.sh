@@ -52,5 +52,26 @@ resume ck_dist 1e-5 torch_dist_tp2 launch --tensor-model-parallel-size 2
 resume ck_dist 1e-5 torch_dist_pp2 launch --pipeline-model-parallel-size 2
 resume ck_distopt 1e-3 distopt_dp2 launch --bf16 --use-distributed-optimizer
 
+# --use-checkpoint-args: the model and tokenizer flags from the Megatron-LM checkpoint's args.
+U=(--attention-dropout 0 --hidden-dropout 0 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --min-lr 1e-4
+   --lr-decay-style cosine --lr-warmup-iters 2 --lr-decay-iters 20 --weight-decay 0.1 --clip-grad 1.0 --seed 1234
+   --data-path data/fix_text_document --split 98,2,0 --log-interval 1 --eval-iters 0 --train-iters 15
+   --exit-interval 6 --no-progress-bar --num-threads 1 --data-cache-path "$TMP/cache")
+"$MEGATRON" pretrain --use-checkpoint-args --load ck_torch "${U[@]}" >"$TMP/log.args" 2>&1
+check "--use-checkpoint-args from a torch checkpoint exits 0" test $? -eq 0
+check "--use-checkpoint-args continues with Megatron-LM's iteration 6 loss" \
+  grep -q "lm loss: $(awk '$1 == 6 {print $2}' ck_torch.losses_1_10)" "$TMP/log.args"
+
+# megatron convert: to native (weights, Adam state, training state) and resume from that; to HF.
+"$MEGATRON" convert --from megatron-torch-dist --input ck_distopt --output "$TMP/native" >"$TMP/log.conv" 2>&1
+check "convert --from megatron-torch-dist exits 0" test $? -eq 0
+check "the converted checkpoint keeps the optimizer state" grep -q "with its optimizer state" "$TMP/log.conv"
+cp ck_distopt.losses_1_10 "$TMP/native.losses_1_10"
+resume "$TMP/native" 1e-3 converted_distopt --bf16 --use-distributed-optimizer
+"$MEGATRON" convert --from megatron-torch --to hf --input ck_torch --output "$TMP/hf" >/dev/null 2>&1
+check "convert --from megatron-torch --to hf writes a model" test -s "$TMP/hf/model.safetensors"
+"$MEGATRON" pretrain "${A[@]}" --num-threads 1 --load "$TMP/hf" --exit-interval 1 >"$TMP/log.hf" 2>&1
+check "the exported HuggingFace model loads" test $? -eq 0
+
 check "loading leaves the checkpoints as they were" test "$before" = "$(tree_sum "$TMP/fx")"
 finish

@@ -161,8 +161,15 @@ TrainingState common_state(const Pickle& pk, int64_t d, const std::string& where
     st.scheduler_samples = st.consumed_train_samples;
   }
   st.args = native_model_args(margs, where);
-  // For --use-checkpoint-args: Megatron's arg names are megatron.cpp's flag names.
-  st.args["run_args"] = {{"arguments", margs}};
+  // For --use-checkpoint-args: Megatron's arg names are megatron.cpp's flag names. A dense run's
+  // MoE settings are Megatron's defaults, which are no settings at all here.
+  nlohmann::json run = margs;
+  if (arg<int64_t>(margs, "num_experts", 0) == 0)
+    for (auto it = run.begin(); it != run.end();) it = it.key().rfind("moe_", 0) == 0 ? run.erase(it) : std::next(it);
+  // Switches whose destination Megatron names by what they turn off.
+  run["disable_bias_linear"] = !arg(margs, "add_bias_linear", true);
+  run["no_position_embedding"] = !arg(margs, "add_position_embedding", true);
+  st.args["run_args"] = {{"arguments", run}};
   st.args["megatron_checkpoint_version"] = version;
   return st;
 }
@@ -293,7 +300,9 @@ Imported read_torch_dist(const std::string& dir, int64_t iteration, bool weights
   out.state = common_state(cp, d, common.where(), iteration);
   const bool distopt = std::any_of(r.metadata().order.begin(), r.metadata().order.end(),
                                    [](const std::string& n) { return n.rfind(kDistOpt, 0) == 0; });
-  bool has_moments = distopt;
+  const bool has_moments = distopt || std::any_of(r.metadata().order.begin(), r.metadata().order.end(), [](const std::string& n) {
+                             return n.rfind("optimizer.state.exp_avg.", 0) == 0;
+                           });
   // The optimizer's step count: the plain optimizer's common_step, or the distributed one's
   // param_groups[0].step (in its own bytes item).
   auto step_of_groups = [&](const TorchSave& ts, int64_t opt) {
@@ -316,6 +325,9 @@ Imported read_torch_dist(const std::string& dir, int64_t iteration, bool weights
         steps = step_of_groups(ts, unwrap(ts.pickle(), ts.pickle().root));
       }
   }
+  out.state.has_optimizer = has_moments;
+  if (has_moments && steps < 0) fail("'{}': the optimizer state has no step count", dir);
+  out.state.optimizer_steps = std::max<int64_t>(steps, 0);
   if (!weights) return out;
   // The model's parameters in Megatron's registration order: those before the layers, then each
   // layer's, then those after (the metadata lists them in module order).
@@ -325,7 +337,6 @@ Imported read_torch_dist(const std::string& dir, int64_t iteration, bool weights
     if (name.rfind("optimizer.", 0) == 0) {
       const std::string s = "optimizer.state.";
       if (name.rfind(s, 0) != 0) continue;
-      has_moments = true;
       const std::string rest = name.substr(s.size());
       const size_t dot = rest.find('.');
       const std::string state = rest.substr(0, dot), param = rest.substr(dot + 1);
@@ -356,9 +367,6 @@ Imported read_torch_dist(const std::string& dir, int64_t iteration, bool weights
     order.insert(order.end(), post.begin(), post.end());
     read_distopt(r, order, out, dir);
   }
-  out.state.has_optimizer = has_moments;
-  if (has_moments && steps < 0) fail("'{}': the optimizer state has no step count", dir);
-  out.state.optimizer_steps = std::max<int64_t>(steps, 0);
   return out;
 }
 
@@ -382,6 +390,11 @@ Imported read_torch(const std::string& dir, int64_t iteration, bool weights) {
   const int64_t d = pk.root;
   Imported out;
   out.state = common_state(pk, d, path, iteration);
+  if (const int64_t o = pk.get(d, "optimizer"); o >= 0) {
+    const int64_t inner = pk.get(o, "optimizer");
+    const int64_t st = pk.get(inner >= 0 ? inner : o, "state");
+    out.state.has_optimizer = st >= 0 && pk.at(st).kind == Kind::Dict && !pk.at(st).items.empty();
+  }
   if (!weights) return out;
   const int64_t model = need(pk, d, "model", path);
   if (pk.at(model).kind != Kind::Dict) fail("'{}': model is not a state dict", path);
@@ -455,7 +468,7 @@ Imported read_torch(const std::string& dir, int64_t iteration, bool weights) {
   }
   if (next_wd != wd.size() || next_no != no_wd.size())
     fail("'{}': the optimizer's parameter groups do not match the model's parameters", path);
-  out.state.has_optimizer = steps >= 0;
+  if (out.state.has_optimizer && steps < 0) fail("'{}': the optimizer state has no step count", path);
   out.state.optimizer_steps = std::max<int64_t>(steps, 0);
   return out;
 }
