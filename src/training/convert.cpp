@@ -12,6 +12,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_import.h"
+#include "checkpoint/megatron/dcp_writer.h"
 #include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/model_args.h"
 #include "core/error.h"
@@ -125,6 +126,19 @@ int megatron_lm_to_native(const ConvertOptions& o) {
   return 0;
 }
 
+// Any checkpoint megatron.cpp reads to a Megatron-LM torch_dist one (single-rank layout, which
+// Megatron-LM reshards on load).
+int to_torch_dist(const ConvertOptions& o) {
+  const int64_t it = input_iteration(o);
+  checkpoint::CheckpointReader reader(o.input, it);
+  checkpoint::megatron::write_torch_dist(o.output, reader);
+  std::printf("wrote iteration %lld of %s as a Megatron-LM torch_dist checkpoint to %s (%s; load it in Megatron-LM "
+              "with --ckpt-format torch_dist --no-load-rng)\n",
+              static_cast<long long>(reader.state().iteration), o.input.c_str(), o.output.c_str(),
+              reader.state().has_optimizer ? "with the optimizer state" : "weights only");
+  return 0;
+}
+
 int native_to_hf(const ConvertOptions& o) {
   const int64_t it = input_iteration(o);
   checkpoint::CheckpointReader reader(o.input, it);
@@ -177,7 +191,8 @@ int convert_main(const std::vector<std::string>& argv) {
   FlagParser p("convert");
   p.value("--from", &o.from, "source format (megatron: megatron.cpp's own; megatron-torch-dist, megatron-torch: Megatron-LM's)",
           {"hf", "megatron", "megatron-torch-dist", "megatron-torch"});
-  p.value("--to", &o.to, "target format (default: hf from megatron, megatron from the others)", {"hf", "megatron"});
+  p.value("--to", &o.to, "target format (default: hf from megatron, megatron from the others)",
+          {"hf", "megatron", "megatron-torch-dist"});
   p.value("--input", &o.input, "HuggingFace model directory, or checkpoint directory (as --save wrote it)");
   p.value("--output", &o.output, "directory to write");
   p.value("--target-tensor-parallel-size", &o.tp, "TP size the checkpoint must suit (vocab padding; checked)",
@@ -215,6 +230,11 @@ int convert_main(const std::vector<std::string>& argv) {
   if (fs::exists(out) && !fs::is_empty(o.output, ec))
     fail("--output '{}' exists and is not empty; choose a new directory", o.output);
   cpu::set_num_threads(static_cast<int>(o.threads));
+  if (o.to == "megatron-torch-dist") {
+    if (o.from == "hf") fail("--to megatron-torch-dist reads a checkpoint: convert --from hf to megatron first");
+    if (o.from != "megatron") check_megatron_input(o);
+    return to_torch_dist(o);
+  }
   if (o.from == "hf") return hf_to_native(o);
   if (o.from == "megatron") return native_to_hf(o);
   check_megatron_input(o);  // Megatron-LM's checkpoints read like native ones from here on

@@ -3,9 +3,13 @@
 // Megatron-LM (tests/fixtures/megatron_ckpt) parse into the tensors and state they hold.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <string>
 
 #include "checkpoint/megatron/dcp.h"
+#include "checkpoint/megatron/dcp_writer.h"
 #include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/megatron/pickle.h"
 #include "core/error.h"
@@ -156,6 +160,50 @@ TEST(MegatronImport, DistributedOptimizerBuffersBecomeParameters) {
   bool wider = false;
   for (float v : o.tensors.at("decoder.layers.0.mlp.linear_fc2.weight").values) wider |= v != round_bf16(v);
   EXPECT_TRUE(wider);
+}
+
+}  // namespace
+}  // namespace mt::checkpoint
+
+namespace mt::checkpoint {
+namespace {
+
+// Writing torch_dist: what megatron.cpp writes reads back as the same checkpoint, and its layout
+// (keys, shapes, dtypes, chunks) is the one Megatron-LM wrote, but for the RNG state it omits.
+TEST(MegatronWrite, TorchDistRoundTripsWithTheFixtureLayout) {
+  const std::string out = ::testing::TempDir() + "mt_torch_dist_" + std::to_string(::getpid());
+  std::filesystem::remove_all(out);
+  {
+    CheckpointReader src(kFix + "ck_torch", 5);
+    megatron::write_torch_dist(out, src);
+  }
+  EXPECT_EQ(latest_iteration(out), 5);
+  megatron::DcpReader ours(out + "/iter_0000005"), theirs(kFix + "ck_dist/iter_0000005");
+  EXPECT_EQ(ours.metadata().tensors.size(), theirs.metadata().tensors.size());
+  for (const auto& [name, t] : theirs.metadata().tensors) {
+    ASSERT_TRUE(ours.has_tensor(name)) << name;
+    const auto& o = ours.metadata().tensors.at(name);
+    EXPECT_EQ(o.dtype, t.dtype) << name;
+    EXPECT_EQ(o.size, t.size) << name;
+    ASSERT_EQ(o.chunks.size(), t.chunks.size()) << name;
+    for (size_t c = 0; c < o.chunks.size(); ++c) {
+      EXPECT_EQ(o.chunks[c].offsets, t.chunks[c].offsets) << name;
+      EXPECT_EQ(o.chunks[c].sizes, t.chunks[c].sizes) << name;
+    }
+    EXPECT_EQ(ours.read(name).values, theirs.read(name).values) << name;  // the same run's state
+  }
+  for (const auto& [name, r] : theirs.metadata().bytes) {
+    if (name.rfind("rng_state", 0) != 0) {
+      EXPECT_TRUE(ours.metadata().bytes.count(name)) << name;
+    }
+  }
+  megatron::Imported back = megatron::read_checkpoint(out + "/iter_0000005", 5, true);
+  EXPECT_EQ(back.state.iteration, 5);
+  EXPECT_EQ(back.state.optimizer_steps, 5);
+  EXPECT_EQ(back.state.consumed_train_samples, 40);
+  EXPECT_EQ(back.state.scheduler_samples, 40);
+  EXPECT_EQ(back.state.args["megatron_opt_param_scheduler"]["lr_decay_steps"], 160);
+  std::filesystem::remove_all(out);
 }
 
 }  // namespace

@@ -73,5 +73,12 @@ check "convert --from megatron-torch --to hf writes a model" test -s "$TMP/hf/mo
 "$MEGATRON" pretrain "${A[@]}" --num-threads 1 --load "$TMP/hf" --exit-interval 1 >"$TMP/log.hf" 2>&1
 check "the exported HuggingFace model loads" test $? -eq 0
 
+# Back to Megatron-LM: torch_dist written from the legacy checkpoint resumes alike here (the
+# Megatron-LM side: tests/tools/check_torch_dist_in_megatron.py on a machine with torch).
+"$MEGATRON" convert --from megatron-torch --to megatron-torch-dist --input ck_torch --output "$TMP/back" >/dev/null 2>&1
+check "convert --to megatron-torch-dist exits 0" test -s "$TMP/back/iter_0000005/.metadata"
+cp ck_torch.losses_1_10 "$TMP/back.losses_1_10"
+resume "$TMP/back" 1e-5 written_torch_dist
+
 check "loading leaves the checkpoints as they were" test "$before" = "$(tree_sum "$TMP/fx")"
 finish

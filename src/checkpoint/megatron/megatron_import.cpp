@@ -153,7 +153,9 @@ TrainingState common_state(const Pickle& pk, int64_t d, const std::string& where
   st.consumed_train_samples = json_count(margs, "consumed_train_samples", where);
   st.consumed_valid_samples = json_count(margs, "consumed_valid_samples", where);
   const int64_t sched = pk.get(d, "opt_param_scheduler");
+  nlohmann::json sched_json;
   if (sched >= 0) {
+    sched_json = to_json(pk, sched);
     const int64_t steps = pk.get(sched, "num_steps");
     if (steps >= 0 && pk.at(steps).kind == Kind::Int && pk.at(steps).i >= 0 && pk.at(steps).i <= kMaxSamples)
       st.scheduler_samples = pk.at(steps).i;
@@ -171,6 +173,7 @@ TrainingState common_state(const Pickle& pk, int64_t d, const std::string& where
   run["no_position_embedding"] = !arg(margs, "add_position_embedding", true);
   st.args["run_args"] = {{"arguments", run}};
   st.args["megatron_checkpoint_version"] = version;
+  if (sched_json.is_object()) st.args["megatron_opt_param_scheduler"] = sched_json;  // for writing torch_dist back
   return st;
 }
 
@@ -394,6 +397,12 @@ Imported read_torch(const std::string& dir, int64_t iteration, bool weights) {
     const int64_t inner = pk.get(o, "optimizer");
     const int64_t st = pk.get(inner >= 0 ? inner : o, "state");
     out.state.has_optimizer = st >= 0 && pk.at(st).kind == Kind::Dict && !pk.at(st).items.empty();
+    // Every parameter's state holds the same step; the first one's is the optimizer's.
+    if (out.state.has_optimizer) {
+      const int64_t step = pk.get(pk.at(st).items[1], "step");
+      if (step < 0) fail("'{}': the optimizer state has no step count", path);
+      out.state.optimizer_steps = static_cast<int64_t>(ts.number(step, "the optimizer step"));
+    }
   }
   if (!weights) return out;
   const int64_t model = need(pk, d, "model", path);
@@ -426,7 +435,6 @@ Imported read_torch(const std::string& dir, int64_t iteration, bool weights) {
     (plain ? no_wd : wd).push_back(p);
   }
   size_t next_wd = 0, next_no = 0;
-  int64_t steps = -1;
   for (size_t g = 0; g < pk.at(groups).items.size(); ++g) {
     const int64_t grp = pk.at(groups).items[g];
     const int64_t wdm = pk.get(grp, "wd_mult"), wdv = pk.get(grp, "weight_decay");
@@ -454,7 +462,6 @@ Imported read_torch(const std::string& dir, int64_t iteration, bool weights) {
                shape_to_string(t.shape), shape_to_string(pi.shape));
         out.tensors[std::string(s) + "/" + pi.name] = std::move(t);
       }
-      if (const int64_t s = pk.get(ps, "step"); s >= 0 && steps < 0) steps = static_cast<int64_t>(ts.number(s, "step"));
       // fp32 main params: fp32_from_fp16_params[group][j].
       if (fp32 >= 0 && pk.at(fp32).kind == Kind::List && g < pk.at(fp32).items.size()) {
         const pickle::Node& gl = pk.at(pk.at(fp32).items[g]);
@@ -468,8 +475,6 @@ Imported read_torch(const std::string& dir, int64_t iteration, bool weights) {
   }
   if (next_wd != wd.size() || next_no != no_wd.size())
     fail("'{}': the optimizer's parameter groups do not match the model's parameters", path);
-  if (out.state.has_optimizer && steps < 0) fail("'{}': the optimizer state has no step count", path);
-  out.state.optimizer_steps = std::max<int64_t>(steps, 0);
   return out;
 }
 

@@ -165,7 +165,7 @@ class Parser {
     g.name = name;
     push_new(std::move(g));
   }
-  void call(int64_t callee, int64_t args) {
+  void call(int64_t callee, int64_t args, bool newobj) {
     if (node(callee).kind != Kind::Global) bad("a call of something other than an allowed class");
     if (node(args).kind != Kind::Tuple) bad("call arguments that are not a tuple");
     // OrderedDict() is a dict the following SETITEMS fill.
@@ -178,6 +178,7 @@ class Parser {
     Node c;
     c.kind = Kind::Call;
     c.items = {callee, args, -1};
+    c.b = newobj;
     push_new(std::move(c));
   }
 
@@ -295,12 +296,12 @@ class Parser {
       }
       case 'R': {  // REDUCE callee(*args)
         const int64_t args = pop(), callee = pop();
-        call(callee, args);
+        call(callee, args, false);
         break;
       }
       case 0x81: {  // NEWOBJ cls.__new__(cls, *args)
         const int64_t args = pop(), cls = pop();
-        call(cls, args);
+        call(cls, args, true);
         break;
       }
       case 'b': {  // BUILD: obj.__setstate__(state), recorded

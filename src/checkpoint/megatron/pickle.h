@@ -19,7 +19,8 @@ enum class Kind { None, Bool, Int, Float, Str, Bytes, Tuple, List, Dict, Global,
 // A node of the tree. Children are indices into Pickle::nodes:
 //   Tuple, List: items; Dict: key0, value0, key1, value1, ...;
 //   Call: items[0] the callee (a Global), items[1] its argument tuple, items[2] the state BUILD
-//         gave it (-1: none);
+//         gave it (-1: none); `b` is set for NEWOBJ (cls.__new__(cls, *args), dataclasses)
+//         rather than REDUCE (callee(*args));
 //   PersId: items[0] the persistent id (torch.save: ('storage', type, key, location, numel)).
 struct Node {
   Kind kind = Kind::None;
@@ -55,5 +56,29 @@ Pickle parse(const uint8_t* data, size_t size, const std::string& where, const L
 
 // Whether `module`.`name` is on the allow-list.
 bool allowed_global(const std::string& module, const std::string& name);
+
+// Building trees to write (pickle_writer.cpp). Each returns the new node's index.
+class Builder {
+ public:
+  Pickle pk;
+  int64_t none();
+  int64_t boolean(bool v);
+  int64_t integer(int64_t v);
+  int64_t real(double v);
+  int64_t str(const std::string& v);
+  int64_t tuple(std::vector<int64_t> items);
+  int64_t list(std::vector<int64_t> items);
+  int64_t dict(std::vector<int64_t> key_values = {});  // k0, v0, k1, v1, ...
+  void set(int64_t dict, const std::string& key, int64_t value);
+  int64_t global(const std::string& module, const std::string& name);
+  // callee(*args), or with `newobj` cls.__new__(cls, *args); `state` (-1: none) is BUILD's.
+  int64_t call(int64_t callee, std::vector<int64_t> args, int64_t state = -1, bool newobj = false);
+  int64_t persistent_id(int64_t tuple);
+  int64_t add(Node n);
+};
+
+// Protocol 2 bytes of the tree rooted at `root` (shared subtrees are written again; the tree
+// must be acyclic, as Builder's are).
+std::string serialize(const Pickle& pk, int64_t root);
 
 }  // namespace mt::checkpoint::pickle

@@ -75,4 +75,16 @@ class TorchSave {
   pickle::Pickle pk_;
 };
 
+// Writing (torch_save_writer.cpp): the bytes of a torch.save archive "archive/" holding the
+// pickle `pkl` and storages "0", "1", ... (`storages[k]`'s raw little-endian bytes), laid out as
+// torch writes them (stored entries, data aligned to 64 bytes, the version records).
+std::string torch_save_archive(const std::string& pkl, const std::vector<std::string>& storages);
+
+// A fp32 tensor as torch.save writes it: the pickle (a _rebuild_tensor_v2 call on storage "0")
+// and its storage bytes.
+std::string torch_save_tensor(const Shape& shape, const float* values);
+
+// Any pickle tree as a torch.save archive without storages (Python objects: dicts, Namespace).
+std::string torch_save_object(const pickle::Pickle& pk, int64_t root);
+
 }  // namespace mt::checkpoint::megatron
