@@ -30,8 +30,8 @@ void register_checkpoint_flags(FlagParser& p, CheckpointArgs& a) {
                     v, v);
              fail("--ckpt-format got '{}'; choose native, torch_dist or torch", v);
            },
-           "checkpoint format: native (sharded safetensors; loads under any TP/PP/DP layout); torch_dist and torch "
-           "(Megatron-LM's) are read by --load");
+           "checkpoint format: native (sharded safetensors; loads under any TP/PP/DP layout); torch_dist "
+           "(Megatron-LM's PyTorch distributed checkpoint: read, and written by --save); torch (legacy, read only)");
   p.store_true("--auto-detect-ckpt-format", &a.auto_detect_ckpt_format,
                "--load any format (native, HuggingFace, Megatron-LM torch_dist or torch), whatever --ckpt-format says");
 }
@@ -41,10 +41,11 @@ void validate_checkpoint_args(const CheckpointArgs& a) {
   if (a.save_interval > 0 && a.save.empty()) fail("--save-interval needs --save DIR");
   if (a.save_retain_interval < 0) fail("--save-retain-interval must be >= 0 (got {})", a.save_retain_interval);
   if (a.save_retain_interval > 0 && a.save.empty()) fail("--save-retain-interval needs --save DIR");
-  if (a.ckpt_format != "native" && !a.save.empty())
-    fail("--ckpt-format {} with --save: megatron.cpp reads Megatron-LM's {} checkpoints but saves its native format "
-         "only; drop --ckpt-format (--load detects {} checkpoints by itself)",
-         a.ckpt_format, a.ckpt_format, a.ckpt_format);
+  if (a.ckpt_format == "torch" && !a.save.empty())
+    fail("--ckpt-format torch with --save: megatron.cpp reads Megatron-LM's legacy torch checkpoints but does not "
+         "write them; use --ckpt-format torch_dist (which Megatron-LM loads) or native");
+  if (a.ckpt_format == "torch_dist" && a.async_save)
+    fail("--ckpt-format torch_dist does not combine with --async-save yet; drop one of them");
 }
 
 checkpoint::SaveOptions save_options(const CheckpointArgs& c) {

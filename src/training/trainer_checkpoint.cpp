@@ -6,6 +6,7 @@
 
 #include "checkpoint/fp8_state.h"
 #include "checkpoint/hf_import.h"
+#include "checkpoint/megatron/dcp_writer.h"
 #include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/model_args.h"
 #include "checkpoint/upcycle.h"
@@ -55,11 +56,32 @@ void Trainer::save() {
   if (!args_.no_save_optim) os = checkpoint::optimizer_state(step_->optimizer(), ddp_->sharded());
   checkpoint::SaveOptions o = save_options(args_);
   o.assets = checkpoint::tokenizer_assets(args_.tokenizer);
+  if (args_.ckpt_format == "torch_dist") return save_torch_dist(st, os ? &*os : nullptr, o);
   saver_->save(args_.save, st, model_->params(), os ? &*os : nullptr, o);
   // What an async save costs the training loop: the copies to host memory before writing starts.
   if (o.async)
     log_info("async save of iteration {}: training paused {:.2f} s to stage the state in host memory",
              state_.iteration, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// --ckpt-format torch_dist: the native save (which gathers any layout) into SAVE/.native_staging,
+// then rank 0 writes it as Megatron-LM's torch_dist into SAVE (checkpoint/megatron/dcp_writer.h)
+// and drops the staging copy; the other ranks wait, so no one reads SAVE half written.
+void Trainer::save_torch_dist(const checkpoint::TrainingState& st, const checkpoint::OptimizerState* os,
+                              const checkpoint::SaveOptions& o) {
+  const std::string staging = (std::filesystem::path(args_.save) / ".native_staging").string();
+  saver_->save(staging, st, model_->params(), os, o);
+  saver_->wait();
+  if (pg_.rank == 0) {
+    {
+      checkpoint::CheckpointReader reader(staging, st.iteration);
+      checkpoint::megatron::write_torch_dist(args_.save, reader);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(staging, ec);
+    log_info("saved iteration {} to {} as a Megatron-LM torch_dist checkpoint", st.iteration, args_.save);
+  }
+  pg_.world->barrier();
 }
 
 void Trainer::maybe_load() {

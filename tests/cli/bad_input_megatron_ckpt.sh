@@ -51,7 +51,8 @@ expect_intact "one iteration's directory of a Megatron-LM torch_dist checkpoint"
 expect_intact "holds a torch_dist checkpoint but --ckpt-format is torch" \
   pretrain "${A[@]}" --load "$B" --ckpt-format torch
 expect_error "--ckpt-format zarr" pretrain "${A[@]}" --ckpt-format zarr
-expect_error "saves its native format only" pretrain "${A[@]}" --ckpt-format torch_dist --save "$TMP/out"
+expect_error "does not write them" pretrain "${A[@]}" --ckpt-format torch --save "$TMP/out"
+expect_error "--async-save" pretrain "${A[@]}" --ckpt-format torch_dist --async-save --save "$TMP/out"
 expect_intact "has shape" pretrain "${A[@]}" --load "$B" --ffn-hidden-size 96
 expect_intact "use --from megatron-torch-dist" convert --from megatron-torch --input "$B" --output "$TMP/conv"
 echo 3 >"$B/latest_checkpointed_iteration.txt"

@@ -80,5 +80,20 @@ check "convert --to megatron-torch-dist exits 0" test -s "$TMP/back/iter_0000005
 cp ck_torch.losses_1_10 "$TMP/back.losses_1_10"
 resume "$TMP/back" 1e-5 written_torch_dist
 
+# pretrain --save with --ckpt-format torch_dist (under TP=2): a torch_dist checkpoint at 8, and
+# resuming from it continues with Megatron-LM's losses 9 and 10.
+OMP_NUM_THREADS=1 timeout 600 "$MEGATRON" launch --nproc-per-node 2 --master-port $((20000 + RANDOM % 20000)) -- \
+  pretrain "${A[@]}" --tensor-model-parallel-size 2 --load ck_dist --save "$TMP/sv" --ckpt-format torch_dist \
+  --save-interval 8 --exit-interval 8 >"$TMP/log.sv" 2>&1
+check "pretrain --ckpt-format torch_dist --save exits 0" test $? -eq 0
+check "it wrote a torch_dist checkpoint at iteration 8" test -s "$TMP/sv/iter_0000008/.metadata"
+check "and no native staging copy is left" test ! -e "$TMP/sv/.native_staging"
+"$MEGATRON" pretrain "${A[@]}" --num-threads 1 --load "$TMP/sv" --ckpt-format torch_dist >"$TMP/log.sv2" 2>&1
+grep -o 'lm loss: [0-9.E+-]*' "$TMP/log.sv2" | awk '{print $3}' >"$TMP/got.sv"
+awk '$1 >= 9 {print $2}' ck_dist.losses_1_10 >"$TMP/want.sv"
+check "resuming from it gives Megatron-LM's losses 9 and 10" \
+  awk 'NR == FNR {e[FNR] = $1; n++; next} {d = $1 - e[FNR]; if (d < 0) d = -d; if (d > 1e-5 * e[FNR]) bad = 1; m++} END {exit bad || m != n || n != 2}' \
+  "$TMP/want.sv" "$TMP/got.sv"
+
 check "loading leaves the checkpoints as they were" test "$before" = "$(tree_sum "$TMP/fx")"
 finish

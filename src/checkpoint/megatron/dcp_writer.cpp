@@ -394,7 +394,7 @@ void write_torch_dist(const std::string& save, CheckpointReader& reader) {
   }
   write_text_durable(tmp / "metadata.json", R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1})");
   fsync_path(tmp);
-  if (fs::exists(dir, ec)) fail("cannot write torch_dist: '{}' already exists", dir.string());
+  fs::remove_all(dir, ec);  // saving an iteration again replaces it, as in Megatron-LM
   fs::rename(tmp, dir, ec);
   if (ec) fail("cannot move '{}' into place: {}", tmp.string(), ec.message());
   write_text_durable(fs::path(save) / "latest_checkpointed_iteration.txt", std::to_string(st.iteration));
