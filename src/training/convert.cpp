@@ -133,7 +133,7 @@ int to_torch_dist(const ConvertOptions& o) {
   checkpoint::CheckpointReader reader(o.input, it);
   checkpoint::megatron::write_torch_dist(o.output, reader);
   std::printf("wrote iteration %lld of %s as a Megatron-LM torch_dist checkpoint to %s (%s; load it in Megatron-LM "
-              "with --ckpt-format torch_dist --no-load-rng)\n",
+              "with --ckpt-format torch_dist, without --use-distributed-optimizer)\n",
               static_cast<long long>(reader.state().iteration), o.input.c_str(), o.output.c_str(),
               reader.state().has_optimizer ? "with the optimizer state" : "weights only");
   return 0;

@@ -134,6 +134,10 @@ nlohmann::json megatron_args(const TrainingState& st) {
   a["tensor_model_parallel_size"] = 1;
   a["pipeline_model_parallel_size"] = 1;
   a["ckpt_format"] = "torch_dist";
+  // No RNG state is written: Megatron-LM's loader skips it for a checkpoint saved without.
+  a["no_save_rng"] = true;
+  a["world_size"] = 1;
+  a["data_parallel_size"] = 1;
   a.erase("disable_bias_linear");
   a.erase("no_position_embedding");
   return a;
