@@ -175,15 +175,27 @@ HostTensor DcpReader::read(const std::string& name) {
   auto it = md_.tensors.find(name);
   if (it == md_.tensors.end()) fail("tensor '{}' is missing from torch_dist checkpoint '{}'", name, dir_);
   const DcpTensor& t = it->second;
+  // Every chunk's bytes lie in their file, and together hold at least a byte per element, before
+  // the tensor is allocated: a metadata file claiming a huge tensor cannot make us allocate it.
+  std::vector<Bytes> data;
+  uint64_t stored = 0;
+  for (const auto& ch : t.chunks) {
+    data.push_back(range(ch.where, fmt::format("a chunk of '{}'", name)));
+    stored += data.back().size;
+  }
+  const int64_t n = shape_numel(t.size);
+  if (static_cast<uint64_t>(n) > stored)
+    fail("torch_dist checkpoint '{}' is corrupt: tensor '{}' has {} elements but its chunks hold {} bytes", dir_, name,
+         n, stored);
   HostTensor out;
   out.shape = t.size;
-  const int64_t n = shape_numel(t.size);
   out.values.assign(static_cast<size_t>(n), 0.f);
   std::vector<bool> seen(static_cast<size_t>(n), false);
   int64_t covered = 0;
-  for (const auto& ch : t.chunks) {
+  for (size_t k = 0; k < t.chunks.size(); ++k) {
+    const DcpChunk& ch = t.chunks[k];
     const std::string what = fmt::format("a chunk of '{}'", name);
-    TorchSave ts(range(ch.where, what), fmt::format("{}/{} ({})", dir_, ch.where.file, what));
+    TorchSave ts(data[k], fmt::format("{}/{} ({})", dir_, ch.where.file, what));
     HostTensor c = ts.tensor(ts.pickle().root, what);
     if (c.shape != Shape(ch.sizes.begin(), ch.sizes.end()))
       fail("torch_dist checkpoint '{}' is corrupt: {} has shape {}, its metadata says {}", dir_, what,
@@ -191,13 +203,13 @@ HostTensor DcpReader::read(const std::string& name) {
     // Row-major walk of the chunk's box inside the global tensor.
     const size_t r = t.size.size();
     std::vector<int64_t> idx(r, 0);
-    for (size_t k = 0; k < c.values.size(); ++k) {
+    for (size_t e = 0; e < c.values.size(); ++e) {
       int64_t g = 0;
       for (size_t d = 0; d < r; ++d) g = g * t.size[d] + ch.offsets[d] + idx[d];
       if (seen[static_cast<size_t>(g)])
         fail("torch_dist checkpoint '{}' is corrupt: chunks of '{}' overlap", dir_, name);
       seen[static_cast<size_t>(g)] = true;
-      out.values[static_cast<size_t>(g)] = c.values[k];
+      out.values[static_cast<size_t>(g)] = c.values[e];
       ++covered;
       for (size_t d = r; d-- > 0;) {
         if (++idx[d] < ch.sizes[d]) break;
