@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "checkpoint/megatron/dcp.h"
@@ -204,6 +205,55 @@ TEST(MegatronWrite, TorchDistRoundTripsWithTheFixtureLayout) {
   EXPECT_EQ(back.state.scheduler_samples, 40);
   EXPECT_EQ(back.state.args["megatron_opt_param_scheduler"]["lr_decay_steps"], 160);
   std::filesystem::remove_all(out);
+}
+
+}  // namespace
+}  // namespace mt::checkpoint
+
+namespace mt::checkpoint {
+namespace {
+
+// A .metadata claiming a tensor of 2^40 elements in a 16-byte data file is refused before
+// anything is allocated for it.
+TEST(MegatronDcp, RefusesATensorLargerThanItsChunks) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / ("mt_dcp_huge_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  { std::ofstream(dir / "__0_0.distcp") << std::string(16, 'x'); }
+  pickle::Builder b;
+  const std::string md = "torch.distributed.checkpoint.metadata";
+  auto size = [&](int64_t v) { return b.call(b.global("torch", "Size"), {b.tuple({b.integer(v)})}); };
+  const int64_t props = b.call(b.global(md, "TensorProperties"), {}, b.tuple({b.global("torch", "float32")}), true);
+  const int64_t cs = b.dict();
+  b.set(cs, "offsets", size(0));
+  b.set(cs, "sizes", size(int64_t{1} << 40));
+  const int64_t ts = b.dict();
+  b.set(ts, "properties", props);
+  b.set(ts, "size", size(int64_t{1} << 40));
+  b.set(ts, "chunks", b.list({b.call(b.global(md, "ChunkStorageMetadata"), {}, cs, true)}));
+  const int64_t sdm = b.dict();
+  b.set(sdm, "w", b.call(b.global(md, "TensorStorageMetadata"), {}, ts, true));
+  const int64_t mi = b.dict(), si = b.dict();
+  b.set(mi, "fqn", b.str("w"));
+  b.set(mi, "offset", size(0));
+  b.set(si, "relative_path", b.str("__0_0.distcp"));
+  b.set(si, "offset", b.integer(0));
+  b.set(si, "length", b.integer(16));
+  const int64_t sd = b.dict({b.call(b.global(md, "MetadataIndex"), {}, mi, true),
+                             b.call(b.global("torch.distributed.checkpoint.filesystem", "_StorageInfo"), {}, si, true)});
+  const int64_t top = b.dict();
+  b.set(top, "state_dict_metadata", sdm);
+  b.set(top, "storage_data", sd);
+  { std::ofstream(dir / ".metadata") << pickle::serialize(b.pk, b.call(b.global(md, "Metadata"), {}, top, true)); }
+  megatron::DcpReader r(dir.string());
+  try {
+    r.read("w");
+    FAIL() << "a tensor of 2^40 elements in 16 bytes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("its chunks hold 16 bytes"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
