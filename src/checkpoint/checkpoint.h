@@ -178,10 +178,11 @@ class CheckpointReader {
 // Reads only state.json (for generate, which needs the model settings first).
 TrainingState read_state(const std::string& load, int64_t it);
 
-// What a --load directory holds.
+// What a --load directory holds. Megatron-LM's torch_dist and torch checkpoints count as Native:
+// load_checkpoint, read_state and CheckpointReader read them (checkpoint/megatron/) as if they
+// were native ones, with the same resharding.
 enum class CheckpointKind { Native, HuggingFace, Empty };
-// Throws naming --load and the format for Megatron-LM's torch / torch_dist checkpoints, which
-// are pickles and PyTorch DCP files that megatron.cpp does not read.
+// Throws naming --load when it is one iteration's directory rather than the checkpoint's.
 CheckpointKind detect_checkpoint(const std::string& dir);
 
 }  // namespace mt::checkpoint

@@ -8,6 +8,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/io_util.h"
 #include "checkpoint/json_fields.h"
+#include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/slices.h"
@@ -98,6 +99,8 @@ Box rows_before(const Box& b, int64_t rows) {
 struct Source {
   Metadata idx;
   std::unique_ptr<Files> files;
+  // A Megatron-LM checkpoint's tensors, read whole into memory: pieces with an empty file name.
+  std::map<std::string, megatron::HostTensor> mem;
   int64_t model_vocab = 0;  // the model's true vocabulary (0: not known)
   int64_t ckpt_vocab = 0;   // the checkpoint's, from its state.json (0: not recorded)
   bool told_repad = false;
@@ -148,6 +151,11 @@ void fill(Source& src, const std::string& name, const Shape& shape, const std::v
         for (size_t d = 0; d < want.offset.size(); ++d)
           meets &= have.offset[d] < want.offset[d] + want.extent[d] && want.offset[d] < have.offset[d] + have.extent[d];
         if (!meets) continue;
+        if (pc.file.empty()) {
+          const megatron::HostTensor& t = src.mem.at(pc.key);
+          copied += copy_overlap(have, pc.flat_lo, have_hi, t.values.data(), want, y0 - s, w1 - s, dst + (y0 - lo));
+          continue;
+        }
         const TensorEntry& en = files.get(pc.file).entry(pc.key);
         if (en.dtype != DType::F32 || shape_numel(en.shape) != pc.numel())
           fail("checkpoint file '{}' is corrupt: entry '{}' ({} of {} elements) does not match metadata.json ({} F32 "
@@ -189,6 +197,25 @@ std::optional<int64_t> latest_iteration(const std::string& load) {
 
 namespace {
 
+// A Megatron-LM torch_dist or torch iteration directory (native ones have state.json; Megatron's
+// torch_dist has a metadata.json too, naming its backend).
+bool is_megatron(const fs::path& dir) {
+  std::error_code ec;
+  return !fs::exists(dir / "state.json", ec) && megatron::detect_format(dir.string()) != megatron::Format::None;
+}
+
+// A Megatron-LM checkpoint as a source: every tensor one whole piece held in memory.
+TrainingState open_megatron(const fs::path& dir, int64_t it, Source& src) {
+  megatron::Imported im = megatron::read_checkpoint(dir.string(), it, true);
+  src.files = std::make_unique<Files>(dir, std::map<std::string, FileInfo>{});
+  for (auto& [name, t] : im.tensors) {
+    Piece pc{"", name, Box{std::vector<int64_t>(t.shape.size(), 0), t.shape}, 0, shape_numel(t.shape)};
+    src.idx.tensors[name] = TensorIndex{t.shape, {pc}};
+  }
+  src.mem = std::move(im.tensors);
+  return im.state;
+}
+
 std::string describe(int64_t it) {
   return it == kReleaseIteration ? "the release checkpoint" : fmt::format("iteration {}", it);
 }
@@ -201,6 +228,7 @@ TrainingState read_state(const std::string& load, int64_t it) {
   if (!fs::exists(dir, ec))
     fail("--load: checkpoint directory '{}' is missing (the tracker points at {})", dir.string(), describe(it));
   if (!fs::is_directory(dir, ec)) fail("--load: '{}' is not a directory (the tracker points at it)", dir.string());
+  if (is_megatron(dir)) return megatron::read_checkpoint(dir.string(), it, false).state;
   if (!fs::exists(dir / "metadata.json", ec))
     fail("--load: '{}' has no metadata.json: the save did not complete", dir.string());
   const fs::path path = dir / "state.json";
@@ -221,10 +249,16 @@ int64_t recorded_vocab(const TrainingState& st, const fs::path& dir) {
 TrainingState load_checkpoint(const std::string& load, int64_t it, const RankInfo& ri, model::ParamStore& params,
                               OptimizerState* opt, const LoadOptions& opts) {
   const fs::path dir = iteration_dir(load, it);
-  TrainingState st = read_state(load, it);
   Source src;
-  src.idx = read_index(dir, src.files);
-  if (src.files->lists("state.json")) src.files->verify("state.json");
+  TrainingState st;
+  if (is_megatron(dir)) {
+    (void)read_state(load, it);  // the directory checks
+    st = open_megatron(dir, it, src);
+  } else {
+    st = read_state(load, it);
+    src.idx = read_index(dir, src.files);
+    if (src.files->lists("state.json")) src.files->verify("state.json");
+  }
   src.model_vocab = opts.orig_vocab_size;
   src.ckpt_vocab = recorded_vocab(st, dir);
 
@@ -311,6 +345,10 @@ struct CheckpointReader::Impl : Source {};
 
 CheckpointReader::CheckpointReader(const std::string& load, int64_t it) : impl_(std::make_unique<Impl>()) {
   state_ = read_state(load, it);
+  if (is_megatron(iteration_dir(load, it))) {
+    open_megatron(iteration_dir(load, it), it, *impl_);
+    return;
+  }
   impl_->idx = read_index(iteration_dir(load, it), impl_->files);
 }
 
@@ -343,23 +381,8 @@ CheckpointKind detect_checkpoint(const std::string& dir) {
   const fs::path d(dir);
   if (!fs::exists(d)) fail("--load: directory '{}' does not exist", dir);
   if (!fs::is_directory(d)) fail("--load: '{}' is a file; give the directory that --save wrote, or a HuggingFace model directory", dir);
-  auto torch_formats = [&](const fs::path& p) {
-    if (fs::exists(p / ".metadata") || fs::exists(p / "__0_0.distcp"))
-      fail("--load '{}' is a Megatron-LM torch_dist checkpoint (PyTorch distributed checkpoint files), which "
-           "megatron.cpp does not read; export it to HuggingFace with Megatron-LM and load that directory instead",
-           dir);
-    if (fs::exists(p / "mp_rank_00") || fs::exists(p / "mp_rank_00_000"))
-      fail("--load '{}' is a Megatron-LM --ckpt-format torch checkpoint (Python pickles, which can run code), which "
-           "megatron.cpp does not read; export it to HuggingFace with Megatron-LM and load that directory instead",
-           dir);
-  };
-  if (fs::exists(d / "latest_checkpointed_iteration.txt")) {
-    if (auto it = latest_iteration(dir)) {
-      const fs::path i = iteration_dir(dir, *it);
-      if (fs::exists(i) && !fs::exists(i / "metadata.json")) torch_formats(i);
-    }
-    return CheckpointKind::Native;
-  }
+  // Native, or Megatron-LM's torch_dist / torch (read alike).
+  if (fs::exists(d / "latest_checkpointed_iteration.txt")) return CheckpointKind::Native;
   if (fs::exists(d / "config.json")) {
     if (fs::exists(d / "model.safetensors") || fs::exists(d / "model.safetensors.index.json"))
       return CheckpointKind::HuggingFace;
@@ -370,7 +393,10 @@ CheckpointKind detect_checkpoint(const std::string& dir) {
   }
   if (fs::exists(d / "metadata.json") && fs::exists(d / "state.json"))
     fail("--load '{}' is one iteration's directory; give its parent (the directory --save wrote)", dir);
-  torch_formats(d);
+  if (megatron::detect_format(dir) != megatron::Format::None)
+    fail("--load '{}' is one iteration's directory of a Megatron-LM {} checkpoint; give its parent (the directory "
+         "holding latest_checkpointed_iteration.txt)",
+         dir, megatron::format_name(megatron::detect_format(dir)));
   return CheckpointKind::Empty;
 }
 

@@ -20,21 +20,20 @@ void register_checkpoint_flags(FlagParser& p, CheckpointArgs& a) {
           "keep only checkpoints of iterations divisible by this, and the latest", {0, INT64_MAX});
   p.custom("--ckpt-format", true,
            [&a](const std::string& v) {
-             if (v == "native") {
+             if (v == "native" || v == "torch_dist" || v == "torch") {
                a.ckpt_format = v;
                return;
              }
-             if (v == "torch" || v == "torch_dist" || v == "zarr" || v == "torch_dcp" || v == "fsdp_dtensor")
-               fail("--ckpt-format {}: megatron.cpp writes and reads its own format, 'native' (sharded safetensors "
-                    "that reshard on load like torch_dist, plain data rather than pickles); Megatron-LM's {} "
-                    "checkpoints cannot be read: export them to HuggingFace and use --load HF_DIR or "
-                    "'megatron convert --from hf'",
+             if (v == "zarr" || v == "torch_dcp" || v == "fsdp_dtensor")
+               fail("--ckpt-format {}: megatron.cpp reads Megatron-LM's torch_dist and torch checkpoints and writes "
+                    "its own 'native' format; {} is neither",
                     v, v);
-             fail("--ckpt-format got '{}'; the supported format is 'native'", v);
+             fail("--ckpt-format got '{}'; choose native, torch_dist or torch", v);
            },
-           "checkpoint format: native (sharded safetensors; loads under any TP/PP/DP layout)");
+           "checkpoint format: native (sharded safetensors; loads under any TP/PP/DP layout); torch_dist "
+           "(Megatron-LM's PyTorch distributed checkpoint: read, and written by --save); torch (legacy, read only)");
   p.store_true("--auto-detect-ckpt-format", &a.auto_detect_ckpt_format,
-               "accepted: --load always detects native and HuggingFace directories");
+               "--load any format (native, HuggingFace, Megatron-LM torch_dist or torch), whatever --ckpt-format says");
 }
 
 void validate_checkpoint_args(const CheckpointArgs& a) {
@@ -42,6 +41,11 @@ void validate_checkpoint_args(const CheckpointArgs& a) {
   if (a.save_interval > 0 && a.save.empty()) fail("--save-interval needs --save DIR");
   if (a.save_retain_interval < 0) fail("--save-retain-interval must be >= 0 (got {})", a.save_retain_interval);
   if (a.save_retain_interval > 0 && a.save.empty()) fail("--save-retain-interval needs --save DIR");
+  if (a.ckpt_format == "torch" && !a.save.empty())
+    fail("--ckpt-format torch with --save: megatron.cpp reads Megatron-LM's legacy torch checkpoints but does not "
+         "write them; use --ckpt-format torch_dist (which Megatron-LM loads) or native");
+  if (a.ckpt_format == "torch_dist" && a.async_save)
+    fail("--ckpt-format torch_dist does not combine with --async-save yet; drop one of them");
 }
 
 checkpoint::SaveOptions save_options(const CheckpointArgs& c) {

@@ -1,7 +1,9 @@
-// `megatron convert`: HuggingFace model directories to native checkpoints and back.
+// `megatron convert`: HuggingFace model directories to native checkpoints and back, and
+// Megatron-LM's torch_dist / torch checkpoints to either.
 //   megatron convert --from hf --input HF_DIR --output DIR [--target-tensor-parallel-size N]
 //                    [--target-pipeline-parallel-size M] [--make-vocab-size-divisible-by 128]
 //   megatron convert --from megatron --to hf --input DIR --output HF_DIR [--dtype bf16|fp16|fp32]
+//   megatron convert --from megatron-torch-dist|megatron-torch [--to megatron|hf] --input DIR --output DIR
 // Native checkpoints reshard on load, so the weights are written once (as one rank would) and
 // load under any TP/PP/DP layout; the target sizes are checked against the model (heads, query
 // groups, layers) and set the vocabulary padding, a multiple of make-vocab-size-divisible-by x TP.
@@ -10,11 +12,14 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_import.h"
+#include "checkpoint/megatron/dcp_writer.h"
+#include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/model_args.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cpu/threads.h"
 #include "model/gpt_model.h"
+#include "optim/optimizer.h"
 #include "training/commands.h"
 #include "training/convert.h"
 #include "training/hf_tokenizer_files.h"
@@ -79,13 +84,63 @@ int hf_to_native(const ConvertOptions& o) {
   return 0;
 }
 
+// The iteration --iteration names, else the latest.
+int64_t input_iteration(const ConvertOptions& o) {
+  if (o.iteration >= 0) return o.iteration;
+  auto latest = checkpoint::latest_iteration(o.input);
+  if (!latest) fail("--input {}: no latest_checkpointed_iteration.txt (not a checkpoint directory?)", o.input);
+  return *latest;
+}
+
+// --from megatron-torch-dist / megatron-torch: the input must be that Megatron-LM format.
+void check_megatron_input(const ConvertOptions& o) {
+  namespace mm = checkpoint::megatron;
+  const mm::Format want = o.from == "megatron-torch" ? mm::Format::Torch : mm::Format::TorchDist;
+  const std::string dir = checkpoint::iteration_dir(o.input, input_iteration(o));
+  const mm::Format got = mm::detect_format(dir);
+  if (got != want)
+    fail("--from {}: '{}' is {} checkpoint; use --from {}", o.from, dir,
+         got == mm::Format::None ? std::string("a native (or no)") : fmt::format("a Megatron-LM {}", mm::format_name(got)),
+         got == mm::Format::None ? "megatron" : got == mm::Format::Torch ? "megatron-torch" : "megatron-torch-dist");
+}
+
+// A Megatron-LM checkpoint to a native one: weights, Adam state and training state, so training
+// resumes from the result as from the original (under any layout).
+int megatron_lm_to_native(const ConvertOptions& o) {
+  const int64_t it = input_iteration(o);
+  const checkpoint::TrainingState meta = checkpoint::read_state(o.input, it);
+  Arguments a;
+  checkpoint::model_args_from_json(meta.args, a.model, a.tokenizer);
+  a.model.attention_dropout = a.model.hidden_dropout = 0.f;
+  a.model.finalize();
+  model::GPTModel m(a.model);
+  auto opt = optim::make_optimizer(optim::OptimizerConfig{}, m.params().main_buffer().numel(), {}, Device::CPU);
+  checkpoint::LoadOptions lo;
+  lo.load_optim = meta.has_optimizer;
+  lo.orig_vocab_size = a.model.orig_vocab_size;
+  checkpoint::TrainingState st = checkpoint::load_checkpoint(o.input, it, m.params(), opt.get(), lo);
+  checkpoint::save_checkpoint(o.output, st, m.params(), st.has_optimizer ? opt.get() : nullptr);
+  std::printf("converted the Megatron-LM %s checkpoint %s (iteration %lld, %s) to %s\n", o.from.c_str() + 9,
+              o.input.c_str(), static_cast<long long>(st.iteration),
+              st.has_optimizer ? "with its optimizer state" : "weights only", o.output.c_str());
+  return 0;
+}
+
+// Any checkpoint megatron.cpp reads to a Megatron-LM torch_dist one (single-rank layout, which
+// Megatron-LM reshards on load).
+int to_torch_dist(const ConvertOptions& o) {
+  const int64_t it = input_iteration(o);
+  checkpoint::CheckpointReader reader(o.input, it);
+  checkpoint::megatron::write_torch_dist(o.output, reader);
+  std::printf("wrote iteration %lld of %s as a Megatron-LM torch_dist checkpoint to %s (%s; load it in Megatron-LM "
+              "with --ckpt-format torch_dist, without --use-distributed-optimizer)\n",
+              static_cast<long long>(reader.state().iteration), o.input.c_str(), o.output.c_str(),
+              reader.state().has_optimizer ? "with the optimizer state" : "weights only");
+  return 0;
+}
+
 int native_to_hf(const ConvertOptions& o) {
-  int64_t it = o.iteration;
-  if (it < 0) {
-    auto latest = checkpoint::latest_iteration(o.input);
-    if (!latest) fail("--input {}: no latest_checkpointed_iteration.txt (not a checkpoint directory?)", o.input);
-    it = *latest;
-  }
+  const int64_t it = input_iteration(o);
   checkpoint::CheckpointReader reader(o.input, it);
   Arguments a;
   checkpoint::model_args_from_json(reader.state().args, a.model, a.tokenizer);
@@ -134,8 +189,10 @@ int native_to_hf(const ConvertOptions& o) {
 int convert_main(const std::vector<std::string>& argv) {
   ConvertOptions o;
   FlagParser p("convert");
-  p.value("--from", &o.from, "source format", {"hf", "megatron"});
-  p.value("--to", &o.to, "target format (default: the other one)", {"hf", "megatron"});
+  p.value("--from", &o.from, "source format (megatron: megatron.cpp's own; megatron-torch-dist, megatron-torch: Megatron-LM's)",
+          {"hf", "megatron", "megatron-torch-dist", "megatron-torch"});
+  p.value("--to", &o.to, "target format (default: hf from megatron, megatron from the others)",
+          {"hf", "megatron", "megatron-torch-dist"});
   p.value("--input", &o.input, "HuggingFace model directory, or checkpoint directory (as --save wrote it)");
   p.value("--output", &o.output, "directory to write");
   p.value("--target-tensor-parallel-size", &o.tp, "TP size the checkpoint must suit (vocab padding; checked)",
@@ -160,7 +217,7 @@ int convert_main(const std::vector<std::string>& argv) {
     return 0;
   }
   if (o.from.empty()) fail("--from is required: hf (HuggingFace -> megatron.cpp) or megatron (-> HuggingFace)");
-  if (o.to.empty()) o.to = o.from == "hf" ? "megatron" : "hf";
+  if (o.to.empty()) o.to = o.from == "megatron" ? "hf" : "megatron";
   if (o.to == o.from) fail("--from and --to are both '{}'; nothing to convert", o.from);
   if (o.input.empty()) fail("--input DIR is required");
   if (o.output.empty()) fail("--output DIR is required");
@@ -173,7 +230,15 @@ int convert_main(const std::vector<std::string>& argv) {
   if (fs::exists(out) && !fs::is_empty(o.output, ec))
     fail("--output '{}' exists and is not empty; choose a new directory", o.output);
   cpu::set_num_threads(static_cast<int>(o.threads));
-  return o.from == "hf" ? hf_to_native(o) : native_to_hf(o);
+  if (o.to == "megatron-torch-dist") {
+    if (o.from == "hf") fail("--to megatron-torch-dist reads a checkpoint: convert --from hf to megatron first");
+    if (o.from != "megatron") check_megatron_input(o);
+    return to_torch_dist(o);
+  }
+  if (o.from == "hf") return hf_to_native(o);
+  if (o.from == "megatron") return native_to_hf(o);
+  check_megatron_input(o);  // Megatron-LM's checkpoints read like native ones from here on
+  return o.to == "hf" ? native_to_hf(o) : megatron_lm_to_native(o);
 }
 
 }  // namespace mt

@@ -6,6 +6,8 @@
 
 #include "checkpoint/fp8_state.h"
 #include "checkpoint/hf_import.h"
+#include "checkpoint/megatron/dcp_writer.h"
+#include "checkpoint/megatron/megatron_import.h"
 #include "checkpoint/model_args.h"
 #include "checkpoint/upcycle.h"
 #include "core/error.h"
@@ -54,11 +56,32 @@ void Trainer::save() {
   if (!args_.no_save_optim) os = checkpoint::optimizer_state(step_->optimizer(), ddp_->sharded());
   checkpoint::SaveOptions o = save_options(args_);
   o.assets = checkpoint::tokenizer_assets(args_.tokenizer);
+  if (args_.ckpt_format == "torch_dist") return save_torch_dist(st, os ? &*os : nullptr, o);
   saver_->save(args_.save, st, model_->params(), os ? &*os : nullptr, o);
   // What an async save costs the training loop: the copies to host memory before writing starts.
   if (o.async)
     log_info("async save of iteration {}: training paused {:.2f} s to stage the state in host memory",
              state_.iteration, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// --ckpt-format torch_dist: the native save (which gathers any layout) into SAVE/.native_staging,
+// then rank 0 writes it as Megatron-LM's torch_dist into SAVE (checkpoint/megatron/dcp_writer.h)
+// and drops the staging copy; the other ranks wait, so no one reads SAVE half written.
+void Trainer::save_torch_dist(const checkpoint::TrainingState& st, const checkpoint::OptimizerState* os,
+                              const checkpoint::SaveOptions& o) {
+  const std::string staging = (std::filesystem::path(args_.save) / ".native_staging").string();
+  saver_->save(staging, st, model_->params(), os, o);
+  saver_->wait();
+  if (pg_.rank == 0) {
+    {
+      checkpoint::CheckpointReader reader(staging, st.iteration);
+      checkpoint::megatron::write_torch_dist(args_.save, reader);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(staging, ec);
+    log_info("saved iteration {} to {} as a Megatron-LM torch_dist checkpoint", st.iteration, args_.save);
+  }
+  pg_.world->barrier();
 }
 
 void Trainer::maybe_load() {
@@ -90,6 +113,7 @@ void Trainer::maybe_load() {
     log_warn("--load {}: no latest_checkpointed_iteration.txt, training from scratch", args_.load);
     return;
   }
+  check_ckpt_format(*it);
   const auto load_start = std::chrono::steady_clock::now();
   // Megatron's "release" checkpoint: weights only, training starts at iteration 0.
   const bool release = *it == checkpoint::kReleaseIteration;
@@ -143,6 +167,18 @@ void Trainer::maybe_load() {
   }
   log_info("loaded checkpoint from {} at iteration {} in {:.2f} s", args_.load, *it,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+}
+
+// Megatron's meaning of --ckpt-format for loading: a checkpoint of another format is an error
+// unless --auto-detect-ckpt-format (or no --ckpt-format at all: megatron.cpp detects by default).
+void Trainer::check_ckpt_format(int64_t it) const {
+  if (!args_.was_given("--ckpt-format") || args_.auto_detect_ckpt_format) return;
+  const auto f = checkpoint::megatron::detect_format(checkpoint::iteration_dir(args_.load, it));
+  const std::string found = checkpoint::megatron::format_name(f);
+  if (found != args_.ckpt_format)
+    fail("--load {} holds a {} checkpoint but --ckpt-format is {}; give --ckpt-format {} or add "
+         "--auto-detect-ckpt-format",
+         args_.load, found, args_.ckpt_format, found);
 }
 
 // Megatron's --moe-use-upcycling: the MoE model starts from the dense checkpoint in --load
