@@ -33,7 +33,8 @@ int serve_main(const std::vector<std::string>& argv) {
   FlagParser p("serve");
   p.value("--load", &load, "checkpoint directory (as --save wrote it) or HuggingFace model directory");
   p.value("--iteration", &iteration, "which saved iteration (default: the latest)", {0, INT64_MAX});
-  p.value("--device", &device, "where to generate (only the CPU until the generation engine lands)", {"cpu"});
+  p.value("--device", &device, "where to generate (default cpu; the GPU waits for the generation engine)",
+          {"cpu", "cuda", "auto"});
   p.value("--host", &o.host, "address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)");
   p.value("--port", &port, "port to listen on (default 5000, as Megatron's server; 0: any free port, printed)",
           {0, 65535});
@@ -56,6 +57,8 @@ int serve_main(const std::vector<std::string>& argv) {
     return 0;
   }
   if (load.empty()) fail("--load DIR is required");
+  if (device == "cuda")
+    fail("--device cuda: serve generates on the CPU until the GPU generation engine lands; use --device cpu");
   if (!serve::http_server_available())
     fail("serve: this build has no HTTP server library; install libcpp-httplib-dev (scripts/install_deps.sh) and "
          "rebuild");

@@ -19,11 +19,11 @@ trap '[ -n "$SERVER" ] && kill -KILL "$SERVER" 2>/dev/null; rm -rf "$TMP"' EXIT
 # Bad flags: one line each, before anything listens.
 expect_error "--load DIR is required" serve --port 0
 expect_error "--port: value out of range" serve --load "$TMP/ckpt" --port 70000
-expect_error "--device" serve --load "$TMP/ckpt" --device cuda
+expect_error "--device cuda: serve generates on the CPU" serve --load "$TMP/ckpt" --device cuda
 expect_error "--max-prompt-tokens 64 exceeds the model's context of 32" serve --load "$TMP/ckpt" --max-prompt-tokens 64
 expect_error "--iteration 7: --load" serve --load "$TMP/ckpt" --iteration 7
 
-"$MEGATRON" serve --load "$TMP/ckpt" --port 0 --max-prompt-tokens 16 --max-tokens-to-generate 8 \
+"$MEGATRON" serve --load "$TMP/ckpt" --port 0 --max-prompt-tokens 16 --max-tokens-to-generate 24 \
   --max-body-bytes 4096 --max-concurrent-requests 8 --num-threads 1 >"$TMP/serve.out" 2>"$TMP/serve.err" &
 SERVER=$!
 for _ in $(seq 1 600); do  # at most 60 s to load and listen
@@ -104,7 +104,9 @@ bad wrong_type 400 '\"tokens_to_generate\" must be an integer' PUT /api '{"promp
 bad no_prompts 400 '\"prompts\" is required' PUT /api '{"tokens_to_generate": 5}'
 bad unknown_field 400 'unknown field \"max_new\"' POST /v1/completions '{"prompt": "1", "max_new": 5}'
 bad retired_field 400 "replace it with tokens_to_generate" PUT /api '{"prompts": ["1"], "max_len": 5}'
-bad too_many_tokens 400 "--max-tokens-to-generate" POST /v1/completions '{"prompt": "1 2", "max_tokens": 9}'
+bad too_many_tokens 400 "--max-tokens-to-generate" POST /v1/completions '{"prompt": "1 2", "max_tokens": 25}'
+bad beyond_context 400 "exceed the model's context of 32 tokens: ask for 22 or fewer" POST /v1/completions \
+  "{\"prompt\": \"$(seq -s ' ' 1 10)\", \"max_tokens\": 23}"
 bad huge_count 400 "--max-tokens-to-generate" PUT /api '{"prompts": ["1"], "tokens_to_generate": 18446744073709551615}'
 bad oversized_prompt 400 "--max-prompt-tokens" POST /v1/completions "{\"prompt\": \"$(seq -s ' ' 1 20)\", \"max_tokens\": 1}"
 bad bad_token_id 400 "prompt token id" POST /v1/completions '{"prompt": [1, 2, 1000], "max_tokens": 1}'
@@ -119,8 +121,24 @@ req after PUT /api '{"prompts": ["1 2 3"], "tokens_to_generate": 6, "top_k": 1}'
 check "still answers after the bad requests" [ "$(json after 'j["text"][0]')" = "$GREEDY" ]
 check "GET /v1/models names the model" bash -c "curl -sf -m 10 '$URL/v1/models' | grep -q '\"id\":\"ckpt\"'"
 
-# SIGTERM: a clean exit within the bound, status 0.
+# Logprobs (Megatron's): the prompt's (one per token after the first), then the generated ones'.
+req logprobs PUT /api '{"prompts": ["1 2 3"], "tokens_to_generate": 2, "top_k": 1, "logprobs": true}'
+check "logprobs: 2 for the prompt + 2 generated, all <= 0" \
+  [ "$(json logprobs 'len(j["logprobs"][0]) == 4 and all(x <= 0 for x in j["logprobs"][0])')" = True ]
+req score PUT /api '{"prompts": ["1 2 3"], "tokens_to_generate": 0, "logprobs": true}'
+check "tokens_to_generate 0 scores the prompt" [ "$(json score '(j["text"][0], len(j["logprobs"][0]))')" = "('1 2 3', 2)" ]
+req echo POST /v1/completions '{"prompt": "1 2 3", "max_tokens": 6, "temperature": 0, "echo": true}'
+check "echo: the prompt before the completion" [ "$(json echo 'j["choices"][0]["text"]')" = "$GREEDY" ]
+
+# SIGTERM while a long stream is in flight: the stream still completes, the exit is clean.
+curl -s -N -m 60 -X POST -H 'Content-Type: application/json' \
+  -d '{"prompt": "1 2 3", "max_tokens": 24, "temperature": 0, "stream": true}' \
+  "$URL/v1/completions" >"$TMP/drain.txt" 2>/dev/null & STREAM=$!
+for _ in $(seq 1 300); do grep -q '^data: ' "$TMP/drain.txt" 2>/dev/null && break; sleep 0.1; done
 kill -TERM "$SERVER"
+for _ in $(seq 1 300); do kill -0 "$STREAM" 2>/dev/null || break; sleep 0.1; done
+check "the stream in flight at SIGTERM finished" grep -q '"finish_reason":"length"' "$TMP/drain.txt"
+check "the stream in flight at SIGTERM ended with [DONE]" grep -q '^data: \[DONE\]' "$TMP/drain.txt"
 for _ in $(seq 1 300); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$SERVER" 2>/dev/null; then
   echo "FAIL: the server still runs 30 s after SIGTERM"; fails=$((fails+1))
