@@ -1,8 +1,5 @@
 // `megatron serve --load DIR [--host H --port P ...]`: an HTTP server over a loaded model
 // (server.h). Loads the model, then serves until SIGTERM/SIGINT, exiting 0 after a drain.
-#include <pthread.h>
-
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -18,15 +15,6 @@
 namespace mt {
 
 int serve_main(const std::vector<std::string>& argv) {
-  // Taken by the server with sigwait: blocked now, before any thread starts (the model's
-  // OpenMP pool, the HTTP workers), so every thread inherits the mask and none is killed by them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a dead server
-
   std::string load, device = "cpu";
   int64_t iteration = -1, threads = 0, port = 5000, max_prompt = 0, max_new = 0;
   serve::ServerOptions o;
@@ -83,7 +71,7 @@ int serve_main(const std::vector<std::string>& argv) {
   o.limits.vocab = g.vocab();
   build_generation_model(g, load, it);
   serve::CpuBackend backend(std::move(g));
-  serve::run_server(backend, o, signals);
+  serve::run_server(backend, o);
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <memory>
@@ -183,9 +184,25 @@ void add_routes(httplib::Server& svr, State& s) {
   });
 }
 
+// The signal that asked the server to stop (0: none yet). Set from a handler, which may run on
+// any thread: a lock-free atomic store is all it does.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // the HTTP library retries interrupted waits itself
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a dead server
+}
+
 }  // namespace
 
-void run_server(Backend& backend, const ServerOptions& opt, const sigset_t& signals) {
+void run_server(Backend& backend, const ServerOptions& opt) {
   State s(backend, opt);
   httplib::Server svr;
   // Threads for every admitted request plus a few to answer health checks and refusals.
@@ -204,11 +221,13 @@ void run_server(Backend& backend, const ServerOptions& opt, const sigset_t& sign
          opt.port);
   std::printf("megatron serve: listening on http://%s:%d (PUT /api, POST /v1/completions)\n", opt.host.c_str(), port);
   std::fflush(stdout);
+  install_stop_handlers();
   std::thread listener([&svr] { svr.listen_after_bind(); });
+  // stop() only acts on a running server: a signal at once must not find it still starting.
+  for (int i = 0; i < 500 && !svr.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 
-  int sig = 0;
-  while (sigwait(&signals, &sig) != 0) {
-  }
+  while (g_stop_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const int sig = g_stop_signal.load();
   std::fprintf(stderr, "megatron serve: signal %d, draining (at most %.0f s)\n", sig, opt.shutdown_timeout_s);
   s.draining = true;
   svr.stop();  // closes the listener; requests in flight go on
@@ -226,7 +245,7 @@ void run_server(Backend& backend, const ServerOptions& opt, const sigset_t& sign
 
 #else
 bool http_server_available() { return false; }
-void run_server(Backend&, const ServerOptions&, const sigset_t&) {
+void run_server(Backend&, const ServerOptions&) {
   fail("serve: this build has no HTTP server library; install libcpp-httplib-dev (scripts/install_deps.sh) and rebuild");
 }
 #endif

@@ -6,7 +6,6 @@
 // Admission is bounded (--max-concurrent-requests; 503 beyond), every request has a deadline
 // (--request-timeout; 504), and SIGTERM/SIGINT drain it: the listener closes, new requests get
 // 503, in-flight ones may finish within --shutdown-timeout and are then cancelled.
-#include <csignal>
 #include <cstdint>
 #include <string>
 
@@ -29,8 +28,8 @@ struct ServerOptions {
 bool http_server_available();
 
 // Binds (failing naming --host/--port), prints "listening on http://HOST:PORT" on stdout, and
-// serves until one of `signals` arrives. The caller has blocked `signals` in every thread
-// (before starting any), so they are taken here with sigwait. Returns after a clean drain.
-void run_server(Backend& backend, const ServerOptions& opt, const sigset_t& signals);
+// serves until SIGTERM or SIGINT (handled from here on; before, they end the process as usual,
+// so a model that is still loading is interrupted at once). Returns after a clean drain.
+void run_server(Backend& backend, const ServerOptions& opt);
 
 }  // namespace mt::serve
