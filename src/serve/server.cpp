@@ -214,8 +214,16 @@ void run_server(Backend& backend, const ServerOptions& opt) {
   svr.set_keep_alive_max_count(100);
   svr.set_keep_alive_timeout(5);
   svr.set_payload_max_length(static_cast<size_t>(opt.max_body_bytes));
+  // The library's default adds SO_REUSEPORT, with which a second server on the same port binds
+  // too and takes a share of the connections; a port in use must be an error instead.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   add_routes(svr, s);
   const int port = opt.port == 0 ? svr.bind_to_any_port(opt.host) : (svr.bind_to_port(opt.host, opt.port) ? opt.port : -1);
+  if (port <= 0 && opt.port == 0)
+    fail("--host {}: cannot listen on it (not an address of this machine; 127.0.0.1 is this machine only)", opt.host);
   if (port <= 0)
     fail("--port {}: cannot listen on {}:{} (in use, or --host is not an address of this machine)", opt.port, opt.host,
          opt.port);
