@@ -2,18 +2,17 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "serve/admission.h"
 #include "serve/completion.h"
 #include "serve/responses.h"
 #ifdef MT_HAVE_HTTPLIB
@@ -30,43 +29,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct State {
-  State(Backend& b, const ServerOptions& o) : backend(b), opt(o) {}
+  State(Backend& b, const ServerOptions& o) : backend(b), opt(o), admission(o.max_concurrent) {}
   Backend& backend;
   const ServerOptions& opt;
-  std::atomic<int64_t> in_flight{0};
-  std::atomic<bool> draining{false}, cancel_all{false};
-  std::mutex mu;
-  std::condition_variable idle;
+  Admission admission;
+  std::atomic<bool> cancel_all{false};  // generations in flight stop at their next token
   std::atomic<uint64_t> next_seed{std::random_device{}()};
   std::atomic<uint64_t> next_id{0};
 };
-
-// One admitted request; leaving notifies a draining server.
-class Slot {
- public:
-  explicit Slot(State& s) : s_(s) {}
-  ~Slot() {
-    std::lock_guard<std::mutex> lock(s_.mu);
-    if (--s_.in_flight == 0) s_.idle.notify_all();
-  }
-  Slot(const Slot&) = delete;
-  Slot& operator=(const Slot&) = delete;
-
- private:
-  State& s_;
-};
-
-std::shared_ptr<Slot> admit(State& s) {
-  if (s.draining) throw RequestError(503, "the server is shutting down");
-  if (s.in_flight.fetch_add(1) >= s.opt.max_concurrent) {
-    std::lock_guard<std::mutex> lock(s.mu);
-    if (--s.in_flight == 0) s.idle.notify_all();
-    throw RequestError(503, fmt::format("the server is busy ({} requests in flight, its --max-concurrent-requests); "
-                                        "retry later",
-                                        s.opt.max_concurrent));
-  }
-  return std::make_shared<Slot>(s);
-}
 
 void send_error(httplib::Response& res, int status, const std::string& msg) {
   res.status = status;
@@ -81,7 +51,7 @@ RequestError cancelled(const State& s) {
                                        s.opt.request_timeout_s));
 }
 
-void stream_completion(State& s, httplib::Response& res, std::shared_ptr<Slot> slot, const ParsedRequest& r,
+void stream_completion(State& s, httplib::Response& res, std::shared_ptr<void> slot, const ParsedRequest& r,
                        const PreparedPrompt& p, uint64_t seed, const CompletionMeta& meta, Clock::time_point deadline) {
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -114,7 +84,7 @@ void handle_generate(State& s, const httplib::Request& req, httplib::Response& r
   const auto t0 = Clock::now();
   int64_t n_gen = 0;
   try {
-    std::shared_ptr<Slot> slot = admit(s);
+    std::shared_ptr<void> slot = s.admission.enter();
     const ParsedRequest r = api == Api::Megatron ? parse_megatron_request(req.body, s.opt.limits)
                                                  : parse_openai_request(req.body, s.opt.limits);
     const std::vector<PreparedPrompt> prompts = prepare(r, s.backend, s.opt.limits);
@@ -154,7 +124,7 @@ void add_routes(httplib::Server& svr, State& s) {
   svr.Post("/v1/completions",
            [&s](const httplib::Request& q, httplib::Response& r) { handle_generate(s, q, r, Api::OpenAI); });
   svr.Get("/health", [&s](const httplib::Request&, httplib::Response& r) {
-    if (s.draining) return send_error(r, 503, "the server is shutting down");
+    if (s.admission.draining()) return send_error(r, 503, "the server is shutting down");
     r.set_content(R"({"status":"ok"})", "application/json");
   });
   svr.Get("/v1/models", [&s](const httplib::Request&, httplib::Response& r) {
@@ -237,15 +207,11 @@ void run_server(Backend& backend, const ServerOptions& opt) {
   while (g_stop_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const int sig = g_stop_signal.load();
   std::fprintf(stderr, "megatron serve: signal %d, draining (at most %.0f s)\n", sig, opt.shutdown_timeout_s);
-  s.draining = true;
+  s.admission.drain();
   svr.stop();  // closes the listener; requests in flight go on
-  {
-    std::unique_lock<std::mutex> lock(s.mu);
-    const auto grace = std::chrono::duration<double>(opt.shutdown_timeout_s);
-    if (!s.idle.wait_for(lock, grace, [&] { return s.in_flight == 0; })) {
-      s.cancel_all = true;  // generations stop at their next token
-      s.idle.wait_for(lock, std::chrono::seconds(30), [&] { return s.in_flight == 0; });
-    }
+  if (!s.admission.wait_idle(std::chrono::duration<double>(opt.shutdown_timeout_s))) {
+    s.cancel_all = true;  // generations stop at their next token
+    s.admission.wait_idle(std::chrono::seconds(30));
   }
   listener.join();
   std::fprintf(stderr, "megatron serve: stopped\n");
