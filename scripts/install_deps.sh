@@ -9,6 +9,7 @@ PKGS=(build-essential cmake ninja-build pkg-config git
       libpcre2-dev libsentencepiece-dev sentencepiece zlib1g-dev libzstd-dev libssl-dev
       libgtest-dev libgmock-dev libbenchmark-dev time libgloo-dev
       libcpp-httplib-dev protobuf-compiler  # the Prometheus endpoint; protoc checks TensorBoard records in tests
+      curl  # tests/cli/serve.sh talks to `megatron serve`
       python3-numpy)  # numpy: reference for the GPT dataset index tests (run with /usr/bin/python3)
 
 missing=()

@@ -20,6 +20,7 @@ void usage() {
       "commands:\n"
       "  pretrain      train a GPT/Llama model (Megatron-LM's pretrain_gpt.py flags)\n"
       "  generate      sample text from a checkpoint\n"
+      "  serve         HTTP text generation: Megatron's PUT /api and OpenAI's POST /v1/completions\n"
       "  preprocess    tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py flags)\n"
       "  launch        start N local ranks: megatron launch --nproc-per-node N -- pretrain ...\n"
       "  convert       HuggingFace models to checkpoints and back: convert --from hf|megatron --input D --output D\n"

@@ -17,8 +17,10 @@ int run_command(const std::string& cmd, const std::vector<std::string>& args) {
   if (cmd == "estimate") return estimate_main(args);
   if (cmd == "flags") return flags_main(args);
   if (cmd == "inspect-data") return inspect_data_main(args);
+  if (cmd == "serve") return serve_main(args);
   static const std::vector<std::string> known = {"pretrain", "generate", "preprocess",   "launch", "convert",
-                                                 "logits",   "estimate", "inspect-data", "flags"};
+                                                 "logits",   "estimate", "inspect-data", "flags",
+                                                 "serve"};
   std::string s = closest_match(cmd, known);
   fail("unknown command '{}'{}; run 'megatron --help' for the list", cmd,
        s.empty() ? "" : " (did you mean '" + s + "'?)");

@@ -17,4 +17,6 @@ int launch_main(const std::vector<std::string>& args);
 int estimate_main(const std::vector<std::string>& args);
 // `megatron inspect-data`: the samples pretrain would read (JSON lines), or a dataset's summary.
 int inspect_data_main(const std::vector<std::string>& args);
+// `megatron serve --load DIR`: HTTP text generation (Megatron's PUT /api, OpenAI's /v1/completions).
+int serve_main(const std::vector<std::string>& args);
 }  // namespace mt

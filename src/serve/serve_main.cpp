@@ -1,0 +1,78 @@
+// `megatron serve --load DIR [--host H --port P ...]`: an HTTP server over a loaded model
+// (server.h). Loads the model, then serves until SIGTERM/SIGINT, exiting 0 after a drain.
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+
+#include "core/error.h"
+#include "kernels/cpu/threads.h"
+#include "serve/cpu_backend.h"
+#include "serve/server.h"
+#include "training/commands.h"
+#include "training/flag_parser.h"
+#include "training/generation_model.h"
+
+namespace mt {
+
+int serve_main(const std::vector<std::string>& argv) {
+  std::string load, device = "cpu";
+  int64_t iteration = -1, threads = 0, port = 5000, max_prompt = 0, max_new = 0;
+  serve::ServerOptions o;
+  FlagParser p("serve");
+  p.value("--load", &load, "checkpoint directory (as --save wrote it) or HuggingFace model directory");
+  p.value("--iteration", &iteration, "which saved iteration (default: the latest)", {0, INT64_MAX});
+  p.value("--device", &device, "where to generate (default cpu; the GPU waits for the generation engine)",
+          {"cpu", "cuda", "auto"});
+  p.value("--host", &o.host, "address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)");
+  p.value("--port", &port, "port to listen on (default 5000, as Megatron's server; 0: any free port, printed)",
+          {0, 65535});
+  p.value("--max-prompt-tokens", &max_prompt, "longest prompt accepted, in tokens (default: the model's context)",
+          {1, INT64_MAX});
+  p.value("--max-tokens-to-generate", &max_new, "most tokens generated per prompt (default: the model's context)",
+          {1, INT64_MAX});
+  p.value("--max-body-bytes", &o.max_body_bytes, "largest request body (default 1 MiB; larger: 413)",
+          {1024, int64_t{1} << 30});
+  p.value("--max-concurrent-requests", &o.max_concurrent,
+          "requests admitted at once, running or queued for the model (default 8; more: 503)", {1, 1024});
+  p.value("--request-timeout", &o.request_timeout_s, "seconds a request may take, queueing included (default 600; 504)");
+  p.value("--shutdown-timeout", &o.shutdown_timeout_s,
+          "seconds in-flight requests may take to finish after SIGTERM before they are cancelled (default 10)");
+  p.value("--model-name", &o.model_name, "the model's name in responses (default: the --load directory's name)");
+  p.value("--num-threads", &threads, "CPU threads (default: all cores)", {0, kMaxThreads});
+  p.parse(argv);
+  if (p.help_requested()) {
+    std::fputs(p.help().c_str(), stdout);
+    return 0;
+  }
+  if (load.empty()) fail("--load DIR is required");
+  if (device == "cuda")
+    fail("--device cuda: serve generates on the CPU until the GPU generation engine lands; use --device cpu");
+  if (!serve::http_server_available())
+    fail("serve: this build has no HTTP server library; install libcpp-httplib-dev (scripts/install_deps.sh) and "
+         "rebuild");
+  if (!(o.request_timeout_s > 0)) fail("--request-timeout must be > 0 seconds (got {})", o.request_timeout_s);
+  if (!(o.shutdown_timeout_s >= 0)) fail("--shutdown-timeout must be >= 0 seconds (got {})", o.shutdown_timeout_s);
+  o.port = static_cast<int>(port);
+  if (o.model_name.empty()) o.model_name = std::filesystem::path(load).lexically_normal().filename().string();
+  if (o.model_name.empty()) o.model_name = std::filesystem::path(load).lexically_normal().parent_path().filename().string();
+  cpu::set_num_threads(static_cast<int>(threads));
+
+  const std::optional<int64_t> it = iteration >= 0 ? std::optional<int64_t>(iteration) : std::nullopt;
+  GenerationModel g = read_generation_model(load, it);
+  const int64_t context = g.context();
+  if (max_prompt > context)
+    fail("--max-prompt-tokens {} exceeds the model's context of {} tokens: use {} or less", max_prompt, context, context);
+  if (max_new > context)
+    fail("--max-tokens-to-generate {} exceeds the model's context of {} tokens: use {} or less", max_new, context,
+         context);
+  o.limits.context = context;
+  o.limits.max_prompt_tokens = max_prompt > 0 ? max_prompt : context;
+  o.limits.max_tokens = max_new > 0 ? max_new : context;
+  o.limits.vocab = g.vocab();
+  build_generation_model(g, load, it);
+  serve::CpuBackend backend(std::move(g));
+  serve::run_server(backend, o);
+  return 0;
+}
+
+}  // namespace mt
