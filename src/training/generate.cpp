@@ -1,59 +1,25 @@
-// `megatron generate`: sample text from a checkpoint, for sanity checks.
+// `megatron generate`: text from a checkpoint or HuggingFace model, through the generation engine
+// (src/inference: KV cache, continuous batching) on the CPU or the GPU. --prompt prints the prompt
+// and its continuation; --prompts-file reads JSONL ({"prompt": ...} per line) and writes one JSON
+// object per prompt, in input order.
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <numeric>
+#include <fstream>
 #include <optional>
 
-#include "checkpoint/checkpoint.h"
-#include "checkpoint/hf_import.h"
-#include "checkpoint/model_args.h"
-#include "core/checked.h"
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/error_report.h"
-#include "core/philox.h"
+#include "inference/engine.h"
 #include "kernels/cpu/threads.h"
-#include "model/gpt_model.h"
+#include "kernels/device.h"
 #include "training/commands.h"
-#include "training/convert.h"
 #include "training/flag_parser.h"
-#include "training/hf_tokenizer_files.h"
-#include "training/memory_check.h"
-#include "training/trainer.h"
+#include "training/generate_prompts.h"
+#include "training/inference_load.h"
 
 namespace mt {
-
-// Picks a token from logits with temperature, top-k and top-p (nucleus) filtering.
-int32_t sample_token(std::vector<float> logits, float temperature, int64_t top_k, float top_p, float u) {
-  const int64_t V = static_cast<int64_t>(logits.size());
-  if (temperature <= 0.f) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  std::vector<int32_t> idx(static_cast<size_t>(V));
-  std::iota(idx.begin(), idx.end(), 0);
-  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
-  int64_t keep = top_k > 0 ? std::min(top_k, V) : V;
-  double mx = logits[static_cast<size_t>(idx[0])];
-  std::vector<double> p(static_cast<size_t>(keep));
-  double sum = 0;
-  for (int64_t i = 0; i < keep; ++i) sum += p[static_cast<size_t>(i)] = std::exp((logits[static_cast<size_t>(idx[static_cast<size_t>(i)])] - mx) / temperature);
-  if (top_p > 0.f && top_p < 1.f) {
-    double c = 0;
-    for (int64_t i = 0; i < keep; ++i) {
-      c += p[static_cast<size_t>(i)] / sum;
-      if (c >= top_p) {
-        keep = i + 1;
-        break;
-      }
-    }
-    sum = std::accumulate(p.begin(), p.begin() + keep, 0.0);
-  }
-  double r = u * sum, c = 0;
-  for (int64_t i = 0; i < keep; ++i) {
-    c += p[static_cast<size_t>(i)];
-    if (r < c) return idx[static_cast<size_t>(i)];
-  }
-  return idx[static_cast<size_t>(keep - 1)];
-}
 
 namespace {
 
@@ -63,26 +29,40 @@ namespace {
 // and the prompt's own decoding cut off its front. Where a tokenizer's decoding of the prompt is
 // not a prefix of the whole (a byte-level merge across the boundary), the generated ids are
 // decoded alone, as before.
-std::string continuation(const data::Tokenizer& tok, const std::vector<int32_t>& ids, size_t prompt_len,
-                         bool empty_prompt) {
-  const std::vector<int32_t> head(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(prompt_len));
-  const std::vector<int32_t> gen(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end());
+std::string continuation(const data::Tokenizer& tok, const std::vector<int32_t>& prompt,
+                         const std::vector<int32_t>& gen, bool empty_prompt) {
   if (empty_prompt) return tok.decode(gen);  // nothing printed before it to join
-  const std::string whole = tok.decode(ids), prefix = tok.decode(head);
+  std::vector<int32_t> ids = prompt;
+  ids.insert(ids.end(), gen.begin(), gen.end());
+  const std::string whole = tok.decode(ids), prefix = tok.decode(prompt);
   if (whole.compare(0, prefix.size(), prefix) == 0) return whole.substr(prefix.size());
   return tok.decode(gen);
 }
 
+struct Job {
+  std::string prompt;
+  std::vector<int32_t> ids;
+  inference::Completion result;
+};
+
 }  // namespace
 
 int generate_main(const std::vector<std::string>& argv) {
-  std::string load, prompt;
-  int64_t max_new = 64, top_k = 0, threads = 0;
+  std::string load, prompt, prompts_file, output, device = "auto";
+  int64_t max_new = 64, top_k = 0, threads = 0, iteration = -1, max_batch = 8;
   float temperature = 1.0f, top_p = 1.0f;
   uint64_t seed = 1234;
+  std::vector<std::string> stops;
   FlagParser p("generate");
-  p.value("--load", &load, "checkpoint directory (as given to pretrain --save)");
-  p.value("--prompt", &prompt, "text to continue");
+  p.value("--load", &load, "checkpoint directory (as given to pretrain --save) or HuggingFace model directory");
+  p.value("--iteration", &iteration, "which saved iteration of a checkpoint (default: the latest)", {0, INT64_MAX});
+  p.value("--device", &device, "where to run: cpu (fp32), cuda (bf16), or auto (cuda where a GPU is visible)",
+          {"auto", "cpu", "cuda"});
+  p.value("--prompt", &prompt, "text to continue (printed with its continuation)");
+  p.value("--prompts-file", &prompts_file,
+          "JSONL, one {\"prompt\": ...} per line (optional per-line max_new_tokens, temperature, top_k, top_p, seed, "
+          "stop); writes one JSON object per prompt");
+  p.value("--output", &output, "with --prompts-file: write the JSONL results here (default: stdout)");
   // Bounded by the model's context below, once the prompt's length is known.
   p.value("--max-new-tokens", &max_new,
           "tokens to generate (default: 64, or what the context leaves; prompt + new tokens must fit the context)",
@@ -91,7 +71,9 @@ int generate_main(const std::vector<std::string>& argv) {
   p.value("--top-k", &top_k, "keep the k most likely tokens (0 = all)", {0, model::limits::kVocab});
   p.value("--top-p", &top_p, "nucleus sampling: keep the most likely tokens whose probabilities sum to p, in (0, 1] "
                              "(default 1 = all)");
-  p.value("--seed", &seed, "sampling seed (default 1234)");
+  p.value("--seed", &seed, "sampling seed (default 1234; each prompt's output depends only on it)");
+  p.list("--stop", &stops, "stop strings: generation ends once the output contains one (the text is cut before it)");
+  p.value("--max-batch", &max_batch, "prompts generated at once (KV cache slots; default 8)", {1, 4096});
   p.value("--num-threads", &threads, "CPU threads (default: all cores)", {0, kMaxThreads});
   p.parse(argv);
   if (p.help_requested()) {
@@ -99,72 +81,98 @@ int generate_main(const std::vector<std::string>& argv) {
     return 0;
   }
   if (load.empty()) fail("--load DIR is required");
-  // Written as "not in range" so a NaN fails too (the parser refuses nan; this keeps the rule here).
-  if (!(temperature >= 0.f)) fail("--temperature must be >= 0 (got {})", temperature);
-  if (!(top_p > 0.f && top_p <= 1.f)) fail("--top-p must be in (0, 1] (got {}); 1 keeps every token", top_p);
+  if (!prompts_file.empty() && p.given("--prompt"))
+    fail("--prompt and --prompts-file are alternatives: give one");
+  if (!output.empty() && prompts_file.empty()) fail("--output goes with --prompts-file (--prompt prints to stdout)");
+  inference::SamplingParams base{temperature, top_k, top_p, seed};
+  inference::check_sampling(base);
   cpu::set_num_threads(static_cast<int>(threads));
-  // A checkpoint directory, or a HuggingFace model directory with its tokenizer's files.
-  const bool hf = checkpoint::detect_checkpoint(load) == checkpoint::CheckpointKind::HuggingFace;
-  std::optional<int64_t> it;
-  Arguments a;
-  if (hf) {
-    const checkpoint::HfSpec spec = checkpoint::read_hf_config(load);
-    apply_hf_config(a, spec, (std::filesystem::path(load) / "config.json").string());
-    apply_hf_vocab(a, spec, 0, load);
-    if (!tokenizer_of_hf_dir(load, a.tokenizer))
-      fail("--load {}: a HuggingFace model without tokenizer files (tokenizer.json, vocab.json + merges.txt, or "
-           "tokenizer.model); copy its tokenizer into the directory",
-           load);
-  } else {
-    it = checkpoint::latest_iteration(load);
-    if (!it) fail("--load {}: no latest_checkpointed_iteration.txt (not a checkpoint directory)", load);
-    auto st = checkpoint::read_state(load, *it);
-    checkpoint::model_args_from_json(st.args, a.model, a.tokenizer);
-    checkpoint::use_saved_tokenizer(checkpoint::iteration_dir(load, *it), st.args, a.tokenizer);
-  }
-  a.model.attention_dropout = a.model.hidden_dropout = 0.f;
-  a.model.finalize();
-  auto tok = data::build_tokenizer(a.tokenizer);
+  std::vector<PromptLine> lines;
+  if (!prompts_file.empty()) lines = read_prompts_file(prompts_file);
 
-  std::vector<int32_t> ids = tok->encode(prompt);
-  if (ids.empty()) ids.push_back(tok->eod());  // start a fresh document
-  const size_t prompt_len = ids.size();
-  // Megatron refuses prompt + tokens to generate beyond the model's context rather than
-  // sliding a window the model was never trained on (or dropping the prompt's start).
-  const int64_t S = a.model.seq_length, V = a.model.orig_vocab_size;
-  const int64_t n_prompt = static_cast<int64_t>(prompt_len);
-  if (n_prompt > S)
-    fail("--prompt is {} tokens but the model's context is {} (its --seq-length): shorten the prompt", n_prompt, S);
-  if (!p.given("--max-new-tokens")) max_new = std::min(max_new, S - n_prompt);  // the default fits any model
-  if (max_new > S - n_prompt)  // n_prompt + max_new could overflow
-    fail("--prompt ({} tokens) + --max-new-tokens ({}) exceeds the model's context of {} tokens (its --seq-length): "
-         "use --max-new-tokens {} or less",
-         n_prompt, max_new, S, S - n_prompt);
-  check_host_memory(a.model, 4, 1, checked_product({S, a.model.vocab_size, 4}, "logits bytes"),
-                    "its fp32 parameters and the logits of its context");
-
-  std::optional<Activity> building(std::in_place, "building the model");
-  model::GPTModel m(a.model);
-  if (hf) {
-    checkpoint::load_hf_weights(load, m.params(), m.config());
-  } else {
-    checkpoint::LoadOptions lo;
-    lo.load_optim = false;
-    checkpoint::load_checkpoint(load, *it, m.params(), nullptr, lo);
-  }
+  if (device == "auto") device = ops::gpu_count() > 0 ? "cuda" : "cpu";
+  std::optional<ops::GpuContext> gpu;  // outlives the model
+  if (device == "cuda") gpu.emplace(0);
+  const Device dev = device == "cuda" ? Device::CUDA : Device::CPU;
+  std::optional<Activity> building(std::in_place, "loading the model");
+  InferenceModel im = load_inference_model(load, iteration, dev);
   building.reset();
+  const data::Tokenizer& tok = *im.tokenizer;
+  const int64_t S = im.args.model.seq_length;
 
-  Activity generating("generating");
-  for (int64_t n = 0; n < max_new; ++n) {
-    const int64_t T = static_cast<int64_t>(ids.size());
-    Tensor logits = m.logits(ids, 1, T);
-    const float* last = logits.data<float>() + (T - 1) * a.model.vocab_size;
-    std::vector<float> l(last, last + V);  // padded vocabulary entries are never sampled
-    int32_t next = sample_token(l, temperature, top_k, top_p, Philox::uniform(seed, 7, static_cast<uint64_t>(n)));
-    ids.push_back(next);
-    if (next == tok->eod()) break;
+  inference::EngineOptions eo;
+  eo.max_batch = max_batch;
+  eo.max_seq_len = S;
+  eo.max_step_tokens = std::max<int64_t>(S, max_batch);
+  eo.decode = [&tok](const std::vector<int32_t>& ids) { return tok.decode(ids); };
+  inference::Engine engine(*im.model, eo);
+
+  const bool single = prompts_file.empty();
+  if (single) lines.push_back(PromptLine{prompt, {}, {}, {}, {}, {}, {}});
+  std::vector<Job> jobs(lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const PromptLine& l = lines[i];
+    // Messages name the flag for --prompt, the file and line for --prompts-file.
+    const std::string what = single ? "--prompt" : prompts_file + " prompt " + std::to_string(i + 1);
+    Job& j = jobs[i];
+    j.prompt = l.prompt;
+    j.ids = tok.encode(l.prompt);
+    if (j.ids.empty()) j.ids.push_back(tok.eod());  // start a fresh document
+    const int64_t n = static_cast<int64_t>(j.ids.size());
+    // Megatron refuses prompt + tokens to generate beyond the model's context rather than
+    // sliding a window the model was never trained on (or dropping the prompt's start).
+    if (n > S) fail("{} is {} tokens but the model's context is {} (its --seq-length): shorten the prompt", what, n, S);
+    int64_t mn = l.max_new_tokens.value_or(max_new);
+    if (!l.max_new_tokens && !p.given("--max-new-tokens")) mn = std::min(mn, S - n);  // the default fits any model
+    if (mn > S - n)  // n + mn could overflow
+      fail("{} ({} tokens) + --max-new-tokens ({}) exceeds the model's context of {} tokens (its --seq-length): "
+           "use --max-new-tokens {} or less",
+           what, n, mn, S, S - n);
+    inference::Request r;
+    r.prompt = j.ids;
+    r.max_new_tokens = mn;
+    r.sampling = {l.temperature.value_or(temperature), l.top_k.value_or(top_k), l.top_p.value_or(top_p),
+                  l.seed.value_or(seed)};
+    inference::check_sampling(r.sampling, single ? "--" : what + ": ");
+    if (tok.eod() >= 0 && tok.eod() < engine.vocab_size()) r.stop_tokens = {tok.eod()};
+    r.stop_strings = l.stop.value_or(stops);
+    r.on_done = [&j](inference::RequestId, const inference::Completion& c) { j.result = c; };
+    engine.submit(std::move(r));
   }
-  std::printf("%s%s\n", prompt.c_str(), continuation(*tok, ids, prompt_len, prompt.empty()).c_str());
+  {
+    Activity generating("generating");
+    engine.run_until_idle();
+  }
+
+  if (single) {
+    std::printf("%s%s\n", prompt.c_str(),
+                continuation(tok, jobs[0].ids, jobs[0].result.tokens, prompt.empty()).c_str());
+    return 0;
+  }
+  std::FILE* out = stdout;
+  if (!output.empty()) {
+    out = std::fopen(output.c_str(), "w");
+    if (!out) fail("--output: cannot write '{}'", output);
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& j = jobs[i];
+    std::vector<int32_t> gen = j.result.tokens;
+    if (j.result.reason == inference::FinishReason::StopToken && !gen.empty()) gen.pop_back();  // not text
+    std::string text = continuation(tok, j.ids, gen, j.prompt.empty());
+    if (j.result.reason == inference::FinishReason::StopString) {
+      const std::vector<std::string> ss = {j.result.stop_string};
+      text = text.substr(0, std::min(text.size(), inference::find_stop(text, ss)));
+    }
+    nlohmann::json o = {{"index", i},
+                        {"prompt", j.prompt},
+                        {"text", text},
+                        {"tokens", j.result.tokens},
+                        {"prompt_tokens", j.result.prompt_tokens},
+                        {"finish_reason", inference::finish_reason_name(j.result.reason)}};
+    const std::string s = o.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    std::fputs(s.c_str(), out);
+  }
+  if (out != stdout && std::fclose(out) != 0) fail("--output: writing '{}' failed (disk full?)", output);
   return 0;
 }
 

@@ -1,0 +1,146 @@
+#include "inference/model_runner.h"
+
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "core/checked.h"
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "model/gpt_model.h"
+
+namespace mt::inference {
+
+using model::Norm;
+using model::PassContext;
+
+ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len)
+    : m_(m), slots_(slots), max_len_(max_len), vocab_(m.config().orig_vocab_size), device_(m.device()) {
+  const auto& c = m.config();
+  if (m.tensor_parallel().on()) fail("generation with --tensor-model-parallel-size > 1 is not supported yet: use 1");
+  if (!m.word_embedding() || m.layers().size() != static_cast<size_t>(c.num_layers))
+    fail("generation needs the whole model on one rank (no pipeline split)");
+  MT_CHECK(slots >= 1 && max_len >= 1, "KV cache of {} slots x {} tokens", slots, max_len);
+  if (m.position_embedding() && max_len > c.max_position_embeddings)
+    fail("a context of {} tokens exceeds the model's {} learned positions (--max-position-embeddings)", max_len,
+         c.max_position_embeddings);
+  // The cache holds activations: the compute copy's dtype on the GPU, fp32 on the CPU.
+  const DType dt = device_ == Device::CPU ? DType::F32 : m.word_embedding()->value.dtype();
+  const int64_t G = c.num_query_groups, D = c.kv_channels;
+  checked_product({c.num_layers, 2, slots, G, max_len, D, static_cast<int64_t>(dtype_size(dt))}, "KV cache bytes");
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    k_cache_.push_back(Tensor::zeros({slots, G, max_len, D}, dt, device_));
+    v_cache_.push_back(Tensor::zeros({slots, G, max_len, D}, dt, device_));
+  }
+  if (c.rope()) rope_.build(max_len, c.rotary_dim(), c);
+}
+
+template <typename T>
+Tensor ModelRunner::upload(const std::vector<T>& v) const {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, int32_t>, "uploads are f32 or i32");
+  return ops::upload(v.data(), {static_cast<int64_t>(v.size())}, std::is_same_v<T, float> ? DType::F32 : DType::I32,
+                     device_);
+}
+
+// As TransformerLayer::forward_layer in evaluation (no dropout), with the attention core over the
+// cache: the same modules, the same residual fusions.
+Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Tensor& slot, const Tensor& pos, const Tensor& cos,
+                                  const Tensor& sin) {
+  const model::TransformerLayer& L = m_.layers()[li];
+  const model::SelfAttention& A = L.attn;
+  const auto& c = m_.config();
+  const int64_t N = x.dim(0), G = c.num_query_groups, D = c.kv_channels;
+  PassContext ctx;
+  ctx.training = false;
+  Norm::Saved ns;
+  const Tensor xn = L.input_norm.forward(x, ns, ctx);
+  Tensor q, k, v;
+  // RoPE inside the split where nothing runs between them (no qk-norm), as the training forward.
+  const bool fused = A.rope && !c.qk_layernorm;
+  const ops::RopeRef rope = fused ? ops::RopeRef{&cos, &sin, rope_.rot_dim} : ops::RopeRef{};
+  ops::qkv_split(A.qkv.forward(xn, ctx), q, k, v, N, 1, G, c.q_per_group(), D, rope);
+  if (c.qk_layernorm) {
+    Norm::Saved qs, ks;
+    q = A.q_norm.forward(q.view({-1, D}), qs, ctx).view(q.shape());
+    k = A.k_norm.forward(k.view({-1, D}), ks, ctx).view(k.shape());
+  }
+  if (A.rope && !fused) {
+    ops::rope_forward(q, cos, sin, rope_.rot_dim);
+    ops::rope_forward(k, cos, sin, rope_.rot_dim);
+  }
+  ops::kv_cache_write(k_cache_[li], v_cache_[li], k, v, slot, pos);
+  const Tensor core = ops::cached_attention(q, k_cache_[li], v_cache_[li], slot, pos,
+                                            1.0f / std::sqrt(static_cast<float>(D)));
+  Tensor h;
+  if (A.proj.fuses_residual()) {
+    h = A.proj.forward(core, ctx, &x);
+  } else {
+    h = A.proj.forward(core, ctx);
+    ops::add_inplace(h, x);
+  }
+  Norm::Saved ns2;
+  const Tensor hn = L.pre_mlp_norm.forward(h, ns2, ctx);
+  if (!L.is_moe && L.mlp.fc2.fuses_residual()) {
+    model::MLP::Saved ms;
+    return L.mlp.forward(hn, ms, ctx, &h);
+  }
+  Tensor y;
+  if (L.is_moe) {
+    model::MoELayer::Saved ms;
+    y = L.moe.forward(hn, 1, ms, ctx);
+  } else {
+    model::MLP::Saved ms;
+    y = L.mlp.forward(hn, ms, ctx);
+  }
+  ops::add_inplace(y, h);
+  return y;
+}
+
+Tensor ModelRunner::forward(const StepBatch& b) {
+  const auto& c = m_.config();
+  const int64_t N = static_cast<int64_t>(b.tokens.size());
+  MT_CHECK(N > 0 && b.slots.size() == b.tokens.size() && b.positions.size() == b.tokens.size(),
+           "step batch of {} tokens, {} slots, {} positions", N, b.slots.size(), b.positions.size());
+  for (int64_t i = 0; i < N; ++i) {
+    const int32_t t = b.tokens[static_cast<size_t>(i)], s = b.slots[static_cast<size_t>(i)],
+                  p = b.positions[static_cast<size_t>(i)];
+    MT_CHECK(t >= 0 && t < c.vocab_size && s >= 0 && s < slots_ && p >= 0 && p < max_len_,
+             "step row {}: token {} slot {} position {} outside the model or cache", i, t, s, p);
+  }
+  for (int32_t r : b.logit_rows) MT_CHECK(r >= 0 && r < N, "logit row {} of {} rows", r, N);
+  const Tensor ids = upload(b.tokens), slot = upload(b.slots), pos = upload(b.positions);
+  Tensor x = ops::embedding_forward(ids, m_.word_embedding()->value);
+  if (const model::Param* pe = m_.position_embedding()) ops::add_inplace(x, ops::embedding_forward(pos, pe->value));
+  // This pass's RoPE tables: the rows of its tokens' positions.
+  Tensor cos, sin;
+  if (c.rope()) {
+    const int64_t half = rope_.cos.dim(1);
+    std::vector<float> cv(static_cast<size_t>(N * half)), sv(static_cast<size_t>(N * half));
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t p = b.positions[static_cast<size_t>(i)];
+      std::memcpy(cv.data() + i * half, rope_.cos.data<float>() + p * half, static_cast<size_t>(half) * 4);
+      std::memcpy(sv.data() + i * half, rope_.sin.data<float>() + p * half, static_cast<size_t>(half) * 4);
+    }
+    cos = upload(cv).view({N, half});
+    sin = upload(sv).view({N, half});
+  }
+  for (size_t l = 0; l < m_.layers().size(); ++l) x = layer_forward(l, x, slot, pos, cos, sin);
+  // Only the rows whose next token is wanted go through the head.
+  const int64_t R = static_cast<int64_t>(b.logit_rows.size());
+  if (R == 0) return Tensor::empty({0, vocab_});
+  const Tensor rows = ops::embedding_forward(upload(b.logit_rows), x);
+  PassContext ctx;
+  ctx.training = false;
+  Norm::Saved ns;
+  Tensor l = m_.output_layer().forward(m_.final_norm().forward(rows, ns, ctx), ctx);
+  if (l.device() != Device::CPU) l = l.to_device(Device::CPU);
+  if (l.dtype() != DType::F32) l = l.to(DType::F32);
+  const int64_t Vp = l.dim(1);
+  if (Vp == vocab_) return l;
+  Tensor out = Tensor::empty({R, vocab_});
+  for (int64_t r = 0; r < R; ++r)
+    std::memcpy(out.data<float>() + r * vocab_, l.data<float>() + r * Vp, static_cast<size_t>(vocab_) * 4);
+  return out;
+}
+
+}  // namespace mt::inference
