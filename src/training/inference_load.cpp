@@ -29,6 +29,7 @@ InferenceModel load_inference_model(const std::string& load, int64_t iteration, 
     const checkpoint::HfSpec spec = checkpoint::read_hf_config(load);
     apply_hf_config(a, spec, (std::filesystem::path(load) / "config.json").string());
     apply_hf_vocab(a, spec, 0, load);
+    a.model.seq_length = spec.cfg.seq_length;  // the context: min(max positions, 4096), as convert records
     have_tokenizer = tokenizer_of_hf_dir(load, a.tokenizer);
     if (!have_tokenizer && need_tokenizer)
       fail("--load {}: a HuggingFace model without tokenizer files (tokenizer.json, vocab.json + merges.txt, or "
