@@ -76,9 +76,10 @@ struct Timing {
 };
 
 // Runs `batch` requests of `prompt` tokens generating `new_tokens` each (greedy) through a fresh
-// engine; times every token of request 0 and the whole run.
-Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_tokens) {
+// engine (decode steps as CUDA graphs or not); times every token of request 0 and the whole run.
+Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_tokens, bool graphs) {
   mt::inference::EngineOptions o;
+  o.cuda_graphs = graphs;
   o.max_batch = batch;
   o.max_seq_len = prompt + new_tokens + 1;
   o.max_step_tokens = std::max<int64_t>(batch, std::min<int64_t>(batch * prompt, 16384));
@@ -143,37 +144,38 @@ int main(int argc, char** argv) {
   const double kv_per_position = 2.0 * 2.0 * static_cast<double>(c.num_layers * c.num_query_groups * c.kv_channels);
   std::fflush(stdout);
 
-  run(m, 1, prompt, 8);  // warm-up: cuBLASLt plans, the allocator's pool
-  {
-    const Timing t = run(m, 1, prompt, new_tokens);
+  for (const bool graphs : {false, true}) {
+    run(m, 1, prompt, 8, graphs);  // warm-up: cuBLASLt plans, the allocator's pool
+    const Timing t = run(m, 1, prompt, new_tokens, graphs);
     const size_t n = t.token_times.size();
     const double decode_s = seconds(t.token_times.front(), t.token_times.back());
     const double tps = static_cast<double>(n - 1) / decode_s;
     const double kv_avg = kv_per_position * (static_cast<double>(prompt) + static_cast<double>(new_tokens) / 2.0);
     const double bound = bw / (weight_bytes + kv_avg);
-    std::printf("{\"bench\": \"decode_batch1\", \"prompt\": %lld, \"new_tokens\": %lld, \"tokens_per_s\": %.1f, "
-                "\"ms_per_token\": %.3f, \"weight_bytes\": %.0f, \"kv_bytes_per_token_avg\": %.0f, "
-                "\"bound_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f}\n",
-                static_cast<long long>(prompt), static_cast<long long>(new_tokens), tps, 1e3 / tps, weight_bytes,
-                kv_avg, bound, tps / bound);
+    std::printf("{\"bench\": \"decode_batch1\", \"cuda_graphs\": %s, \"prompt\": %lld, \"new_tokens\": %lld, "
+                "\"tokens_per_s\": %.1f, \"ms_per_token\": %.3f, \"weight_bytes\": %.0f, "
+                "\"kv_bytes_per_token_avg\": %.0f, \"bound_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f}\n",
+                graphs ? "true" : "false", static_cast<long long>(prompt), static_cast<long long>(new_tokens), tps,
+                1e3 / tps, weight_bytes, kv_avg, bound, tps / bound);
     std::fflush(stdout);
   }
-  {
-    run(m, batch, 16, 4);  // warm-up at this batch's GEMM shapes
-    const Timing t = run(m, batch, prompt, new_tokens);
+  for (const bool graphs : {false, true}) {
+    run(m, batch, 16, 4, graphs);  // warm-up at this batch's GEMM shapes
+    const Timing t = run(m, batch, prompt, new_tokens, graphs);
     const double total_s = seconds(t.start, t.end);
     // Decode-only: from request 0's first token (every prompt prefilled in the first step) to the end.
     const double decode_s = seconds(t.token_times.front(), t.end);
     const double decode_tokens = static_cast<double>(t.generated - batch);
-    std::printf("{\"bench\": \"decode_batch%lld\", \"prompt\": %lld, \"new_tokens\": %lld, "
+    std::printf("{\"bench\": \"decode_batch%lld\", \"cuda_graphs\": %s, \"prompt\": %lld, \"new_tokens\": %lld, "
                 "\"tokens_per_s_with_prefill\": %.1f, \"decode_tokens_per_s\": %.1f}\n",
-                static_cast<long long>(batch), static_cast<long long>(prompt), static_cast<long long>(new_tokens),
-                static_cast<double>(t.generated) / total_s, decode_tokens / decode_s);
+                static_cast<long long>(batch), graphs ? "true" : "false", static_cast<long long>(prompt),
+                static_cast<long long>(new_tokens), static_cast<double>(t.generated) / total_s,
+                decode_tokens / decode_s);
     std::fflush(stdout);
   }
   {
-    run(m, 1, ttft_prompt, 1);  // warm-up
-    const Timing t = run(m, 1, ttft_prompt, 1);
+    run(m, 1, ttft_prompt, 1, false);  // warm-up
+    const Timing t = run(m, 1, ttft_prompt, 1, false);
     std::printf("{\"bench\": \"ttft_%lld\", \"ms\": %.2f}\n", static_cast<long long>(ttft_prompt),
                 1e3 * seconds(t.start, t.token_times.front()));
   }

@@ -73,6 +73,9 @@ struct EngineOptions {
   int64_t max_batch = 8;          // KV cache slots: requests running at once
   int64_t max_seq_len = 0;        // per-slot context (prompt + generated); 0: the model's --seq-length
   int64_t max_step_tokens = 2048; // tokens per forward pass (decode tokens first, then prompt chunks)
+  // GPU: decode steps replay a CUDA graph per batch size (ModelRunner); falls back to eager steps
+  // by itself where a capture fails. Ignored on the CPU and for MoE models.
+  bool cuda_graphs = false;
   // Detokenizer for stop strings (the generated ids -> text); requests with stop strings need it.
   std::function<std::string(const std::vector<int32_t>&)> decode;
 };

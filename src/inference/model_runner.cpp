@@ -6,6 +6,8 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "kernels/device.h"
 #include "kernels/ops.h"
 #include "model/gpt_model.h"
 
@@ -14,7 +16,7 @@ namespace mt::inference {
 using model::Norm;
 using model::PassContext;
 
-ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len)
+ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs)
     : m_(m), slots_(slots), max_len_(max_len), vocab_(m.config().orig_vocab_size), device_(m.device()) {
   const auto& c = m.config();
   if (m.tensor_parallel().on()) fail("generation with --tensor-model-parallel-size > 1 is not supported yet: use 1");
@@ -33,6 +35,7 @@ ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len)
     v_cache_.push_back(Tensor::zeros({slots, G, max_len, D}, dt, device_));
   }
   if (c.rope()) rope_.build(max_len, c.rotary_dim(), c);
+  graphs_on_ = cuda_graphs && device_ == Device::CUDA && c.moe.num_experts == 0;
 }
 
 template <typename T>
@@ -96,6 +99,62 @@ Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Tensor& slot
   return y;
 }
 
+// A decode step's graph at one row count: its inputs and output live in fixed buffers, which
+// each step refills before the replay.
+struct ModelRunner::Graph {
+  bool warmed = false;  // one eager step at this count ran (GEMM plans made)
+  Inputs in;
+  Tensor logits;
+  ops::StreamGraph graph;
+};
+
+ModelRunner::~ModelRunner() = default;
+
+Tensor ModelRunner::device_forward(const Inputs& in) {
+  Tensor x = ops::embedding_forward(in.ids, m_.word_embedding()->value);
+  if (const model::Param* pe = m_.position_embedding()) ops::add_inplace(x, ops::embedding_forward(in.pos, pe->value));
+  for (size_t l = 0; l < m_.layers().size(); ++l) x = layer_forward(l, x, in.slot, in.pos, in.cos, in.sin);
+  if (in.rows.numel() == 0) return Tensor();  // a prompt chunk that is not the prompt's end
+  // Only the rows whose next token is wanted go through the head.
+  const Tensor rows = ops::embedding_forward(in.rows, x);
+  PassContext ctx;
+  ctx.training = false;
+  Norm::Saved ns;
+  return m_.output_layer().forward(m_.final_norm().forward(rows, ns, ctx), ctx);
+}
+
+Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {
+  std::unique_ptr<Graph>& g = graphs_[N];
+  if (!g) g = std::make_unique<Graph>();
+  if (!g->warmed) {  // eager, once: cuBLASLt picks and caches its plans outside the capture
+    g->warmed = true;
+    return device_forward(in);
+  }
+  if (!g->graph.ready()) {
+    auto fixed = [](const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), t.device()) : Tensor(); };
+    g->in = {fixed(in.ids), fixed(in.slot), fixed(in.pos), fixed(in.cos), fixed(in.sin), fixed(in.rows)};
+    const int64_t Vp = m_.config().vocab_size;
+    g->logits = Tensor::empty({N, Vp}, m_.word_embedding()->value.dtype(), device_);
+    try {
+      g->graph.capture([&] {
+        Tensor l = device_forward(g->in);
+        ops::copy_into(g->logits, l);
+      });
+    } catch (const Error& e) {
+      log_warn("decode steps run without CUDA graphs: {}", e.what());
+      graphs_on_ = false;
+      graphs_.clear();
+      return device_forward(in);
+    }
+  }
+  for (auto [dst, src] : {std::pair{&g->in.ids, &in.ids}, {&g->in.slot, &in.slot}, {&g->in.pos, &in.pos},
+                          {&g->in.cos, &in.cos}, {&g->in.sin, &in.sin}, {&g->in.rows, &in.rows}})
+    if (src->defined()) ops::copy_into(*dst, *src);
+  g->graph.launch();
+  ++replays_;
+  return g->logits;
+}
+
 Tensor ModelRunner::forward(const StepBatch& b) {
   const auto& c = m_.config();
   const int64_t N = static_cast<int64_t>(b.tokens.size());
@@ -108,11 +167,9 @@ Tensor ModelRunner::forward(const StepBatch& b) {
              "step row {}: token {} slot {} position {} outside the model or cache", i, t, s, p);
   }
   for (int32_t r : b.logit_rows) MT_CHECK(r >= 0 && r < N, "logit row {} of {} rows", r, N);
-  const Tensor ids = upload(b.tokens), slot = upload(b.slots), pos = upload(b.positions);
-  Tensor x = ops::embedding_forward(ids, m_.word_embedding()->value);
-  if (const model::Param* pe = m_.position_embedding()) ops::add_inplace(x, ops::embedding_forward(pos, pe->value));
+  const int64_t R = static_cast<int64_t>(b.logit_rows.size());
+  Inputs in{upload(b.tokens), upload(b.slots), upload(b.positions), Tensor(), Tensor(), upload(b.logit_rows)};
   // This pass's RoPE tables: the rows of its tokens' positions.
-  Tensor cos, sin;
   if (c.rope()) {
     const int64_t half = rope_.cos.dim(1);
     std::vector<float> cv(static_cast<size_t>(N * half)), sv(static_cast<size_t>(N * half));
@@ -121,18 +178,14 @@ Tensor ModelRunner::forward(const StepBatch& b) {
       std::memcpy(cv.data() + i * half, rope_.cos.data<float>() + p * half, static_cast<size_t>(half) * 4);
       std::memcpy(sv.data() + i * half, rope_.sin.data<float>() + p * half, static_cast<size_t>(half) * 4);
     }
-    cos = upload(cv).view({N, half});
-    sin = upload(sv).view({N, half});
+    in.cos = upload(cv).view({N, half});
+    in.sin = upload(sv).view({N, half});
   }
-  for (size_t l = 0; l < m_.layers().size(); ++l) x = layer_forward(l, x, slot, pos, cos, sin);
-  // Only the rows whose next token is wanted go through the head.
-  const int64_t R = static_cast<int64_t>(b.logit_rows.size());
+  // A decode step: every row's logits, in order.
+  bool decode = R == N;
+  for (int64_t r = 0; decode && r < R; ++r) decode = b.logit_rows[static_cast<size_t>(r)] == r;
+  Tensor l = graphs_on_ && decode ? graph_forward(in, N) : device_forward(in);
   if (R == 0) return Tensor::empty({0, vocab_});
-  const Tensor rows = ops::embedding_forward(upload(b.logit_rows), x);
-  PassContext ctx;
-  ctx.training = false;
-  Norm::Saved ns;
-  Tensor l = m_.output_layer().forward(m_.final_norm().forward(rows, ns, ctx), ctx);
   if (l.device() != Device::CPU) l = l.to_device(Device::CPU);
   if (l.dtype() != DType::F32) l = l.to(DType::F32);
   const int64_t Vp = l.dim(1);

@@ -5,6 +5,8 @@
 // modules and ops run it (norms, linears, MLP or MoE layer, QKV split with RoPE), on the model's
 // device; only the attention core is the cache's (ops::cached_attention).
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
@@ -28,7 +30,12 @@ class ModelRunner {
  public:
   // A cache of `slots` sequences of up to `max_len` tokens per layer, on the model's device in its
   // activation dtype. Fails (mt::Error) where the model is split over ranks.
-  ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len);
+  // `cuda_graphs`: on the GPU, decode steps (every row's logits wanted: one token per sequence)
+  // replay a CUDA graph captured per row count, after one eager step at that count (which sets
+  // up the GEMM plans). Not for MoE models (their expert counts go through the host). A capture
+  // that fails turns graphs off with a warning and the step runs eagerly.
+  ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs = false);
+  ~ModelRunner();
   // Writes every row's K and V into the cache and returns the fp32 host logits [rows, V] of
   // batch.logit_rows over the real (unpadded) vocabulary V.
   Tensor forward(const StepBatch& batch);
@@ -36,8 +43,17 @@ class ModelRunner {
   int64_t max_len() const { return max_len_; }
   int64_t vocab() const { return vocab_; }
   const model::GPTModel& model() const { return m_; }
+  bool cuda_graphs() const { return graphs_on_; }
+  int64_t graph_replays() const { return replays_; }
 
  private:
+  struct Inputs {  // one pass's inputs on the device
+    Tensor ids, slot, pos, cos, sin, rows;
+  };
+  struct Graph;
+  // The pass on the device: logits [rows, padded vocab] in the activations' dtype.
+  Tensor device_forward(const Inputs& in);
+  Tensor graph_forward(const Inputs& in, int64_t N);
   Tensor layer_forward(size_t l, const Tensor& x, const Tensor& slot, const Tensor& pos, const Tensor& cos,
                        const Tensor& sin);
   template <typename T>
@@ -48,6 +64,9 @@ class ModelRunner {
   Device device_;
   std::vector<Tensor> k_cache_, v_cache_;  // per layer [slots, G, max_len, D]
   model::RopeTables rope_;                 // host tables for positions 0..max_len-1 (RoPE models)
+  bool graphs_on_ = false;
+  int64_t replays_ = 0;
+  std::map<int64_t, std::unique_ptr<Graph>> graphs_;  // per row count
 };
 
 }  // namespace mt::inference

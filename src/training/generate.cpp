@@ -53,6 +53,7 @@ int generate_main(const std::vector<std::string>& argv) {
   float temperature = 1.0f, top_p = 1.0f;
   uint64_t seed = 1234;
   std::vector<std::string> stops;
+  bool cuda_graphs = false;
   FlagParser p("generate");
   p.value("--load", &load, "checkpoint directory (as given to pretrain --save) or HuggingFace model directory");
   p.value("--iteration", &iteration, "which saved iteration of a checkpoint (default: the latest)", {0, INT64_MAX});
@@ -74,6 +75,7 @@ int generate_main(const std::vector<std::string>& argv) {
   p.value("--seed", &seed, "sampling seed (default 1234; each prompt's output depends only on it)");
   p.list("--stop", &stops, "stop strings: generation ends once the output contains one (the text is cut before it)");
   p.value("--max-batch", &max_batch, "prompts generated at once (KV cache slots; default 8)", {1, 4096});
+  p.store_true("--cuda-graphs", &cuda_graphs, "on the GPU, replay each decode step as one CUDA graph");
   p.value("--num-threads", &threads, "CPU threads (default: all cores)", {0, kMaxThreads});
   p.parse(argv);
   if (p.help_requested()) {
@@ -104,6 +106,7 @@ int generate_main(const std::vector<std::string>& argv) {
   eo.max_batch = max_batch;
   eo.max_seq_len = S;
   eo.max_step_tokens = std::max<int64_t>(S, max_batch);
+  eo.cuda_graphs = cuda_graphs;
   eo.decode = [&tok](const std::vector<int32_t>& ids) { return tok.decode(ids); };
   inference::Engine engine(*im.model, eo);
 

@@ -40,6 +40,9 @@ InferenceModel load_inference_model(const std::string& load, int64_t iteration, 
       const std::optional<int64_t> latest = checkpoint::latest_iteration(load);
       if (!latest) fail("--load {}: no latest_checkpointed_iteration.txt (not a checkpoint directory)", load);
       iteration = *latest;
+    } else if (!std::filesystem::is_directory(checkpoint::iteration_dir(load, iteration))) {
+      fail("--iteration {}: '{}' holds no such iteration (no {})", iteration, load,
+           checkpoint::iteration_dir(load, iteration));
     }
     auto st = checkpoint::read_state(load, iteration);
     checkpoint::model_args_from_json(st.args, a.model, a.tokenizer);
