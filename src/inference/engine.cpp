@@ -172,8 +172,11 @@ bool Engine::step() {
       const float* row = logits.data<float>() + static_cast<int64_t>(r) * V;
       const SamplingParams& sp = s.req.sampling;
       const int64_t n = static_cast<int64_t>(s.out.tokens.size());
-      const int32_t t = sample_token(std::vector<float>(row, row + V), sp.temperature, sp.top_k, sp.top_p,
-                                     sampling_uniform(sp.seed, n));
+      // Greedy reads the row in place (no copy: this is on every decode step's critical path).
+      const int32_t t = sp.temperature <= 0.f
+                            ? static_cast<int32_t>(std::max_element(row, row + V) - row)
+                            : sample_token(std::vector<float>(row, row + V), sp.temperature, sp.top_k, sp.top_p,
+                                           sampling_uniform(sp.seed, n));
       s.out.tokens.push_back(t);
       if (s.req.on_token) s.req.on_token(s.id, t);
       check_stop(s, t);  // may free the slot (and s with it)

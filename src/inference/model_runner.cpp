@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "core/checked.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/device.h"
@@ -186,13 +187,24 @@ Tensor ModelRunner::forward(const StepBatch& b) {
   for (int64_t r = 0; decode && r < R; ++r) decode = b.logit_rows[static_cast<size_t>(r)] == r;
   Tensor l = graphs_on_ && decode ? graph_forward(in, N) : device_forward(in);
   if (R == 0) return Tensor::empty({0, vocab_});
+  // To the host in the activations' dtype (half the bytes of fp32), then one pass that widens
+  // and drops the padded vocabulary columns: this runs once per decode step, on its critical path.
   if (l.device() != Device::CPU) l = l.to_device(Device::CPU);
-  if (l.dtype() != DType::F32) l = l.to(DType::F32);
   const int64_t Vp = l.dim(1);
-  if (Vp == vocab_) return l;
+  if (l.dtype() == DType::F32 && Vp == vocab_) return l;
   Tensor out = Tensor::empty({R, vocab_});
-  for (int64_t r = 0; r < R; ++r)
-    std::memcpy(out.data<float>() + r * vocab_, l.data<float>() + r * Vp, static_cast<size_t>(vocab_) * 4);
+  for (int64_t r = 0; r < R; ++r) {
+    float* dst = out.data<float>() + r * vocab_;
+    if (l.dtype() == DType::F32) {
+      std::memcpy(dst, l.data<float>() + r * Vp, static_cast<size_t>(vocab_) * 4);
+    } else if (l.dtype() == DType::BF16) {
+      const uint16_t* src = l.data<uint16_t>() + r * Vp;
+      for (int64_t v = 0; v < vocab_; ++v) dst[v] = bf16_to_f32(src[v]);
+    } else {
+      const uint16_t* src = l.data<uint16_t>() + r * Vp;
+      for (int64_t v = 0; v < vocab_; ++v) dst[v] = f16_to_f32(src[v]);
+    }
+  }
   return out;
 }
 
