@@ -64,12 +64,22 @@ RequestId Engine::submit(Request r) {
   s->id = next_id_++;
   const RequestId id = s->id;
   pending_.push_back(std::move(s));
+  work_.notify_all();
   return id;
 }
 
 void Engine::cancel(RequestId id) {
   std::lock_guard<std::mutex> g(mu_);
   cancelled_.push_back(id);
+  work_.notify_all();
+}
+
+bool Engine::wait_for_work(std::chrono::milliseconds timeout) {
+  const bool running = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s != nullptr; });
+  std::unique_lock<std::mutex> g(mu_);
+  if (running || !pending_.empty() || !cancelled_.empty()) return true;
+  work_.wait_for(g, timeout, [&] { return !pending_.empty() || !cancelled_.empty(); });
+  return !pending_.empty() || !cancelled_.empty();
 }
 
 bool Engine::idle() const {

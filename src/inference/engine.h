@@ -22,6 +22,8 @@
 // Errors: submit() throws mt::Error (one line naming the problem) for a request the engine
 // cannot serve (empty prompt, token ids outside the vocabulary, prompt + max_new_tokens beyond
 // the cache's context, bad sampling values, stop strings without EngineOptions::decode).
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -94,7 +96,11 @@ class Engine {
   // work remains (requests running or waiting).
   bool step();
   void run_until_idle();
+  // Whether nothing is running or waiting. From the stepping thread (it reads the running set).
   bool idle() const;
+  // For a serving loop on the stepping thread: returns at once while work is running or waiting,
+  // else blocks until submit() or cancel() is called or `timeout` passes. Returns !idle().
+  bool wait_for_work(std::chrono::milliseconds timeout);
   int64_t max_seq_len() const;
   int64_t vocab_size() const;  // the tokenizer's (unpadded) vocabulary: valid ids are below it
 
@@ -109,6 +115,7 @@ class Engine {
   EngineOptions opts_;
   int64_t vocab_ = 0;
   mutable std::mutex mu_;  // guards pending_, cancelled_, next_id_
+  std::condition_variable work_;  // notified by submit() and cancel()
   std::deque<std::unique_ptr<Sequence>> pending_;
   std::vector<RequestId> cancelled_;
   RequestId next_id_ = 1;

@@ -2,7 +2,10 @@
 // batched and continuously batched runs against one prompt at a time, seeded sampling, stops.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <future>
+#include <thread>
 
 #include "core/error.h"
 #include "engine_support.h"
@@ -166,6 +169,27 @@ TEST(InferenceEngine, StopsOnTokensStringsAndLength) {
   c = run_engine(m, {greedy(p, 0)}, {})[0];
   EXPECT_TRUE(c.tokens.empty());
   EXPECT_EQ(c.reason, FinishReason::Length);
+}
+
+// A serving loop on its own thread, fed from this one: it sleeps while idle and wakes to serve.
+TEST(InferenceEngine, ServingLoopOnAnotherThread) {
+  model::GPTModel m(family_config("llama"));
+  inference::Engine e(m, {});
+  std::atomic<bool> stop{false};
+  std::thread loop([&] {
+    while (!stop)
+      if (e.wait_for_work(std::chrono::milliseconds(20))) e.step();
+  });
+  const std::vector<int32_t> p = make_prompt(5, 9, m.config().orig_vocab_size);
+  std::promise<Completion> done;
+  Request r = greedy(p, 6);
+  r.on_done = [&](inference::RequestId, const Completion& c) { done.set_value(c); };
+  e.submit(std::move(r));
+  std::future<Completion> f = done.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  stop = true;
+  loop.join();
+  EXPECT_EQ(f.get().tokens, reference_greedy(m, p, 6));
 }
 
 TEST(InferenceEngine, CancelFinishesARequest) {
