@@ -49,6 +49,13 @@ void EventTimeline::mark(int) noexcept {}
 void EventTimeline::resolve(double*) {}
 size_t EventTimeline::pending() const noexcept { return 0; }
 
+struct StreamGraph::Impl {};
+StreamGraph::StreamGraph() = default;
+StreamGraph::~StreamGraph() = default;
+void StreamGraph::capture(const std::function<void()>&) { no_cuda("CUDA graphs"); }
+void StreamGraph::launch() { no_cuda("CUDA graphs"); }
+bool StreamGraph::ready() const { return false; }
+
 }  // namespace mt::ops
 
 #endif  // MT_HAVE_CUDA

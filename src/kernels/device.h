@@ -4,6 +4,7 @@
 // them (kernels/cuda/context.cpp, op_timer.cpp), and a build without it has versions that say
 // so (kernels/cuda_absent.cpp).
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -70,6 +71,28 @@ class EventTimeline {
   void resolve(double* seconds);
   // Boundaries held: those of unfolded spans, plus the last one (tests).
   size_t pending() const noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// A CUDA graph of what some code queues on the live context's compute stream, replayed with one
+// launch (the inference engine's decode step: one launch instead of a few hundred). The captured
+// code must not synchronise with the host or read device memory there; its allocations become the
+// graph's own. Pointers are baked in: replays read the same buffers, whose contents may change.
+class StreamGraph {
+ public:
+  StreamGraph();
+  ~StreamGraph();
+  StreamGraph(const StreamGraph&) = delete;
+  StreamGraph& operator=(const StreamGraph&) = delete;
+  // Captures f's work (nothing runs). Throws mt::Error where the capture fails (an operation
+  // the capture refuses), leaving the stream usable and the graph empty.
+  void capture(const std::function<void()>& f);
+  void launch();  // queues one replay on the compute stream
+  bool ready() const;
 
   struct Impl;
 

@@ -112,6 +112,14 @@ class GPTModel {
   // Inference logits [B*S, V] in (b, s) row order for tokens [B, S] (no dropout, nothing kept).
   Tensor logits(const std::vector<int32_t>& tokens, int64_t B, int64_t S);
 
+  // The modules themselves, for the inference engine (src/inference), which runs them over a KV
+  // cache rather than whole sequences. Whole model on one rank only (no TP, no pipeline split).
+  const std::vector<TransformerLayer>& layers() const { return layers_; }
+  const Norm& final_norm() const { return final_norm_; }
+  const Param* word_embedding() const { return word_emb_; }
+  const Param* position_embedding() const { return pos_emb_; }
+  Linear output_layer() const { return output_linear(); }
+
   // On the GPU, head forwards add sum_t(mask_t * loss_t) to a device fp64 accumulator rather
   // than return it, so no micro-batch waits for the device. Returns the sum since the last call
   // (one device sync) and zeroes it; 0 on the CPU, where LossSums.loss_sum carries the sum.

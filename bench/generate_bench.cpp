@@ -1,0 +1,183 @@
+// The generation engine's speed on one GPU (bench/gpu_generate_bench.sh runs it): the llama-1.5b
+// shape (Llama-3.2-1B with an untied head), random bf16 weights. Prints JSON lines:
+//   copy_bandwidth   device-to-device cudaMemcpy, measured here (read + write bytes per second)
+//   decode_batch1    decode tokens/s at batch 1, and the HBM bound: (weight bytes + KV cache bytes
+//                    read per token) / the measured copy bandwidth
+//   decode_batch64   generated tokens/s with 64 requests decoding together
+//   ttft_2048        time to first token of a 2,048-token prompt (prefill + one sample)
+// Options: --prompt N (decode benches' prompt, default 128), --new N (tokens generated, 256),
+// --batch N (default 64), --ttft-prompt N (2048), --layers N (16; fewer for a quick check).
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "inference/engine.h"
+#include "kernels/device.h"
+#include "model/gpt_model.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// Read + write bytes per second of a 1 GiB device-to-device copy (the best of 10).
+double copy_bandwidth() {
+  const size_t n = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  check(cudaMalloc(&a, n), "cudaMalloc");
+  check(cudaMalloc(&b, n), "cudaMalloc");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  check(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice), "warm-up copy");
+  float best = 1e30f;
+  for (int i = 0; i < 10; ++i) {
+    check(cudaEventRecord(e0), "record");
+    check(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice), "copy");
+    check(cudaEventRecord(e1), "record");
+    check(cudaEventSynchronize(e1), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+    best = std::min(best, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(n) / (best * 1e-3);
+}
+
+std::vector<int32_t> random_prompt(int64_t n, uint32_t seed, int64_t V) {
+  std::vector<int32_t> p;
+  uint32_t x = seed;
+  for (int64_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    p.push_back(static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(V)));
+  }
+  return p;
+}
+
+struct Timing {
+  std::vector<Clock::time_point> token_times;  // per generated token, of request 0
+  Clock::time_point start, end;
+  int64_t generated = 0;
+};
+
+// Runs `batch` requests of `prompt` tokens generating `new_tokens` each (greedy) through a fresh
+// engine (decode steps as CUDA graphs or not); times every token of request 0 and the whole run.
+Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_tokens, bool graphs) {
+  mt::inference::EngineOptions o;
+  o.cuda_graphs = graphs;
+  o.max_batch = batch;
+  o.max_seq_len = prompt + new_tokens + 1;
+  o.max_step_tokens = std::max<int64_t>(batch, std::min<int64_t>(batch * prompt, 16384));
+  mt::inference::Engine e(m, o);
+  Timing t;
+  for (int64_t b = 0; b < batch; ++b) {
+    mt::inference::Request r;
+    r.prompt = random_prompt(prompt, 17u + static_cast<uint32_t>(b), m.config().orig_vocab_size);
+    r.max_new_tokens = new_tokens;
+    r.on_token = [&t, b](mt::inference::RequestId, int32_t) {
+      ++t.generated;
+      if (b == 0) t.token_times.push_back(Clock::now());
+    };
+    e.submit(std::move(r));
+  }
+  t.start = Clock::now();
+  e.run_until_idle();
+  mt::ops::gpu_context().synchronize();
+  t.end = Clock::now();
+  return t;
+}
+
+int64_t arg(int argc, char** argv, const char* name, int64_t def) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
+  return def;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t prompt = arg(argc, argv, "--prompt", 128), new_tokens = arg(argc, argv, "--new", 256);
+  const int64_t batch = arg(argc, argv, "--batch", 64), ttft_prompt = arg(argc, argv, "--ttft-prompt", 2048);
+  mt::ops::GpuContext gpu(0);
+  mt::model::TransformerConfig c;  // bench/llama_1_5b.sh's shape
+  c.num_layers = arg(argc, argv, "--layers", 16);
+  c.hidden_size = 2048;
+  c.num_attention_heads = 32;
+  c.num_query_groups = 8;
+  c.ffn_hidden_size = 8192;
+  c.seq_length = std::max<int64_t>(4096, ttft_prompt + 64);
+  c.max_position_embeddings = c.seq_length;
+  c.normalization = "RMSNorm";
+  c.swiglu = true;
+  c.position_embedding_type = "rope";
+  c.rotary_base = 500000;
+  c.add_bias_linear = c.add_qkv_bias = false;
+  c.untie_embeddings_and_output_weights = true;
+  c.orig_vocab_size = 128255;
+  c.vocab_size = mt::model::padded_vocab_size(128255, 128, 1);
+  c.attention_dropout = c.hidden_dropout = 0.f;
+  c.bf16 = true;
+  mt::model::GPTModel m(c);
+  m.to_device(mt::Device::CUDA);
+  const double bw = copy_bandwidth();
+  std::printf("{\"bench\": \"copy_bandwidth\", \"gpu\": \"%s\", \"read_plus_write_GBps\": %.1f}\n", gpu.name().c_str(),
+              bw / 1e9);
+  // Bytes a decode step reads per sequence: every bf16 weight but the input embedding (one row).
+  double weight_bytes = 0;
+  for (const auto& p : m.params().params())
+    if (p.name != "embedding.word_embeddings.weight") weight_bytes += 2.0 * static_cast<double>(p.numel());
+  const double kv_per_position = 2.0 * 2.0 * static_cast<double>(c.num_layers * c.num_query_groups * c.kv_channels);
+  std::fflush(stdout);
+
+  for (const bool graphs : {false, true}) {
+    run(m, 1, prompt, 8, graphs);  // warm-up: cuBLASLt plans, the allocator's pool
+    const Timing t = run(m, 1, prompt, new_tokens, graphs);
+    const size_t n = t.token_times.size();
+    const double decode_s = seconds(t.token_times.front(), t.token_times.back());
+    const double tps = static_cast<double>(n - 1) / decode_s;
+    const double kv_avg = kv_per_position * (static_cast<double>(prompt) + static_cast<double>(new_tokens) / 2.0);
+    const double bound = bw / (weight_bytes + kv_avg);
+    std::printf("{\"bench\": \"decode_batch1\", \"cuda_graphs\": %s, \"prompt\": %lld, \"new_tokens\": %lld, "
+                "\"tokens_per_s\": %.1f, \"ms_per_token\": %.3f, \"weight_bytes\": %.0f, "
+                "\"kv_bytes_per_token_avg\": %.0f, \"bound_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f}\n",
+                graphs ? "true" : "false", static_cast<long long>(prompt), static_cast<long long>(new_tokens), tps,
+                1e3 / tps, weight_bytes, kv_avg, bound, tps / bound);
+    std::fflush(stdout);
+  }
+  for (const bool graphs : {false, true}) {
+    run(m, batch, prompt, 4, graphs);  // warm-up at this batch's GEMM shapes (autotuned on first use)
+    const Timing t = run(m, batch, prompt, new_tokens, graphs);
+    const double total_s = seconds(t.start, t.end);
+    // Decode-only: from request 0's first token (every prompt prefilled in the first step) to the end.
+    const double decode_s = seconds(t.token_times.front(), t.end);
+    const double decode_tokens = static_cast<double>(t.generated - batch);
+    std::printf("{\"bench\": \"decode_batch%lld\", \"cuda_graphs\": %s, \"prompt\": %lld, \"new_tokens\": %lld, "
+                "\"tokens_per_s_with_prefill\": %.1f, \"decode_tokens_per_s\": %.1f}\n",
+                static_cast<long long>(batch), graphs ? "true" : "false", static_cast<long long>(prompt),
+                static_cast<long long>(new_tokens), static_cast<double>(t.generated) / total_s,
+                decode_tokens / decode_s);
+    std::fflush(stdout);
+  }
+  {
+    run(m, 1, ttft_prompt, 1, false);  // warm-up
+    const Timing t = run(m, 1, ttft_prompt, 1, false);
+    std::printf("{\"bench\": \"ttft_%lld\", \"ms\": %.2f}\n", static_cast<long long>(ttft_prompt),
+                1e3 * seconds(t.start, t.token_times.front()));
+  }
+  return 0;
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The generation engine on one GPU (issue #22): megatron.cpp's engine (bench/generate_bench.cpp)
+# and HF transformers' generate() (bench/hf_generate_anchor.py) on the llama-1.5b shape with
+# random bf16 weights, in the same call. Prints JSON lines:
+#   copy_bandwidth  measured device-to-device copy rate (read + write bytes/s)
+#   decode_batch1   tokens/s at batch 1 and fraction_of_bound: the HBM bound is (weight bytes +
+#                   KV cache bytes read per token) / the measured copy rate (target >= 0.70)
+#   decode_batch64  generated tokens/s with 64 requests at once
+#   ttft_2048       ms to the first token of a 2,048-token prompt
+# Builds generate_bench into $MT_DEVICE_BUILD (default /tmp/mt_build) where it is missing.
+#   MT_GEN_ARGS="--prompt 128 --new 256 --batch 64 --ttft-prompt 2048"   (passed to both)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
+B=${MT_DEVICE_BUILD:-/tmp/mt_build}
+[ -d third_party_carry/gloo/lib ] && export LD_LIBRARY_PATH="$PWD/third_party_carry/gloo/lib:${LD_LIBRARY_PATH:-}"
+ARGS=${MT_GEN_ARGS:-}
+if [ ! -x "$B/generate_bench" ] && [ ! -x "$B/bin/generate_bench" ]; then
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DMT_BUILD_TESTS=OFF \
+    >"$OUT/configure.txt" 2>&1 &&
+    cmake --build "$B" -j"$(nproc)" --target generate_bench >"$OUT/build.txt" 2>&1 ||
+    { echo "build failed"; tail -20 "$OUT/build.txt"; exit 1; }
+fi
+GB="$B/generate_bench"; [ -x "$GB" ] || GB="$B/bin/generate_bench"
+# shellcheck disable=SC2086
+"$GB" $ARGS 2>"$OUT/generate_bench.err" || { echo "generate_bench failed"; tail -5 "$OUT/generate_bench.err"; }
+# shellcheck disable=SC2086
+python3 bench/hf_generate_anchor.py $ARGS 2>"$OUT/hf_generate.err" ||
+  { echo "hf anchor failed"; tail -5 "$OUT/hf_generate.err"; }

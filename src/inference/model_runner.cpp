@@ -1,0 +1,211 @@
+#include "inference/model_runner.h"
+
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "core/checked.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/device.h"
+#include "kernels/ops.h"
+#include "model/gpt_model.h"
+
+namespace mt::inference {
+
+using model::Norm;
+using model::PassContext;
+
+ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs)
+    : m_(m), slots_(slots), max_len_(max_len), vocab_(m.config().orig_vocab_size), device_(m.device()) {
+  const auto& c = m.config();
+  if (m.tensor_parallel().on()) fail("generation with --tensor-model-parallel-size > 1 is not supported yet: use 1");
+  if (!m.word_embedding() || m.layers().size() != static_cast<size_t>(c.num_layers))
+    fail("generation needs the whole model on one rank (no pipeline split)");
+  MT_CHECK(slots >= 1 && max_len >= 1, "KV cache of {} slots x {} tokens", slots, max_len);
+  if (m.position_embedding() && max_len > c.max_position_embeddings)
+    fail("a context of {} tokens exceeds the model's {} learned positions (--max-position-embeddings)", max_len,
+         c.max_position_embeddings);
+  // The cache holds activations: the compute copy's dtype on the GPU, fp32 on the CPU.
+  const DType dt = device_ == Device::CPU ? DType::F32 : m.word_embedding()->value.dtype();
+  const int64_t G = c.num_query_groups, D = c.kv_channels;
+  checked_product({c.num_layers, 2, slots, G, max_len, D, static_cast<int64_t>(dtype_size(dt))}, "KV cache bytes");
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    k_cache_.push_back(Tensor::zeros({slots, G, max_len, D}, dt, device_));
+    v_cache_.push_back(Tensor::zeros({slots, G, max_len, D}, dt, device_));
+  }
+  if (c.rope()) rope_.build(max_len, c.rotary_dim(), c);
+  graphs_on_ = cuda_graphs && device_ == Device::CUDA && c.moe.num_experts == 0;
+}
+
+template <typename T>
+Tensor ModelRunner::upload(const std::vector<T>& v) const {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, int32_t>, "uploads are f32 or i32");
+  return ops::upload(v.data(), {static_cast<int64_t>(v.size())}, std::is_same_v<T, float> ? DType::F32 : DType::I32,
+                     device_);
+}
+
+// As TransformerLayer::forward_layer in evaluation (no dropout), with the attention core over the
+// cache: the same modules, the same residual fusions.
+Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Tensor& slot, const Tensor& pos, const Tensor& cos,
+                                  const Tensor& sin) {
+  const model::TransformerLayer& L = m_.layers()[li];
+  const model::SelfAttention& A = L.attn;
+  const auto& c = m_.config();
+  const int64_t N = x.dim(0), G = c.num_query_groups, D = c.kv_channels;
+  PassContext ctx;
+  ctx.training = false;
+  Norm::Saved ns;
+  const Tensor xn = L.input_norm.forward(x, ns, ctx);
+  Tensor q, k, v;
+  // RoPE inside the split where nothing runs between them (no qk-norm), as the training forward.
+  const bool fused = A.rope && !c.qk_layernorm;
+  const ops::RopeRef rope = fused ? ops::RopeRef{&cos, &sin, rope_.rot_dim} : ops::RopeRef{};
+  ops::qkv_split(A.qkv.forward(xn, ctx), q, k, v, N, 1, G, c.q_per_group(), D, rope);
+  if (c.qk_layernorm) {
+    Norm::Saved qs, ks;
+    q = A.q_norm.forward(q.view({-1, D}), qs, ctx).view(q.shape());
+    k = A.k_norm.forward(k.view({-1, D}), ks, ctx).view(k.shape());
+  }
+  if (A.rope && !fused) {
+    ops::rope_forward(q, cos, sin, rope_.rot_dim);
+    ops::rope_forward(k, cos, sin, rope_.rot_dim);
+  }
+  ops::kv_cache_write(k_cache_[li], v_cache_[li], k, v, slot, pos);
+  const Tensor core = ops::cached_attention(q, k_cache_[li], v_cache_[li], slot, pos,
+                                            1.0f / std::sqrt(static_cast<float>(D)));
+  Tensor h;
+  if (A.proj.fuses_residual()) {
+    h = A.proj.forward(core, ctx, &x);
+  } else {
+    h = A.proj.forward(core, ctx);
+    ops::add_inplace(h, x);
+  }
+  Norm::Saved ns2;
+  const Tensor hn = L.pre_mlp_norm.forward(h, ns2, ctx);
+  if (!L.is_moe && L.mlp.fc2.fuses_residual()) {
+    model::MLP::Saved ms;
+    return L.mlp.forward(hn, ms, ctx, &h);
+  }
+  Tensor y;
+  if (L.is_moe) {
+    model::MoELayer::Saved ms;
+    y = L.moe.forward(hn, 1, ms, ctx);
+  } else {
+    model::MLP::Saved ms;
+    y = L.mlp.forward(hn, ms, ctx);
+  }
+  ops::add_inplace(y, h);
+  return y;
+}
+
+// A decode step's graph at one row count: its inputs and output live in fixed buffers, which
+// each step refills before the replay.
+struct ModelRunner::Graph {
+  bool warmed = false;  // one eager step at this count ran (GEMM plans made)
+  Inputs in;
+  Tensor logits;
+  ops::StreamGraph graph;
+};
+
+ModelRunner::~ModelRunner() = default;
+
+Tensor ModelRunner::device_forward(const Inputs& in) {
+  Tensor x = ops::embedding_forward(in.ids, m_.word_embedding()->value);
+  if (const model::Param* pe = m_.position_embedding()) ops::add_inplace(x, ops::embedding_forward(in.pos, pe->value));
+  for (size_t l = 0; l < m_.layers().size(); ++l) x = layer_forward(l, x, in.slot, in.pos, in.cos, in.sin);
+  if (in.rows.numel() == 0) return Tensor();  // a prompt chunk that is not the prompt's end
+  // Only the rows whose next token is wanted go through the head.
+  const Tensor rows = ops::embedding_forward(in.rows, x);
+  PassContext ctx;
+  ctx.training = false;
+  Norm::Saved ns;
+  return m_.output_layer().forward(m_.final_norm().forward(rows, ns, ctx), ctx);
+}
+
+Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {
+  std::unique_ptr<Graph>& g = graphs_[N];
+  if (!g) g = std::make_unique<Graph>();
+  if (!g->warmed) {  // eager, once: cuBLASLt picks and caches its plans outside the capture
+    g->warmed = true;
+    return device_forward(in);
+  }
+  if (!g->graph.ready()) {
+    auto fixed = [](const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), t.device()) : Tensor(); };
+    g->in = {fixed(in.ids), fixed(in.slot), fixed(in.pos), fixed(in.cos), fixed(in.sin), fixed(in.rows)};
+    const int64_t Vp = m_.config().vocab_size;
+    g->logits = Tensor::empty({N, Vp}, m_.word_embedding()->value.dtype(), device_);
+    try {
+      g->graph.capture([&] {
+        Tensor l = device_forward(g->in);
+        ops::copy_into(g->logits, l);
+      });
+    } catch (const Error& e) {
+      log_warn("decode steps run without CUDA graphs: {}", e.what());
+      graphs_on_ = false;
+      graphs_.clear();
+      return device_forward(in);
+    }
+  }
+  for (auto [dst, src] : {std::pair{&g->in.ids, &in.ids}, {&g->in.slot, &in.slot}, {&g->in.pos, &in.pos},
+                          {&g->in.cos, &in.cos}, {&g->in.sin, &in.sin}, {&g->in.rows, &in.rows}})
+    if (src->defined()) ops::copy_into(*dst, *src);
+  g->graph.launch();
+  ++replays_;
+  return g->logits;
+}
+
+Tensor ModelRunner::forward(const StepBatch& b) {
+  const auto& c = m_.config();
+  const int64_t N = static_cast<int64_t>(b.tokens.size());
+  MT_CHECK(N > 0 && b.slots.size() == b.tokens.size() && b.positions.size() == b.tokens.size(),
+           "step batch of {} tokens, {} slots, {} positions", N, b.slots.size(), b.positions.size());
+  for (int64_t i = 0; i < N; ++i) {
+    const int32_t t = b.tokens[static_cast<size_t>(i)], s = b.slots[static_cast<size_t>(i)],
+                  p = b.positions[static_cast<size_t>(i)];
+    MT_CHECK(t >= 0 && t < c.vocab_size && s >= 0 && s < slots_ && p >= 0 && p < max_len_,
+             "step row {}: token {} slot {} position {} outside the model or cache", i, t, s, p);
+  }
+  for (int32_t r : b.logit_rows) MT_CHECK(r >= 0 && r < N, "logit row {} of {} rows", r, N);
+  const int64_t R = static_cast<int64_t>(b.logit_rows.size());
+  Inputs in{upload(b.tokens), upload(b.slots), upload(b.positions), Tensor(), Tensor(), upload(b.logit_rows)};
+  // This pass's RoPE tables: the rows of its tokens' positions.
+  if (c.rope()) {
+    const int64_t half = rope_.cos.dim(1);
+    std::vector<float> cv(static_cast<size_t>(N * half)), sv(static_cast<size_t>(N * half));
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t p = b.positions[static_cast<size_t>(i)];
+      std::memcpy(cv.data() + i * half, rope_.cos.data<float>() + p * half, static_cast<size_t>(half) * 4);
+      std::memcpy(sv.data() + i * half, rope_.sin.data<float>() + p * half, static_cast<size_t>(half) * 4);
+    }
+    in.cos = upload(cv).view({N, half});
+    in.sin = upload(sv).view({N, half});
+  }
+  // A decode step: every row's logits, in order.
+  bool decode = R == N;
+  for (int64_t r = 0; decode && r < R; ++r) decode = b.logit_rows[static_cast<size_t>(r)] == r;
+  Tensor l = graphs_on_ && decode ? graph_forward(in, N) : device_forward(in);
+  if (R == 0) return Tensor::empty({0, vocab_});
+  // To the host in the activations' dtype (half the bytes of fp32), then one pass that widens
+  // and drops the padded vocabulary columns: this runs once per decode step, on its critical path.
+  if (l.device() != Device::CPU) l = l.to_device(Device::CPU);
+  const int64_t Vp = l.dim(1);
+  if (l.dtype() == DType::F32 && Vp == vocab_) return l;
+  Tensor out = Tensor::empty({R, vocab_});
+  for (int64_t r = 0; r < R; ++r) {
+    float* dst = out.data<float>() + r * vocab_;
+    if (l.dtype() == DType::F32) {
+      std::memcpy(dst, l.data<float>() + r * Vp, static_cast<size_t>(vocab_) * 4);
+    } else if (l.dtype() == DType::BF16) {
+      const uint16_t* src = l.data<uint16_t>() + r * Vp;
+      for (int64_t v = 0; v < vocab_; ++v) dst[v] = bf16_to_f32(src[v]);
+    } else {
+      const uint16_t* src = l.data<uint16_t>() + r * Vp;
+      for (int64_t v = 0; v < vocab_; ++v) dst[v] = f16_to_f32(src[v]);
+    }
+  }
+  return out;
+}
+
+}  // namespace mt::inference

@@ -1,0 +1,72 @@
+#pragma once
+// One forward pass of a GPTModel over a batch of new tokens from several sequences, each reading
+// and extending its own slot of a KV cache: the engine's prefill and decode are both this pass
+// (a prompt's chunk is many rows of one slot, a decode step one row per slot). The model's own
+// modules and ops run it (norms, linears, MLP or MoE layer, QKV split with RoPE), on the model's
+// device; only the attention core is the cache's (ops::cached_attention).
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/attention.h"
+
+namespace mt::model {
+class GPTModel;
+}
+
+namespace mt::inference {
+
+// The new tokens of one pass, row by row.
+struct StepBatch {
+  std::vector<int32_t> tokens;     // [N]
+  std::vector<int32_t> slots;      // [N] the KV cache slot of each token's sequence
+  std::vector<int32_t> positions;  // [N] its position in that sequence (0-based)
+  std::vector<int32_t> logit_rows; // rows (indices into tokens) whose next-token logits are wanted
+};
+
+class ModelRunner {
+ public:
+  // A cache of `slots` sequences of up to `max_len` tokens per layer, on the model's device in its
+  // activation dtype. Fails (mt::Error) where the model is split over ranks.
+  // `cuda_graphs`: on the GPU, decode steps (every row's logits wanted: one token per sequence)
+  // replay a CUDA graph captured per row count, after one eager step at that count (which sets
+  // up the GEMM plans). Not for MoE models (their expert counts go through the host). A capture
+  // that fails turns graphs off with a warning and the step runs eagerly.
+  ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs = false);
+  ~ModelRunner();
+  // Writes every row's K and V into the cache and returns the fp32 host logits [rows, V] of
+  // batch.logit_rows over the real (unpadded) vocabulary V.
+  Tensor forward(const StepBatch& batch);
+  int64_t slots() const { return slots_; }
+  int64_t max_len() const { return max_len_; }
+  int64_t vocab() const { return vocab_; }
+  const model::GPTModel& model() const { return m_; }
+  bool cuda_graphs() const { return graphs_on_; }
+  int64_t graph_replays() const { return replays_; }
+
+ private:
+  struct Inputs {  // one pass's inputs on the device
+    Tensor ids, slot, pos, cos, sin, rows;
+  };
+  struct Graph;
+  // The pass on the device: logits [rows, padded vocab] in the activations' dtype.
+  Tensor device_forward(const Inputs& in);
+  Tensor graph_forward(const Inputs& in, int64_t N);
+  Tensor layer_forward(size_t l, const Tensor& x, const Tensor& slot, const Tensor& pos, const Tensor& cos,
+                       const Tensor& sin);
+  template <typename T>
+  Tensor upload(const std::vector<T>& v) const;
+
+  model::GPTModel& m_;
+  int64_t slots_, max_len_, vocab_;
+  Device device_;
+  std::vector<Tensor> k_cache_, v_cache_;  // per layer [slots, G, max_len, D]
+  model::RopeTables rope_;                 // host tables for positions 0..max_len-1 (RoPE models)
+  bool graphs_on_ = false;
+  int64_t replays_ = 0;
+  std::map<int64_t, std::unique_ptr<Graph>> graphs_;  // per row count
+};
+
+}  // namespace mt::inference

@@ -1,0 +1,78 @@
+#include "training/inference_load.h"
+
+#include <filesystem>
+#include <optional>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_import.h"
+#include "checkpoint/model_args.h"
+#include "core/error.h"
+#include "core/error_report.h"
+#include "training/convert.h"
+#include "training/hf_tokenizer_files.h"
+#include "training/memory_check.h"
+
+namespace mt {
+
+InferenceModel load_inference_model(const std::string& load, int64_t iteration, Device device, bool need_tokenizer) {
+  const auto kind = checkpoint::detect_checkpoint(load);
+  if (kind == checkpoint::CheckpointKind::Empty)
+    fail("--load '{}' holds neither a checkpoint (latest_checkpointed_iteration.txt) nor a HuggingFace model "
+         "(config.json + safetensors)",
+         load);
+  const bool hf = kind == checkpoint::CheckpointKind::HuggingFace;
+  InferenceModel r;
+  Arguments& a = r.args;
+  bool have_tokenizer = true;
+  if (hf) {
+    if (iteration >= 0) fail("--iteration {}: --load '{}' is a HuggingFace model, which has no iterations", iteration, load);
+    const checkpoint::HfSpec spec = checkpoint::read_hf_config(load);
+    apply_hf_config(a, spec, (std::filesystem::path(load) / "config.json").string());
+    apply_hf_vocab(a, spec, 0, load);
+    a.model.seq_length = spec.cfg.seq_length;  // the context: min(max positions, 4096), as convert records
+    have_tokenizer = tokenizer_of_hf_dir(load, a.tokenizer);
+    if (!have_tokenizer && need_tokenizer)
+      fail("--load {}: a HuggingFace model without tokenizer files (tokenizer.json, vocab.json + merges.txt, or "
+           "tokenizer.model); copy its tokenizer into the directory",
+           load);
+  } else {
+    if (iteration < 0) {
+      const std::optional<int64_t> latest = checkpoint::latest_iteration(load);
+      if (!latest) fail("--load {}: no latest_checkpointed_iteration.txt (not a checkpoint directory)", load);
+      iteration = *latest;
+    } else if (!std::filesystem::is_directory(checkpoint::iteration_dir(load, iteration))) {
+      fail("--iteration {}: '{}' holds no such iteration (no {})", iteration, load,
+           checkpoint::iteration_dir(load, iteration));
+    }
+    auto st = checkpoint::read_state(load, iteration);
+    checkpoint::model_args_from_json(st.args, a.model, a.tokenizer);
+    checkpoint::use_saved_tokenizer(checkpoint::iteration_dir(load, iteration), st.args, a.tokenizer);
+  }
+  a.model.attention_dropout = a.model.hidden_dropout = 0.f;
+  // fp32 on the CPU (the reference); bf16 compute copy on the GPU.
+  a.model.bf16 = device == Device::CUDA;
+  a.model.fp16 = false;
+  a.model.fp8 = {};
+  a.model.recompute_granularity.clear();
+  a.model.recompute_method.clear();
+  a.model.recompute_num_layers = 0;
+  a.model.finalize();
+  if (device == Device::CPU)
+    check_host_memory(a.model, 4, 1, 0, "its fp32 parameters");
+  if (have_tokenizer) r.tokenizer = data::build_tokenizer(a.tokenizer);
+  Activity building("building the model");
+  r.model = std::make_unique<model::GPTModel>(a.model);
+  if (hf) {
+    checkpoint::load_hf_weights(load, r.model->params(), r.model->config());
+  } else {
+    checkpoint::LoadOptions lo;
+    lo.load_optim = false;
+    lo.load_rng = false;
+    checkpoint::load_checkpoint(load, iteration, checkpoint::RankInfo{}, r.model->params(), nullptr, lo);
+  }
+  if (a.model.bf16) r.model->params().sync_model_from_main();
+  if (device == Device::CUDA) r.model->to_device(Device::CUDA);
+  return r;
+}
+
+}  // namespace mt
