@@ -108,6 +108,48 @@ TEST_F(AttentionChunksGpu, ChunkAtOffsetsMatchesCpu) {
     expect_close(run<float>(p, cu, true, 9), run<float>(p, cu, false, 9), 1e-5);
 }
 
+// The ranged tensor-core kernels (bf16, head dims 64 and 128; attention_fwd.cu / attention_bwd.cu):
+// documents of 1 token, documents crossing the 64-row tiles, a sequence that is no multiple of
+// a tile, GQA, causal and not.
+TEST_F(AttentionChunksGpu, PackedDocumentsTensorCoresMatchCpu) {
+  for (const int64_t D : {64, 128})
+    for (const bool causal : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "D=" << D << " causal=" << causal);
+      ops::AttentionShape p = shape(2, 4, 2, 300, D);
+      p.causal = causal;
+      const std::vector<int32_t> cu{0, 1, 2, 63, 64, 65, 190, 300, 301, 430, 431, 600};
+      expect_close(run<cuda::bf16>(p, cu, true, 11), run<cuda::bf16>(p, cu, false, 11), 1e-2);
+    }
+}
+
+// A longer packed sample (many tiles, documents of every size) as training sees it.
+TEST_F(AttentionChunksGpu, LongPackedSampleTensorCoresMatchCpu) {
+  const ops::AttentionShape p = shape(1, 4, 1, 2048, 128);
+  const std::vector<int32_t> cu{0, 5, 700, 701, 1024, 1100, 1999, 2048};
+  expect_close(run<cuda::bf16>(p, cu, true, 13), run<cuda::bf16>(p, cu, false, 13), 1e-2);
+}
+
+// Chunk pairs at every relation ring attention meets: keys before the queries (all visible),
+// on the diagonal, after them (nothing visible: out 0, lse +inf, zero gradients), with and
+// without documents, through the tensor-core kernels.
+TEST_F(AttentionChunksGpu, ChunkPairsTensorCoresMatchCpu) {
+  struct Pair {
+    int64_t q_pos, k_pos;
+  };
+  for (const int64_t D : {64, 128})
+    for (const Pair pr : {Pair{200, 0}, Pair{100, 100}, Pair{100, 80}, Pair{0, 200}})
+      for (const auto& cu : {std::vector<int32_t>{}, std::vector<int32_t>{0, 90, 150, 151, 300, 420, 600}}) {
+        SCOPED_TRACE(testing::Message() << "D=" << D << " q_pos=" << pr.q_pos << " k_pos=" << pr.k_pos
+                                        << " docs=" << !cu.empty());
+        ops::AttentionShape p = shape(2, 4, 2, 100, D);
+        p.Sk = 100;
+        p.q_pos = pr.q_pos;
+        p.k_pos = pr.k_pos;
+        p.seq_total = 300;
+        expect_close(run<cuda::bf16>(p, cu, true, 17), run<cuda::bf16>(p, cu, false, 17), 1e-2);
+      }
+}
+
 Tensor seq_rows(const Tensor& x, int64_t s0, int64_t n) {
   const int64_t BH = x.dim(0) * x.dim(1), S = x.dim(2), D = x.dim(3);
   Tensor y = Tensor::empty({x.dim(0), x.dim(1), n, D}, x.dtype(), x.device());
