@@ -48,8 +48,6 @@ WORLD_SIZE=8 expect_error "--sequence-parallel with --context-parallel-size 2: t
   --max-position-embeddings 20
 expect_error "--context-parallel-size > 1 with --num-experts is not supported yet" \
   pretrain "${BASE[@]}" --context-parallel-size 2 --num-experts 4
-expect_error "--save and --load with --context-parallel-size > 1 are not supported yet" \
-  pretrain "${BASE[@]}" --context-parallel-size 2 --load "$TMP/ck" --save "$TMP/ck"
 expect_error "world size 4 is not divisible by --tensor-model-parallel-size (1) x --pipeline-model-parallel-size (1) x --context-parallel-size (3)" \
   pretrain "${BASE[@]}" --context-parallel-size 3
 
