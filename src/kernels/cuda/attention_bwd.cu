@@ -195,6 +195,27 @@ __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const TcArgs a) {
 }
 
 // ---------------------------------------------------------------- backward: dK, dV
+// Ranged calls: the query blocks [x, y) (of BR rows) whose rows reach keys [k0, k1) of sample
+// b. Those rows are [r_a, r_b): r_a the first whose keys end past k0, r_b the first whose keys
+// start at or after k1; both ends rise with the row, so each is a binary search.
+__device__ __forceinline__ int2 ranged_query_blocks(const TcArgs& a, int64_t b, int k0, int k1, int BR) {
+  int lo = 0, hi = a.S;
+  while (lo < hi) {
+    const int m = (lo + hi) / 2;
+    if (row_keys(a, b, m).hi > k0) hi = m;
+    else lo = m + 1;
+  }
+  const int r_a = lo;
+  hi = a.S;
+  while (lo < hi) {
+    const int m = (lo + hi) / 2;
+    if (row_keys(a, b, m).lo >= k1) hi = m;
+    else lo = m + 1;
+  }
+  const int r_b = lo;
+  return make_int2(r_a / BR, r_b > r_a ? (r_b + BR - 1) / BR : r_a / BR);
+}
+
 // D = 64 fits three CTAs per SM under the 170-register cap this asks for (ptxas reports a few
 // bytes of spill for it, cheaper than a third fewer warps to hide latency with).
 template <int D, int NW, int BR, bool DROP, bool RANGED>
@@ -217,31 +238,10 @@ __global__ void __launch_bounds__(NW * 32, D == 64 ? 3 : 1) flash_bwd_dkdv_kerne
   const int k0 = blockIdx.y * BC;  // y = key block: with causal masking the first are the longest
   const int64_t bkv = blockIdx.x;
   const int64_t b = bkv / a.Hkv, hk = bkv % a.Hkv;
-  int qb_start = 0, qb_end = (S + BR - 1) / BR;
-  if constexpr (RANGED) {
-    // The rows reaching these keys are [r_a, r_b): r_a the first with hi > k0, r_b the first
-    // with lo >= k1 (both ends rise with the row, so each is a binary search).
-    const int k1 = min(k0 + BC, Sk);
-    int lo = 0, hi = S;
-    while (lo < hi) {
-      const int m = (lo + hi) / 2;
-      if (row_keys(a, b, m).hi > k0) hi = m;
-      else lo = m + 1;
-    }
-    const int r_a = lo;
-    lo = r_a, hi = S;
-    while (lo < hi) {
-      const int m = (lo + hi) / 2;
-      if (row_keys(a, b, m).lo >= k1) hi = m;
-      else lo = m + 1;
-    }
-    const int r_b = lo;
-    qb_start = r_a / BR;
-    qb_end = r_b > r_a ? (r_b + BR - 1) / BR : qb_start;
-  } else if (a.causal) {
-    qb_start = k0 / BR;
-  }
-  const int per_head = qb_end - qb_start;
+  const int2 qbs = RANGED ? ranged_query_blocks(a, b, k0, min(k0 + BC, Sk), BR)
+                         : make_int2(a.causal ? k0 / BR : 0, (S + BR - 1) / BR);
+  const int qb_start = qbs.x;
+  const int per_head = qbs.y - qb_start;
   const int iters = per_head * a.group;
 
   Tile::template load<kThreads>(sK, a.k + (bkv * Sk + k0) * D, BC, min(BC, Sk - k0));
@@ -283,14 +283,13 @@ __global__ void __launch_bounds__(NW * 32, D == 64 ? 3 : 1) flash_bwd_dkdv_kerne
     const int buf = it & 1;
     const int64_t bh = b * a.Hq + hk * a.group + it / per_head;
     const int q0 = (qb_start + it % per_head) * BR;
-    if (wkey0 >= Sk) continue;
-    const int* cLo = sLo + buf * BR;
-    const int* cHi = sHi + buf * BR;
     if constexpr (RANGED) {
-      // The block's first row starts past this warp's keys, or its last ends before them.
-      if (cLo[0] >= wkey0 + 16 || cHi[min(BR, S - q0) - 1] <= wkey0) continue;
-    } else if (a.causal && wkey0 > q0 + BR - 1) {
-      continue;  // this warp's keys are after every query here
+      // Past the keys, or the block's first row starts after this warp's keys, or its last ends
+      // before them.
+      if (wkey0 >= Sk || sLo[buf * BR] >= wkey0 + 16 || sHi[buf * BR + min(BR, S - q0) - 1] <= wkey0) continue;
+    } else {
+      if (a.causal && wkey0 > q0 + BR - 1) continue;  // this warp's keys are after every query here
+      if (wkey0 >= S) continue;
     }
     const bf16* cQ = sQ + buf * BR * D;
     const bf16* cdO = sdO + buf * BR * D;
@@ -328,7 +327,7 @@ __global__ void __launch_bounds__(NW * 32, D == 64 ? 3 : 1) flash_bwd_dkdv_kerne
         const int qi = nt * 8 + 2 * tq + (e & 1), col = q0 + qi, key = keys[e >> 1];
         float p = exp2f(sc[nt][e] * a.scale_log2 - cLse[qi]);
         if constexpr (RANGED) {
-          if (key < cLo[qi] || key >= cHi[qi]) p = 0.f;
+          if (key < sLo[buf * BR + qi] || key >= sHi[buf * BR + qi]) p = 0.f;
         } else if (need_mask && (col >= S || key >= S || (a.causal && key > col))) {
           p = 0.f;
         }
