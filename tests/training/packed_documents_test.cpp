@@ -102,10 +102,10 @@ TEST(PackedDocuments, Gpt2SampleEqualsItsDocuments) {
   expect_packed_equals_documents(c, {{7, 9}, {2, 2, 12}});
 }
 
-// The GPU: a Llama model in bf16 whose packed sample (mbs 1: the GPU's RoPE takes one table for
-// all samples) gives its documents' loss and gradients. The packed run attends through the
-// ranged kernels, the documents through the plain ones, so both sides round alike only up to
-// bf16 (the GEMMs also see other row counts).
+// The GPU: a Llama model in bf16 whose packed samples (one, or two: RoPE then runs per sample)
+// give their documents' loss and gradients. The packed run attends through the ranged kernels,
+// the documents through the plain ones, so both sides round alike only up to bf16 (the GEMMs
+// also see other row counts).
 TEST(PackedDocumentsGpu, LlamaSampleEqualsItsDocuments) {
 #ifndef MT_HAVE_CUDA
   GTEST_SKIP() << "built without the CUDA backend";
@@ -113,9 +113,10 @@ TEST(PackedDocumentsGpu, LlamaSampleEqualsItsDocuments) {
   if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   test::gpu();
   for (const int64_t head_dim : {64, 128})
-    for (const std::vector<int32_t>& docs : {std::vector<int32_t>{40, 1, 87}, std::vector<int32_t>{64, 64},
-                                              std::vector<int32_t>{1, 126, 1}}) {
-      SCOPED_TRACE(testing::Message() << "head dim " << head_dim << ", " << docs.size() << " documents");
+    for (const std::vector<std::vector<int32_t>>& docs :
+         {std::vector<std::vector<int32_t>>{{40, 1, 87}}, {{64, 64}}, {{1, 126, 1}}, {{40, 1, 87}, {100, 28}}}) {
+      SCOPED_TRACE(testing::Message() << "head dim " << head_dim << ", " << docs.size() << " samples, "
+                                      << docs[0].size() << " documents in the first");
       TransformerConfig c = test::tiny_llama_config(2);
       c.num_attention_heads = 2;
       c.num_query_groups = 1;
@@ -129,7 +130,7 @@ TEST(PackedDocumentsGpu, LlamaSampleEqualsItsDocuments) {
       c.finalize();
       GPTModel m(c);
       m.to_device(Device::CUDA);
-      const Batch p = packed({docs}, 128);
+      const Batch p = packed(docs, 128);
       const Result whole = run(m, {p}), apart = run(m, documents(p));
       EXPECT_EQ(whole.tokens, apart.tokens);
       EXPECT_NEAR(whole.loss, apart.loss, 3e-3 * std::fabs(apart.loss));
