@@ -66,8 +66,6 @@ void validate_context_args(Arguments& a) {
     fail("--sequence-parallel with --context-parallel-size {}: the {} tokens per CP rank (--seq-length {} / CP) must "
          "be divisible by --tensor-model-parallel-size {}",
          cp, seq / cp, seq, a.tensor_model_parallel_size);
-  if (a.model.moe.enabled())
-    fail("--context-parallel-size > 1 with --num-experts is not supported yet; use one of them");
   if (a.cp_a2a_size > 1) {
     const int64_t tp = a.tensor_model_parallel_size, heads = a.model.num_attention_heads;
     const int64_t groups = a.group_query_attention ? a.model.num_query_groups : heads;
