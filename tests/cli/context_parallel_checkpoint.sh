@@ -27,17 +27,16 @@ one --train-iters 4 >"$TMP/ref.log" 2>&1 || { echo "FAIL: reference run"; tail -
 want=$(losses "$TMP/ref.log" | tail -2)
 check "the reference logs four losses" test "$(losses "$TMP/ref.log" | wc -l)" -eq 4
 
-cp2 --train-iters 2 --save "$TMP/ck_cp2" --save-interval 2 >"$TMP/save_cp2.log" 2>&1 ||
-  { echo "FAIL: CP 2 save"; tail -20 "$TMP/save_cp2.log"; exit 1; }
-one --train-iters 4 --load "$TMP/ck_cp2" >"$TMP/load_cp1.log" 2>&1 ||
-  { echo "FAIL: CP 1 load"; tail -20 "$TMP/load_cp1.log"; exit 1; }
-check "saved at CP 2, resumed at CP 1: two more losses" test "$(losses "$TMP/load_cp1.log" | wc -l)" -eq 2
-check "saved at CP 2, resumed at CP 1: the uninterrupted losses" same_within "$(losses "$TMP/load_cp1.log")" "$want"
-
-one --train-iters 2 --save "$TMP/ck_cp1" --save-interval 2 >"$TMP/save_cp1.log" 2>&1 ||
-  { echo "FAIL: CP 1 save"; tail -20 "$TMP/save_cp1.log"; exit 1; }
-cp2 --train-iters 4 --load "$TMP/ck_cp1" >"$TMP/load_cp2.log" 2>&1 ||
-  { echo "FAIL: CP 2 load"; tail -20 "$TMP/load_cp2.log"; exit 1; }
-check "saved at CP 1, resumed at CP 2: two more losses" test "$(losses "$TMP/load_cp2.log" | wc -l)" -eq 2
-check "saved at CP 1, resumed at CP 2: the uninterrupted losses" same_within "$(losses "$TMP/load_cp2.log")" "$want"
+# resume SAVE LOAD LABEL: iterations 1-2 by SAVE (one or cp2) into a checkpoint, 3-4 by LOAD from it.
+resume() {
+  local save=$1 load=$2 label=$3 dir="$TMP/ck_$1"
+  "$save" --train-iters 2 --save "$dir" --save-interval 2 >"$TMP/save_$1.log" 2>&1 ||
+    { echo "FAIL: $label: the save"; tail -20 "$TMP/save_$1.log"; exit 1; }
+  "$load" --train-iters 4 --load "$dir" >"$TMP/load_$2.log" 2>&1 ||
+    { echo "FAIL: $label: the load"; tail -20 "$TMP/load_$2.log"; exit 1; }
+  check "$label: two more losses" test "$(losses "$TMP/load_$2.log" | wc -l)" -eq 2
+  check "$label: the uninterrupted losses" same_within "$(losses "$TMP/load_$2.log")" "$want"
+}
+resume cp2 one "saved at CP 2, resumed at CP 1"
+resume one cp2 "saved at CP 1, resumed at CP 2"
 finish

@@ -47,22 +47,9 @@ __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const TcArgs a) {
   const int q0 = qb * BR;
   const bf16* Kg = a.k + bkv * Sk * D;
   const bf16* Vg = a.v + bkv * Sk * D;
-  // Key tiles kb0 .. kb0 + nkb - 1 (as the forward); the warp's rows see keys [w_lo, w_hi) at most.
-  int kb0 = 0, nkb = 0, w_lo = 0, w_hi = 0;
   const int wrow0 = q0 + warp * 16;
-  if constexpr (RANGED) {
-    const int kv_begin = static_cast<int>(row_keys(a, b, q0).lo);
-    const int kv_end = static_cast<int>(row_keys(a, b, min(q0 + BR, S) - 1).hi);
-    kb0 = kv_begin / BC;
-    nkb = kv_end > kv_begin ? (kv_end + BC - 1) / BC - kb0 : 0;
-    if (wrow0 < S) {
-      w_lo = static_cast<int>(row_keys(a, b, wrow0).lo);
-      w_hi = static_cast<int>(row_keys(a, b, min(wrow0 + 15, S - 1)).hi);
-    }
-  } else {
-    const int kv_end = a.causal ? min(S, q0 + BR) : S;
-    nkb = (kv_end + BC - 1) / BC;
-  }
+  const KeyTiles kt = key_tiles<BR, BC, RANGED>(a, b, q0, wrow0);
+  const int kb0 = kt.kb0, nkb = kt.nkb, w_lo = kt.w_lo, w_hi = kt.w_hi;
 
   Tile::template load<NW * 32>(sQ, a.q + (bh * S + q0) * D, BR, min(BR, S - q0));
   Tile::template load<NW * 32>(sdO, a.dout + (bh * S + q0) * D, BR, min(BR, S - q0));
@@ -409,36 +396,22 @@ void attention_backward(const ops::AttentionShape& p, const T* q, const nd<T>* k
     attention_backward_generic(p, q, k, v, out, lse, dout, dq, dk, dv, s);
   } else {
     check_params(p);
-    if (!p.plain()) {  // chunks and packed documents: the ranged tensor-core kernels where they serve
-      if (p.B * p.Hkv * p.keys() == 0) return;
-      if (p.dropout_p > 0.f || !attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) ||
-          !aligned16(dout) || !aligned16(dq) || !aligned16(dk) || !aligned16(dv)) {
-        attention_backward_generic(p, q, k, v, out, lse, dout, dq, dk, dv, s);
-        return;
-      }
-      if (p.S == 0) {  // no query reaches a key
-        MT_CUDA_CHECK(cudaMemsetAsync(dk, 0, static_cast<size_t>(p.B * p.Hkv * p.keys() * p.D) * sizeof(bf16), s));
-        MT_CUDA_CHECK(cudaMemsetAsync(dv, 0, static_cast<size_t>(p.B * p.Hkv * p.keys() * p.D) * sizeof(bf16), s));
-        return;
-      }
-      Scratch delta(static_cast<size_t>(p.B * p.Hq * p.S) * sizeof(float), s);
-      attention_delta(out, dout, delta.as<float>(), p.B * p.Hq * p.S, p.D, s);
-      TcArgs a = make_args(p);
-      a.q = q, a.k = k, a.v = v, a.out = out, a.dout = dout, a.lse = lse, a.delta = delta.as<float>();
-      a.dq = dq, a.dk = dk, a.dv = dv;
-      if (p.D == 64) launch_backward<64, false, true>(a, p.B, s);
-      else launch_backward<128, false, true>(a, p.B, s);
-      return;
-    }
-    if (p.B * p.Hq * p.S == 0) return;
+    // Chunks and packed documents (ranged): our tensor-core kernels where they serve (no dropout).
+    const bool ranged = !p.plain();
+    if (ranged ? p.B * p.Hkv * p.keys() == 0 : p.B * p.Hq * p.S == 0) return;
     const void* ptrs[] = {q, k, v, out, lse, dout, dq, dk, dv};
-    if (attention_use_cudnn(p, true, ptrs, 9)) {  // --attention-backend (attention_cudnn.h)
+    if (!ranged && attention_use_cudnn(p, true, ptrs, 9)) {  // --attention-backend (attention_cudnn.h)
       cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, s, attention_deterministic());
       return;
     }
-    if (!attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(dout) ||
-        !aligned16(dq)) {
+    if ((ranged && p.dropout_p > 0.f) || !attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) ||
+        !aligned16(v) || !aligned16(dout) || !aligned16(dq)) {
       attention_backward_generic(p, q, k, v, out, lse, dout, dq, dk, dv, s);
+      return;
+    }
+    if (p.S == 0) {  // ranged, no query reaches a key
+      MT_CUDA_CHECK(cudaMemsetAsync(dk, 0, static_cast<size_t>(p.B * p.Hkv * p.keys() * p.D) * sizeof(bf16), s));
+      MT_CUDA_CHECK(cudaMemsetAsync(dv, 0, static_cast<size_t>(p.B * p.Hkv * p.keys() * p.D) * sizeof(bf16), s));
       return;
     }
     Scratch delta(static_cast<size_t>(p.B * p.Hq * p.S) * sizeof(float), s);
@@ -447,7 +420,9 @@ void attention_backward(const ops::AttentionShape& p, const T* q, const nd<T>* k
     a.q = q, a.k = k, a.v = v, a.out = out, a.dout = dout, a.lse = lse, a.delta = delta.as<float>();
     a.dq = dq, a.dk = dk, a.dv = dv;
     const bool drop = p.dropout_p > 0.f;
-    if (p.D == 64)
+    if (ranged)
+      p.D == 64 ? launch_backward<64, false, true>(a, p.B, s) : launch_backward<128, false, true>(a, p.B, s);
+    else if (p.D == 64)
       drop ? launch_backward<64, true>(a, p.B, s) : launch_backward<64, false>(a, p.B, s);
     else
       drop ? launch_backward<128, true>(a, p.B, s) : launch_backward<128, false>(a, p.B, s);

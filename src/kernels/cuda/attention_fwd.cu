@@ -46,22 +46,9 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const TcArgs a) {
   const bf16* Qg = a.q + (bh * S + q0) * D;
   const bf16* Kg = a.k + bkv * Sk * D;
   const bf16* Vg = a.v + bkv * Sk * D;
-  // Key tiles kb0 .. kb0 + nkb - 1; the warp's rows see keys [w_lo, w_hi) at most.
-  int kb0 = 0, nkb = 0, w_lo = 0, w_hi = 0;
   const int wrow0 = q0 + warp * 16;
-  if constexpr (RANGED) {
-    const int kv_begin = static_cast<int>(row_keys(a, b, q0).lo);
-    const int kv_end = static_cast<int>(row_keys(a, b, min(q0 + BR, S) - 1).hi);
-    kb0 = kv_begin / BC;
-    nkb = kv_end > kv_begin ? (kv_end + BC - 1) / BC - kb0 : 0;
-    if (wrow0 < S) {
-      w_lo = static_cast<int>(row_keys(a, b, wrow0).lo);
-      w_hi = static_cast<int>(row_keys(a, b, min(wrow0 + 15, S - 1)).hi);
-    }
-  } else {
-    const int kv_end = a.causal ? min(S, q0 + BR) : S;
-    nkb = (kv_end + BC - 1) / BC;
-  }
+  const KeyTiles kt = key_tiles<BR, BC, RANGED>(a, b, q0, wrow0);
+  const int kb0 = kt.kb0, nkb = kt.nkb, w_lo = kt.w_lo, w_hi = kt.w_hi;
 
   Tile::template load<NW * 32>(sQ, Qg, BR, min(BR, S - q0));
   {
@@ -251,33 +238,25 @@ void attention_forward(const ops::AttentionShape& p, const T* q, const nd<T>* k,
     attention_forward_generic(p, q, k, v, out, lse, s);
   } else {
     check_params(p);
-    if (!p.plain()) {  // chunks and packed documents: the ranged tensor-core kernel where it serves
-      if (p.B * p.Hq * p.S == 0) return;
-      if (p.dropout_p > 0.f || !attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) ||
-          !aligned16(out)) {
-        attention_forward_generic(p, q, k, v, out, lse, s);
-        return;
-      }
-      TcArgs a = make_args(p);
-      a.q = q, a.k = k, a.v = v, a.o = out, a.lse_out = lse;
-      if (p.D == 64) launch_forward<64, false, true>(a, p.B, s);
-      else launch_forward<128, false, true>(a, p.B, s);
-      return;
-    }
     if (p.B * p.Hq * p.S == 0) return;
+    // Chunks and packed documents (ranged): our tensor-core kernel where it serves (no dropout).
+    const bool ranged = !p.plain();
     const void* ptrs[] = {q, k, v, out, lse};
-    if (attention_use_cudnn(p, false, ptrs, 5)) {  // --attention-backend (attention_cudnn.h)
+    if (!ranged && attention_use_cudnn(p, false, ptrs, 5)) {  // --attention-backend (attention_cudnn.h)
       cudnn_attention_forward(p, q, k, v, out, lse, s);
       return;
     }
-    if (!attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) {
+    if ((ranged && p.dropout_p > 0.f) || !attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) ||
+        !aligned16(v) || !aligned16(out)) {
       attention_forward_generic(p, q, k, v, out, lse, s);
       return;
     }
     TcArgs a = make_args(p);
     a.q = q, a.k = k, a.v = v, a.o = out, a.lse_out = lse;
     const bool drop = p.dropout_p > 0.f;
-    if (p.D == 64)
+    if (ranged)
+      p.D == 64 ? launch_forward<64, false, true>(a, p.B, s) : launch_forward<128, false, true>(a, p.B, s);
+    else if (p.D == 64)
       drop ? launch_forward<64, true>(a, p.B, s) : launch_forward<64, false>(a, p.B, s);
     else
       drop ? launch_forward<128, true>(a, p.B, s) : launch_forward<128, false>(a, p.B, s);

@@ -44,6 +44,33 @@ __device__ __forceinline__ float drop_factor(const TcArgs& a, int64_t bh, int i,
   return philox_uniform(a.seed, a.offset, idx) >= a.dropout_p ? a.keep_scale : 0.f;
 }
 
+// The key tiles (of BC keys) a block of BR query rows from q0 walks, kb0 .. kb0 + nkb - 1, and
+// the keys [w_lo, w_hi) that the warp's 16 rows from wrow0 see at most (ranged calls only; the
+// plain ones skip tiles by the causal diagonal). Plain: every tile up to the block's diagonal
+// (causal) or the last.
+struct KeyTiles {
+  int kb0, nkb, w_lo, w_hi;
+};
+template <int BR, int BC, bool RANGED>
+__device__ __forceinline__ KeyTiles key_tiles(const TcArgs& a, int64_t b, int q0, int wrow0) {
+  KeyTiles t{0, 0, 0, 0};
+  const int S = a.S;
+  if constexpr (RANGED) {
+    const int kv_begin = static_cast<int>(row_keys(a, b, q0).lo);
+    const int kv_end = static_cast<int>(row_keys(a, b, min(q0 + BR, S) - 1).hi);
+    t.kb0 = kv_begin / BC;
+    t.nkb = kv_end > kv_begin ? (kv_end + BC - 1) / BC - t.kb0 : 0;
+    if (wrow0 < S) {
+      t.w_lo = static_cast<int>(row_keys(a, b, wrow0).lo);
+      t.w_hi = static_cast<int>(row_keys(a, b, min(wrow0 + 15, S - 1)).hi);
+    }
+  } else {
+    const int kv_end = a.causal ? min(S, q0 + BR) : S;
+    t.nkb = (kv_end + BC - 1) / BC;
+  }
+  return t;
+}
+
 inline TcArgs make_args(const ops::AttentionShape& p) {
   TcArgs a{};
   a.S = static_cast<int>(p.S);
