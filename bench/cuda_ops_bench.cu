@@ -8,10 +8,15 @@
 // GEMMs are timed with cuBLASLt autotuning off (the heuristic's choice) and on (ops *_tuned);
 // MT_GEMM_TUNE=verbose also prints each tuned shape's choice to stderr.
 //
-//   cuda_ops_bench [--quick] [--only=gemm|attn|mem]
+//   cuda_ops_bench [--quick] [--only=gemm|attn|mem|longattn] [--seq=N]
+//
+// longattn (bench/gpu_longseq_bench.sh): llama-1.5b's heads (32 query, 8 key/value, dim 64) at
+// one sequence of --seq tokens (default 32768), causal, then the same sequence packed with
+// documents of 4096 tokens (the ranged kernels; FLOPs counted over the documents' triangles).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -220,6 +225,38 @@ void bench_attention(int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t D) {
   }
 }
 
+// A packed sequence: B = 1, documents of `doc` tokens, through the ranged tensor-core kernels
+// (kernels/cuda/attention_fwd.cu); the FLOPs are those of the documents' causal triangles.
+void bench_packed_attention(int64_t H, int64_t Hkv, int64_t S, int64_t D, int64_t doc) {
+  mt::ops::AttentionShape p{1, H, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
+  std::vector<int32_t> cu{0};
+  double tri = 0;  // sum of the documents' squared lengths
+  for (int64_t a = 0; a < S; a += doc) {
+    const int64_t e = std::min(S, a + doc);
+    cu.push_back(static_cast<int32_t>(e));
+    tri += static_cast<double>(e - a) * static_cast<double>(e - a);
+  }
+  DeviceBuffer<int32_t> dcu(cu);
+  p.cu_seqlens = dcu.get();
+  p.num_segments = static_cast<int64_t>(cu.size()) - 1;
+  const size_t nq = H * S * D, nk = Hkv * S * D;
+  auto q = random_buffer<bf16>(nq, 21, -2, 2), k = random_buffer<bf16>(nk, 22, -2, 2), v = random_buffer<bf16>(nk, 23);
+  auto dout = random_buffer<bf16>(nq, 24);
+  DeviceBuffer<bf16> out(nq), dq(nq), dk(nk), dv(nk);
+  DeviceBuffer<float> lse(H * S);
+  const double fwd_flop = 4.0 * H * tri * D / 2.0, bwd_flop = 2.5 * fwd_flop;
+  char shape[128];
+  std::snprintf(shape, sizeof shape, "H%lld Hkv%lld S%lld D%lld causal docs of %lld", static_cast<long long>(H),
+                static_cast<long long>(Hkv), static_cast<long long>(S), static_cast<long long>(D),
+                static_cast<long long>(doc));
+  const int it = g_quick ? 3 : 10;
+  const double f = time_ms([&](int) { attention_forward(p, q.get(), k, v, out, lse, nullptr); }, it);
+  const double b = time_ms([&](int) { attention_backward(p, q.get(), k, v, out, lse, dout, dq, dk, dv, nullptr); }, it);
+  report("attn_fwd_packed", shape, f, fwd_flop / f * 1e-9, "TFLOP/s");
+  report("attn_bwd_packed", shape, b, bwd_flop / b * 1e-9, "TFLOP/s");
+  report("attn_fwd_bwd_packed", shape, f + b, (fwd_flop + bwd_flop) / (f + b) * 1e-9, "TFLOP/s");
+}
+
 void bench_memory_bound() {
   constexpr int kSets = 3;  // rotating input sets: 3 x >= 32 MB does not fit the L2
   const int64_t rows = 8192, dim = 2048;
@@ -349,10 +386,16 @@ void bench_memory_bound() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string only;  // --only=gemm|attn|mem runs one group
+  std::string only;  // --only=gemm|attn|mem|longattn runs one group (longattn only when named)
+  int64_t seq = 32768;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) g_quick = true;
     if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
+    if (std::strncmp(argv[i], "--seq=", 6) == 0) seq = std::atoll(argv[i] + 6);
+  }
+  if (seq < 64 || seq > (int64_t{1} << 20)) {
+    std::fprintf(stderr, "cuda_ops_bench: --seq must be between 64 and 1048576\n");
+    return 2;
   }
   auto want = [&](const char* group) { return only.empty() || only == group; };
   cudaDeviceProp prop{};
@@ -367,6 +410,10 @@ int main(int argc, char** argv) {
       bench_attention(2, 16, 16, 2048, 128);
     }
     if (want("mem")) bench_memory_bound();
+    if (only == "longattn") {
+      bench_attention(1, 32, 8, seq, 64);  // llama-1.5b's heads, one long sequence
+      bench_packed_attention(32, 8, seq, 64, 4096);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench failed: %s\n", e.what());
     return 1;

@@ -152,7 +152,12 @@ Tensor place_heads(const Tensor& x, int64_t H, int64_t h0) {
 
 ops::RopeRef SelfAttention::fused_rope(const SequenceLayout* seq) const {
   if (!rope || cfg.qk_layernorm || shard.kv_replicas > 1) return {};
-  if (seq && seq->rope_cos.defined()) return {&seq->rope_cos, &seq->rope_sin, rope->rot_dim};
+  if (seq && seq->rope_cos.defined()) {
+    // A table per sample (--reset-position-ids, micro-batch > 1): the GPU's fused split reads
+    // one table for all samples, so rotate() runs it sample by sample instead.
+    if (seq->rope_cos.ndim() == 3 && seq->rope_cos.device() != Device::CPU) return {};
+    return {&seq->rope_cos, &seq->rope_sin, rope->rot_dim};
+  }
   return {&rope->cos, &rope->sin, rope->rot_dim};
 }
 
@@ -214,6 +219,20 @@ void SelfAttention::rotate(Tensor& q, Tensor& k, bool backward, const SequenceLa
   const bool own = seq && seq->rope_cos.defined();
   const Tensor& cos = own ? seq->rope_cos : rope->cos;
   const Tensor& sin = own ? seq->rope_sin : rope->sin;
+  if (cos.ndim() == 3 && q.device() != Device::CPU) {
+    // Tables [B, S, rot/2], one per sample: each sample's heads [1, H, S, D] (a view) with its own.
+    const int64_t B = q.dim(0), S = cos.dim(1), half = cos.dim(2);
+    for (Tensor* t : {&q, &k}) {
+      const int64_t per = t->numel() / B;
+      for (int64_t b = 0; b < B; ++b) {
+        Tensor x = t->flat_range(b * per, {1, t->dim(1), t->dim(2), t->dim(3)});
+        const Tensor c = cos.flat_range(b * S * half, {S, half}), sn = sin.flat_range(b * S * half, {S, half});
+        if (backward) ops::rope_backward(x, c, sn, rope->rot_dim);
+        else ops::rope_forward(x, c, sn, rope->rot_dim);
+      }
+    }
+    return;
+  }
   for (Tensor* t : {&q, &k}) {
     if (backward) ops::rope_backward(*t, cos, sin, rope->rot_dim);
     else ops::rope_forward(*t, cos, sin, rope->rot_dim);
@@ -229,7 +248,7 @@ Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, P
     s.q = head_norm_forward(q_norm, s.q, s.qn, ctx);
     s.k = head_norm_forward(k_norm, s.k, s.kn, ctx);
   }
-  if (rope && !fused_rope().rot_dim) rotate(s.q, s.k, false, s.seq.get(), ctx);
+  if (rope && !fused_rope(s.seq.get()).rot_dim) rotate(s.q, s.k, false, s.seq.get(), ctx);
   s.dropout_p = ctx.training ? cfg.attention_dropout : 0.f;
   if (s.dropout_p > 0.f) {
     RngState* rng = ctx.region_rng(true);  // a TP region: each rank's heads get their own masks
@@ -258,7 +277,7 @@ Tensor SelfAttention::backward(const Tensor& dy, int64_t S, int64_t B, Saved& s,
     core_backward(p, s, dctx, dq, dk, dv);
   }
   dctx = Tensor();
-  if (rope && !fused_rope().rot_dim) rotate(dq, dk, true, s.seq.get(), ctx);
+  if (rope && !fused_rope(s.seq.get()).rot_dim) rotate(dq, dk, true, s.seq.get(), ctx);
   if (cfg.qk_layernorm) {
     dq = head_norm_backward(q_norm, dq, s.qn, ctx);
     dk = head_norm_backward(k_norm, dk, s.kn, ctx);

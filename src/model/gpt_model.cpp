@@ -137,12 +137,9 @@ std::shared_ptr<const SequenceLayout> GPTModel::layout(const Batch& batch) const
     return reset ? batch.position_ids[static_cast<size_t>(b * S + t)] : t;
   };
   const int64_t Sl = L->S_local;
-  // Positions that differ between samples need a table row per token; the GPU's RoPE reads one
-  // table for all samples.
+  // Positions that differ between samples need a table row per token (on the GPU, RoPE then
+  // runs per sample: SelfAttention::rotate).
   const bool per_sample = reset && B > 1;
-  if (per_sample && device_ != Device::CPU)
-    fail("--reset-position-ids with --micro-batch-size > 1 runs on the CPU only so far; use --device cpu or "
-         "--micro-batch-size 1");
   if (cfg_.rope()) {
     // The rows of the host tables (the device's may be elsewhere), uploaded as this pass's.
     const int64_t half = rope_host_cos_.dim(1);

@@ -56,14 +56,7 @@ void validate_context_args(Arguments& a) {
     fail("--hierarchical-context-parallel-sizes applies to --cp-comm-type a2a+p2p only (got --cp-comm-type {})",
          a.cp_comm_type);
   }
-  if (a.device == "cuda" && (cp > 1 || a.reset_attention_mask))
-    fail("{} runs on the CPU only so far (its GPU path, through the generic attention kernels, is not validated yet); "
-         "use --device cpu",
-         cp > 1 ? "--context-parallel-size > 1" : "--reset-attention-mask");
   if (cp == 1) return;
-  if (!a.save.empty() || !a.load.empty())
-    fail("--save and --load with --context-parallel-size > 1 are not supported yet; train without them or with "
-         "--context-parallel-size 1");
   const int64_t seq = a.model.seq_length;
   if (seq > 0 && seq % (2 * cp) != 0)
     fail("--seq-length ({}) must be divisible by 2 x --context-parallel-size = {}: Megatron cuts each sequence into "
@@ -73,8 +66,6 @@ void validate_context_args(Arguments& a) {
     fail("--sequence-parallel with --context-parallel-size {}: the {} tokens per CP rank (--seq-length {} / CP) must "
          "be divisible by --tensor-model-parallel-size {}",
          cp, seq / cp, seq, a.tensor_model_parallel_size);
-  if (a.model.moe.enabled())
-    fail("--context-parallel-size > 1 with --num-experts is not supported yet; use one of them");
   if (a.cp_a2a_size > 1) {
     const int64_t tp = a.tensor_model_parallel_size, heads = a.model.num_attention_heads;
     const int64_t groups = a.group_query_attention ? a.model.num_query_groups : heads;

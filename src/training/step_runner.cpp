@@ -137,6 +137,7 @@ void StepRunner::update_expert_biases() {
   model_.for_each_moe_layer([&](model::MoELayer& l) {
     l.router.update_expert_bias([&](std::vector<double>& counts) {
       pg_.tp->all_reduce(counts.data(), counts.size());
+      if (pg_.cp->size() > 1) pg_.cp->all_reduce(counts.data(), counts.size());
       pg_.dp->all_reduce(counts.data(), counts.size());
     });
   });
@@ -145,12 +146,13 @@ void StepRunner::update_expert_biases() {
 void StepRunner::reduce_moe_losses(int64_t micro_batches, StepResult& r) {
   const auto& moe = model_.config().moe;
   if (!moe.enabled()) return;
-  // Megatron's tracker: load-balancing shares are summed over TP (each rank holds part of the
-  // loss), the z-loss averaged; then both averaged over DP and summed over the pipeline stages'
-  // layers, per micro-batch and MoE layer.
+  // Megatron's tracker: load-balancing shares are summed over TP x CP (each rank holds part of
+  // the loss), the z-loss averaged; then both averaged over DP and summed over the pipeline
+  // stages' layers, per micro-batch and MoE layer.
   double v[3] = {moe_losses_.z_loss, moe_losses_.load_balancing, moe_losses_.seq_load_balancing};
   pg_.tp->all_reduce(v, 3);
-  v[0] /= pg_.tp->size();
+  if (pg_.cp->size() > 1) pg_.cp->all_reduce(v, 3);
+  v[0] /= static_cast<double>(pg_.tp->size()) * static_cast<double>(pg_.cp->size());
   pg_.dp->all_reduce(v, 3);
   if (pg_.pp->size() > 1) pg_.pp->all_reduce(v, 3);
   const double per = static_cast<double>(pg_.dp->size()) * static_cast<double>(micro_batches) *

@@ -27,8 +27,12 @@ checkpoint::RankInfo Trainer::rank_info() const {
   ri.tp_rank = pg_.tp_rank();
   ri.pp = pg_.grid.pp();
   ri.pp_rank = pg_.pp->rank();
-  ri.dp = pg_.grid.dp();
-  ri.dp_rank = pg_.dp_rank();
+  // Context-parallel ranks hold the same parameters and share the optimizer's shards with the
+  // data-parallel ones (the DDP group is DP x CP), so checkpoints see DP x CP replicas: the first
+  // writes the weights, each its own optimizer shard, and a load at another CP reshards as for
+  // another DP.
+  ri.dp = pg_.dp_cp->size();
+  ri.dp_rank = pg_.dp_cp->rank();
   ri.ep = pg_.grid.expert_model_parallel();
   ri.ep_rank = pg_.ep->rank();
   ri.etp_rank = pg_.etp->rank();

@@ -46,10 +46,6 @@ expect_error "--hierarchical-context-parallel-sizes: 'x' is not a positive size"
 WORLD_SIZE=8 expect_error "--sequence-parallel with --context-parallel-size 2: the 10 tokens per CP rank (--seq-length 20 / CP) must be divisible by --tensor-model-parallel-size 4" \
   pretrain "${BASE[@]}" --context-parallel-size 2 --tensor-model-parallel-size 4 --sequence-parallel --seq-length 20 \
   --max-position-embeddings 20
-expect_error "--context-parallel-size > 1 with --num-experts is not supported yet" \
-  pretrain "${BASE[@]}" --context-parallel-size 2 --num-experts 4
-expect_error "--save and --load with --context-parallel-size > 1 are not supported yet" \
-  pretrain "${BASE[@]}" --context-parallel-size 2 --load "$TMP/ck" --save "$TMP/ck"
 expect_error "world size 4 is not divisible by --tensor-model-parallel-size (1) x --pipeline-model-parallel-size (1) x --context-parallel-size (3)" \
   pretrain "${BASE[@]}" --context-parallel-size 3
 

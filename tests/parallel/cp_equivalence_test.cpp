@@ -116,6 +116,9 @@ TEST(ContextParallel, CP2A2A) { expect_same_as_single_rank({.world = 2, .cp = 2,
 TEST(ContextParallel, CP2A2AP2PRingOnly) {
   expect_same_as_single_rank({.world = 2, .cp = 2, .comm = "a2a+p2p", .a2a = 1});
 }
+TEST(ContextParallel, CP2A2AP2PAllToAllOnly) {
+  expect_same_as_single_rank({.world = 2, .cp = 2, .comm = "a2a+p2p", .a2a = 2});
+}
 TEST(ContextParallel, CP4P2P) { expect_same_as_single_rank({.world = 4, .cp = 4}); }
 TEST(ContextParallel, CP4AllGather) { expect_same_as_single_rank({.world = 4, .cp = 4, .comm = "allgather"}); }
 TEST(ContextParallel, CP4A2A) { expect_same_as_single_rank({.world = 4, .cp = 4, .comm = "a2a"}); }
@@ -142,6 +145,10 @@ TEST(ContextParallel, CP2A2AFullRecomputePacked) {
 }
 TEST(ContextParallel, PackedDocumentsSingleRankLayoutDP2) { expect_same_as_single_rank({.world = 2, .packed = true}); }
 TEST(ContextParallel, PackedDocumentsCP2) { expect_same_as_single_rank({.world = 2, .cp = 2, .packed = true}); }
+TEST(ContextParallel, PackedDocumentsCP2AllGather) {
+  expect_same_as_single_rank({.world = 2, .cp = 2, .comm = "allgather", .packed = true});
+}
+TEST(ContextParallel, PackedDocumentsCP4P2P) { expect_same_as_single_rank({.world = 4, .cp = 4, .packed = true}); }
 TEST(ContextParallel, PackedDocumentsCP4A2AP2PGpt) {
   expect_same_as_single_rank(
       {.shape = Shape::Gpt, .world = 4, .cp = 4, .comm = "a2a+p2p", .a2a = 2, .packed = true});

@@ -38,7 +38,8 @@ int visible_gpus() {
 }
 
 struct Layout {
-  int world = 1, tp = 1, pp = 1, vpp = 0;
+  int world = 1, tp = 1, pp = 1, vpp = 0, cp = 1;
+  const char* cp_comm = "p2p";  // --cp-comm-type where cp > 1
   bool sp = false, dist_opt = false, overlap_grad = false, overlap_param = false, gpt = false, tp_overlap = false;
   int64_t bucket = 0;
   int query_groups = 2;  // Llama only; 1 with tp = 2 replicates the KV head (TP > groups)
@@ -68,6 +69,8 @@ Arguments make_args(const Layout& l) {
   a.tensor_model_parallel_size = l.tp;
   a.pipeline_model_parallel_size = l.pp;
   a.num_virtual_stages_per_pipeline_rank = l.vpp;
+  a.context_parallel_size = l.cp;
+  a.cp_comm_type = l.cp_comm;
   a.sequence_parallel = l.sp;
   a.use_distributed_optimizer = l.dist_opt;
   a.overlap_grad_reduce = l.overlap_grad;
@@ -82,8 +85,9 @@ const std::string& tmp_dir() { return testing::scratch_dir("mt_gpu_equiv"); }
 
 void train_rank(comm::World& w, const Layout& l, const std::string& out, const std::string& ref) {
   Arguments a = make_args(l);
-  parallel::RankGrid grid(w.size(), l.tp, l.pp);
-  auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
+  parallel::RankGrid grid(w.size(), l.tp, l.pp, l.cp);
+  auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid, static_cast<int>(a.cp_a2a_size))
+                         : parallel::local_process_groups();
   Trainer t(a, nullptr, pg);
   t.set_data(std::make_unique<testing::PatternSource>(100000, a.model.seq_length, kVocab), nullptr);
   const std::vector<double> losses = testing::train_checking_step1(t, kSteps, w.rank(), out, ref, l.grad_tol);
@@ -138,9 +142,9 @@ void expect_same_as_one_gpu(const Layout& l) {
   double worst = 0;
   std::vector<double> want;
   ASSERT_NO_FATAL_FAILURE(testing::expect_losses_match(ref, out, kSteps, l.loss_tol, 0.5, "one GPU", worst, want));
-  std::printf("[ gpu layout ] world %d tp %d pp %d vpp %d%s%s%s%s%s%s: loss %.4f -> %.4f, max relative loss "
-              "difference over %d steps %.2e\n",
-              l.world, l.tp, l.pp, l.vpp, l.gpt ? " gpt" : (l.query_groups == 1 ? " llama 1-group" : " llama"), l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
+  std::printf("[ gpu layout ] world %d tp %d pp %d vpp %d cp %d (%s)%s%s%s%s%s%s: loss %.4f -> %.4f, max relative "
+              "loss difference over %d steps %.2e\n",
+              l.world, l.tp, l.pp, l.vpp, l.cp, l.cp_comm, l.gpt ? " gpt" : (l.query_groups == 1 ? " llama 1-group" : " llama"), l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
               l.overlap_grad ? " overlap-grad" : "", l.overlap_param ? " overlap-param" : "",
               l.tp_overlap ? " tp-comm-overlap" : "", want.front(), want.back(), kSteps, worst);
 }
@@ -173,6 +177,16 @@ TEST(GpuEquivalence, TP2OneQueryGroup) {
 TEST(GpuEquivalence, PP2) { expect_same_as_one_gpu({.world = 2, .pp = 2}); }
 TEST(GpuEquivalence, PP2Interleaved) { expect_same_as_one_gpu({.world = 2, .pp = 2, .vpp = 2}); }
 TEST(GpuEquivalence, PP2TiedEmbeddings) { expect_same_as_one_gpu({.world = 2, .pp = 2, .gpt = true}); }
+// Context parallel (issue #19; needs 2 GPUs): each rank holds two of the four chunks of every
+// sequence; attention runs as chunk pairs (the ranged kernels) merged in fp32 from bf16
+// partial outputs, hence the bf16-sized bounds.
+TEST(GpuEquivalence, CP2P2P) { expect_same_as_one_gpu({.world = 2, .cp = 2, .grad_tol = 5e-2, .loss_tol = 1e-2}); }
+TEST(GpuEquivalence, CP2A2A) {
+  expect_same_as_one_gpu({.world = 2, .cp = 2, .cp_comm = "a2a", .grad_tol = 5e-2, .loss_tol = 1e-2});
+}
+TEST(GpuEquivalence, CP2AllGather) {
+  expect_same_as_one_gpu({.world = 2, .cp = 2, .cp_comm = "allgather", .grad_tol = 5e-2, .loss_tol = 1e-2});
+}
 
 }  // namespace
 }  // namespace mt

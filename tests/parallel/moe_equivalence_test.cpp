@@ -3,7 +3,8 @@
 // with both token dispatchers, and EP composed with data parallelism and the distributed
 // optimizer, tensor + sequence parallelism (expert TP 1 and = TP), and pipeline parallelism; and
 // a second shape with a gated shared expert, sigmoid routing with DeepSeek-V3's expert bias
-// (moved after each step from the token counts of every rank) and the z-loss.
+// (moved after each step from the token counts of every rank) and the z-loss; and MoE under
+// context parallelism (the load-balancing counts and the tracker summed over TP x CP).
 // As in equivalence_test.cpp: the per-step losses match the single-rank run (1e-5 relative) and
 // after the first step every gradient element a rank holds (its experts by their global names,
 // its TP/ETP shards, its owned slices) matches the single-rank gradient. Ranks are forked
@@ -25,7 +26,7 @@ constexpr int kSteps = 12;
 constexpr int32_t kVocab = 64;
 
 struct Layout {
-  int world = 1, tp = 1, pp = 1, ep = 1;
+  int world = 1, tp = 1, pp = 1, ep = 1, cp = 1;
   int etp = 1;  // expert TP (Megatron's default: TP)
   bool sp = false, dist_opt = false, overlap_grad = false, overlap_param = false;
   int64_t bucket = 0;
@@ -76,6 +77,7 @@ Arguments make_args(const Layout& l) {
   a.pipeline_model_parallel_size = l.pp;
   if (l.vpp > 0) a.num_virtual_stages_per_pipeline_rank = l.vpp;
   a.expert_model_parallel_size = l.ep;
+  a.context_parallel_size = l.cp;
   a.expert_tensor_parallel_size = l.etp;
   a.sequence_parallel = l.sp;
   a.use_distributed_optimizer = l.dist_opt;
@@ -90,7 +92,7 @@ const std::string& tmp_dir() { return testing::scratch_dir("mt_moe_equiv"); }
 
 void train_rank(comm::World& w, const Layout& l, const std::string& out, const std::string& ref) {
   Arguments a = make_args(l);
-  parallel::RankGrid grid(w.size(), l.tp, l.pp, 1, l.ep, l.etp);
+  parallel::RankGrid grid(w.size(), l.tp, l.pp, l.cp, l.ep, l.etp);
   auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
   Trainer t(a, nullptr, pg);
   t.set_data(std::make_unique<testing::PatternSource>(100000, a.model.seq_length, kVocab), nullptr);
@@ -123,12 +125,20 @@ void expect_same_as_single_rank(const Layout& l) {
   const std::string& ref = testing::reference_run(ref_dir, train({.rich = l.rich, .layers = l.layers}));
   double worst = 0;
   ASSERT_NO_FATAL_FAILURE(testing::expect_layout_matches(ref, tmp_dir() + "/run", l.world, kSteps, train(l), worst));
-  std::printf("[ layout ] world %d tp %d pp %d (virtual %d) ep %d etp %d %s%s%s%s: max relative loss difference over %d "
-              "steps %.2e\n",
-              l.world, l.tp, l.pp, std::max(l.vpp, 1), l.ep, l.etp, l.dispatcher.c_str(), l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
+  std::printf("[ layout ] world %d tp %d pp %d (virtual %d) cp %d ep %d etp %d %s%s%s%s: max relative loss difference "
+              "over %d steps %.2e\n",
+              l.world, l.tp, l.pp, std::max(l.vpp, 1), l.cp, l.ep, l.etp, l.dispatcher.c_str(), l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
               l.rich ? " shared-expert+bias+z-loss" : "", kSteps, worst);
 }
 
+// Context parallelism: each CP rank routes its two chunks of every sequence.
+TEST(MoEEquivalence, CP2) { expect_same_as_single_rank({.world = 2, .cp = 2}); }
+TEST(MoEEquivalence, CP2xEP2AllToAll) {
+  expect_same_as_single_rank({.world = 2, .ep = 2, .cp = 2, .dispatcher = "alltoall"});
+}
+TEST(MoEEquivalence, SharedExpertBiasZLossCP2xTP2SequenceParallel) {
+  expect_same_as_single_rank({.world = 4, .tp = 2, .cp = 2, .sp = true, .rich = true});
+}
 TEST(MoEEquivalence, EP2AllGather) { expect_same_as_single_rank({.world = 2, .ep = 2}); }
 TEST(MoEEquivalence, EP2AllToAll) { expect_same_as_single_rank({.world = 2, .ep = 2, .dispatcher = "alltoall"}); }
 TEST(MoEEquivalence, EP4AllGather) { expect_same_as_single_rank({.world = 4, .ep = 4}); }

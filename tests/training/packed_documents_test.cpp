@@ -1,13 +1,16 @@
 // Packed documents (--reset-position-ids --reset-attention-mask): a sample holding several
 // documents gives the loss and the gradients of those documents run one by one, for the Llama
 // blocks (RoPE) and the GPT-2 blocks (learned positions), with micro-batches of one and two
-// samples; and the masks are Megatron's (data::mark_documents).
+// samples; and the masks are Megatron's (data::mark_documents). On the GPU (bf16, head dim 64 and
+// 128: the ranged tensor-core attention kernels) a packed sample matches its documents within
+// bf16's rounding.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
 #include "data/packed_documents.h"
+#include "support/gpu.h"
 #include "support/tiny_models.h"
 
 namespace mt::model {
@@ -34,7 +37,7 @@ Result run(GPTModel& m, const std::vector<Batch>& batches) {
     m.backward(s, 1.f, ctx);
   }
   m.params().zero_unwritten_grads();
-  r.grads = m.params().grad_buffer().to_vector();
+  r.grads = m.params().grad_buffer().to_device(Device::CPU).to_vector();
   return r;
 }
 
@@ -97,6 +100,50 @@ TEST(PackedDocuments, Gpt2SampleEqualsItsDocuments) {
   TransformerConfig c = test::tiny_llama_config(2);
   test::use_gpt2_blocks(c);
   expect_packed_equals_documents(c, {{7, 9}, {2, 2, 12}});
+}
+
+// The GPU: a Llama model in bf16 whose packed samples (one, or two: RoPE then runs per sample)
+// give their documents' loss and gradients. The packed run attends through the ranged kernels,
+// the documents through the plain ones, so both sides round alike only up to bf16 (the GEMMs
+// also see other row counts).
+TEST(PackedDocumentsGpu, LlamaSampleEqualsItsDocuments) {
+#ifndef MT_HAVE_CUDA
+  GTEST_SKIP() << "built without the CUDA backend";
+#else
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
+  for (const int64_t head_dim : {64, 128})
+    for (const std::vector<std::vector<int32_t>>& docs :
+         {std::vector<std::vector<int32_t>>{{40, 1, 87}}, {{64, 64}}, {{1, 126, 1}}, {{40, 1, 87}, {100, 28}}}) {
+      SCOPED_TRACE(testing::Message() << "head dim " << head_dim << ", " << docs.size() << " samples, "
+                                      << docs[0].size() << " documents in the first");
+      TransformerConfig c = test::tiny_llama_config(2);
+      c.num_attention_heads = 2;
+      c.num_query_groups = 1;
+      c.hidden_size = 2 * head_dim;
+      c.ffn_hidden_size = 256;
+      c.vocab_size = 256;
+      c.orig_vocab_size = 250;
+      c.seq_length = c.max_position_embeddings = 128;
+      c.attention_dropout = c.hidden_dropout = 0.f;
+      c.bf16 = true;
+      c.finalize();
+      GPTModel m(c);
+      m.to_device(Device::CUDA);
+      const Batch p = packed(docs, 128);
+      const Result whole = run(m, {p}), apart = run(m, documents(p));
+      EXPECT_EQ(whole.tokens, apart.tokens);
+      EXPECT_NEAR(whole.loss, apart.loss, 3e-3 * std::fabs(apart.loss));
+      double num = 0, den = 0;
+      for (size_t i = 0; i < whole.grads.size(); ++i) {
+        const double d = static_cast<double>(whole.grads[i]) - apart.grads[i];
+        num += d * d;
+        den += static_cast<double>(apart.grads[i]) * apart.grads[i];
+      }
+      EXPECT_GT(den, 0.0);
+      EXPECT_LT(std::sqrt(num / den), 3e-2) << "relative L2 difference of the gradients";
+    }
+#endif
 }
 
 // Megatron's masks: positions restart after each EOD, the EOD ends its document, and each

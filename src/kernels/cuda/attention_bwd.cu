@@ -9,6 +9,9 @@
 // P and dP are recomputed twice (7 products instead of 5): the price of determinism without a
 // dQ reduction buffer. Causal: tiles above the diagonal are skipped per CTA and per warp, and
 // the longest blocks are launched first. delta = rowsum(dO * O) comes from a small kernel first.
+// Ranged calls (RANGED: chunks at positions, packed documents; no dropout) mask by row_keys as
+// the forward does; a dK/dV block walks only the query blocks whose rows reach its keys (found
+// by binary search, both ends of a row's key range rising with the row).
 #include <cmath>
 #include <type_traits>
 
@@ -25,8 +28,9 @@ using namespace mma;
 using namespace attn;
 
 // ---------------------------------------------------------------- backward: dQ
-template <int D, int NW, bool DROP>
+template <int D, int NW, bool DROP, bool RANGED>
 __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const TcArgs a) {
+  static_assert(!(DROP && RANGED), "ranged calls with dropout run the generic kernels");
   constexpr int BR = 16 * NW, BC = 64, KS = D / 16, NT = BC / 8, DT = D / 8;
   using Tile = SwizzledTile<D>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -36,24 +40,32 @@ __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const TcArgs a) {
   bf16* sV = sK + 2 * BC * D;  // [2][BC][D]
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int S = a.S;
+  const int S = a.S, Sk = RANGED ? a.Sk : a.S;
   const int qb = a.causal ? static_cast<int>(gridDim.y - 1 - blockIdx.y) : static_cast<int>(blockIdx.y);
-  const int64_t bh = blockIdx.x;
-  const int64_t bkv = (bh / a.Hq) * a.Hkv + (bh % a.Hq) / a.group;
+  const int64_t bh = blockIdx.x, b = bh / a.Hq;
+  const int64_t bkv = b * a.Hkv + (bh % a.Hq) / a.group;
   const int q0 = qb * BR;
-  const bf16* Kg = a.k + bkv * S * D;
-  const bf16* Vg = a.v + bkv * S * D;
-  const int kv_end = a.causal ? min(S, q0 + BR) : S;
-  const int nkb = (kv_end + BC - 1) / BC;
+  const bf16* Kg = a.k + bkv * Sk * D;
+  const bf16* Vg = a.v + bkv * Sk * D;
+  const int wrow0 = q0 + warp * 16;
+  const KeyTiles kt = key_tiles<BR, BC, RANGED>(a, b, q0, wrow0);
+  const int kb0 = kt.kb0, nkb = kt.nkb, w_lo = kt.w_lo, w_hi = kt.w_hi;
 
   Tile::template load<NW * 32>(sQ, a.q + (bh * S + q0) * D, BR, min(BR, S - q0));
   Tile::template load<NW * 32>(sdO, a.dout + (bh * S + q0) * D, BR, min(BR, S - q0));
-  Tile::template load<NW * 32>(sK, Kg, BC, min(BC, S));
-  Tile::template load<NW * 32>(sV, Vg, BC, min(BC, S));
+  {
+    const int first = nkb > 0 ? kb0 * BC : 0, valid = nkb > 0 ? min(BC, Sk - first) : 0;
+    Tile::template load<NW * 32>(sK, Kg + static_cast<int64_t>(first) * D, BC, valid);
+    Tile::template load<NW * 32>(sV, Vg + static_cast<int64_t>(first) * D, BC, valid);
+  }
   cp_async_commit();
 
-  const int wrow0 = q0 + warp * 16;
   const int rows[2] = {wrow0 + g, wrow0 + g + 8};
+  ops::KeyRange rk[2] = {{0, 0}, {0, 0}};  // ranged: each of the thread's rows' keys
+  if constexpr (RANGED)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (rows[r] < S) rk[r] = row_keys(a, b, rows[r]);
   float lse2[2], di[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -66,27 +78,32 @@ __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const TcArgs a) {
 #pragma unroll
   for (int i = 0; i < DT; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
 
-  for (int kb = 0; kb < nkb; ++kb) {
+  for (int j = 0; j < nkb; ++j) {
+    const int kb = kb0 + j;  // the tile in hand is in buffer j & 1
     cp_async_wait_all();
     __syncthreads();
-    if (kb == 0) {
+    if (j == 0) {
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks)
         ldsm_x4(smem_addr(sQ + Tile::offset(warp * 16 + (lane & 15), ks * 2 + (lane >> 4))), qf[ks][0], qf[ks][1],
                 qf[ks][2], qf[ks][3]);
     }
-    if (kb + 1 < nkb) {
+    if (j + 1 < nkb) {
       const int nxt = (kb + 1) * BC;
-      Tile::template load<NW * 32>(sK + ((kb + 1) & 1) * BC * D, Kg + static_cast<int64_t>(nxt) * D, BC,
-                                   min(BC, S - nxt));
-      Tile::template load<NW * 32>(sV + ((kb + 1) & 1) * BC * D, Vg + static_cast<int64_t>(nxt) * D, BC,
-                                   min(BC, S - nxt));
+      Tile::template load<NW * 32>(sK + ((j + 1) & 1) * BC * D, Kg + static_cast<int64_t>(nxt) * D, BC,
+                                   min(BC, Sk - nxt));
+      Tile::template load<NW * 32>(sV + ((j + 1) & 1) * BC * D, Vg + static_cast<int64_t>(nxt) * D, BC,
+                                   min(BC, Sk - nxt));
     }
     cp_async_commit();
     const int kv0 = kb * BC;
-    if (a.causal && kv0 > wrow0 + 15) continue;
-    const bf16* cK = sK + (kb & 1) * BC * D;
-    const bf16* cV = sV + (kb & 1) * BC * D;
+    if constexpr (RANGED) {
+      if (kv0 >= w_hi || kv0 + BC <= w_lo) continue;
+    } else if (a.causal && kv0 > wrow0 + 15) {
+      continue;
+    }
+    const bf16* cK = sK + (j & 1) * BC * D;
+    const bf16* cV = sV + (j & 1) * BC * D;
 
     float sc[NT][4], dp[NT][4];
 #pragma unroll
@@ -117,7 +134,11 @@ __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const TcArgs a) {
       for (int e = 0; e < 4; ++e) {
         const int col = kv0 + nt * 8 + 2 * tq + (e & 1), row = rows[e >> 1];
         float p = exp2f(sc[nt][e] * a.scale_log2 - lse2[e >> 1]);
-        if (need_mask && (col >= S || (a.causal && col > row))) p = 0.f;
+        if constexpr (RANGED) {
+          if (col < rk[e >> 1].lo || col >= rk[e >> 1].hi) p = 0.f;
+        } else if (need_mask && (col >= S || (a.causal && col > row))) {
+          p = 0.f;
+        }
         float dpv = dp[nt][e];
         if constexpr (DROP)
           if (col < S && row < S) dpv *= drop_factor(a, bh, row, col);
@@ -139,6 +160,10 @@ __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const TcArgs a) {
     }
   }
 
+  if (nkb == 0) {  // no tile was awaited: Q's copy must land before sQ becomes the staging area
+    cp_async_wait_all();
+    __syncthreads();
+  }
   bf16* stage = sQ;  // the warp's own Q rows (its fragments are in registers)
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt) {
@@ -157,10 +182,32 @@ __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const TcArgs a) {
 }
 
 // ---------------------------------------------------------------- backward: dK, dV
+// Ranged calls: the query blocks [x, y) (of BR rows) whose rows reach keys [k0, k1) of sample
+// b. Those rows are [r_a, r_b): r_a the first whose keys end past k0, r_b the first whose keys
+// start at or after k1; both ends rise with the row, so each is a binary search.
+__device__ __forceinline__ int2 ranged_query_blocks(const TcArgs& a, int64_t b, int k0, int k1, int BR) {
+  int lo = 0, hi = a.S;
+  while (lo < hi) {
+    const int m = (lo + hi) / 2;
+    if (row_keys(a, b, m).hi > k0) hi = m;
+    else lo = m + 1;
+  }
+  const int r_a = lo;
+  hi = a.S;
+  while (lo < hi) {
+    const int m = (lo + hi) / 2;
+    if (row_keys(a, b, m).lo >= k1) hi = m;
+    else lo = m + 1;
+  }
+  const int r_b = lo;
+  return make_int2(r_a / BR, r_b > r_a ? (r_b + BR - 1) / BR : r_a / BR);
+}
+
 // D = 64 fits three CTAs per SM under the 170-register cap this asks for (ptxas reports a few
 // bytes of spill for it, cheaper than a third fewer warps to hide latency with).
-template <int D, int NW, int BR, bool DROP>
+template <int D, int NW, int BR, bool DROP, bool RANGED>
 __global__ void __launch_bounds__(NW * 32, D == 64 ? 3 : 1) flash_bwd_dkdv_kernel(const TcArgs a) {
+  static_assert(!(DROP && RANGED), "ranged calls with dropout run the generic kernels");
   constexpr int BC = 16 * NW, KS = D / 16, NT = BR / 8, DT = D / 8, kThreads = NW * 32;
   using Tile = SwizzledTile<D>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -170,19 +217,22 @@ __global__ void __launch_bounds__(NW * 32, D == 64 ? 3 : 1) flash_bwd_dkdv_kerne
   bf16* sdO = sQ + 2 * BR * D;                               // [2][BR][D]
   float* sLse = reinterpret_cast<float*>(sdO + 2 * BR * D);  // [2][BR], log2 units
   float* sDi = sLse + 2 * BR;                                // [2][BR]
+  int* sLo = reinterpret_cast<int*>(sDi + 2 * BR);           // ranged: [2][BR] each row's keys [lo, hi)
+  int* sHi = sLo + 2 * BR;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int S = a.S;
+  const int S = a.S, Sk = RANGED ? a.Sk : a.S;
   const int k0 = blockIdx.y * BC;  // y = key block: with causal masking the first are the longest
   const int64_t bkv = blockIdx.x;
   const int64_t b = bkv / a.Hkv, hk = bkv % a.Hkv;
-  const int nqb = (S + BR - 1) / BR;
-  const int qb_start = a.causal ? k0 / BR : 0;
-  const int per_head = nqb - qb_start;
+  const int2 qbs = RANGED ? ranged_query_blocks(a, b, k0, min(k0 + BC, Sk), BR)
+                         : make_int2(a.causal ? k0 / BR : 0, (S + BR - 1) / BR);
+  const int qb_start = qbs.x;
+  const int per_head = qbs.y - qb_start;
   const int iters = per_head * a.group;
 
-  Tile::template load<kThreads>(sK, a.k + (bkv * S + k0) * D, BC, min(BC, S - k0));
-  Tile::template load<kThreads>(sV, a.v + (bkv * S + k0) * D, BC, min(BC, S - k0));
+  Tile::template load<kThreads>(sK, a.k + (bkv * Sk + k0) * D, BC, min(BC, Sk - k0));
+  Tile::template load<kThreads>(sV, a.v + (bkv * Sk + k0) * D, BC, min(BC, Sk - k0));
   auto issue = [&](int it) {
     const int buf = it & 1;
     const int64_t bh = b * a.Hq + hk * a.group + it / per_head;
@@ -194,6 +244,11 @@ __global__ void __launch_bounds__(NW * 32, D == 64 ? 3 : 1) flash_bwd_dkdv_kerne
       const bool ok = i < valid;
       sLse[buf * BR + i] = ok ? a.lse[bh * S + q0 + i] * kLog2e : INFINITY;
       sDi[buf * BR + i] = ok ? a.delta[bh * S + q0 + i] : 0.f;
+      if constexpr (RANGED) {
+        const ops::KeyRange r = ok ? row_keys(a, b, q0 + i) : ops::KeyRange{0, 0};
+        sLo[buf * BR + i] = static_cast<int>(r.lo);
+        sHi[buf * BR + i] = static_cast<int>(r.hi);
+      }
     }
   };
   if (iters > 0) issue(0);
@@ -215,8 +270,14 @@ __global__ void __launch_bounds__(NW * 32, D == 64 ? 3 : 1) flash_bwd_dkdv_kerne
     const int buf = it & 1;
     const int64_t bh = b * a.Hq + hk * a.group + it / per_head;
     const int q0 = (qb_start + it % per_head) * BR;
-    if (a.causal && wkey0 > q0 + BR - 1) continue;  // this warp's keys are after every query here
-    if (wkey0 >= S) continue;
+    if constexpr (RANGED) {
+      // Past the keys, or the block's first row starts after this warp's keys, or its last ends
+      // before them.
+      if (wkey0 >= Sk || sLo[buf * BR] >= wkey0 + 16 || sHi[buf * BR + min(BR, S - q0) - 1] <= wkey0) continue;
+    } else {
+      if (a.causal && wkey0 > q0 + BR - 1) continue;  // this warp's keys are after every query here
+      if (wkey0 >= S) continue;
+    }
     const bf16* cQ = sQ + buf * BR * D;
     const bf16* cdO = sdO + buf * BR * D;
     const float* cLse = sLse + buf * BR;
@@ -252,7 +313,11 @@ __global__ void __launch_bounds__(NW * 32, D == 64 ? 3 : 1) flash_bwd_dkdv_kerne
       for (int e = 0; e < 4; ++e) {
         const int qi = nt * 8 + 2 * tq + (e & 1), col = q0 + qi, key = keys[e >> 1];
         float p = exp2f(sc[nt][e] * a.scale_log2 - cLse[qi]);
-        if (need_mask && (col >= S || key >= S || (a.causal && key > col))) p = 0.f;
+        if constexpr (RANGED) {
+          if (key < sLo[buf * BR + qi] || key >= sHi[buf * BR + qi]) p = 0.f;
+        } else if (need_mask && (col >= S || key >= S || (a.causal && key > col))) {
+          p = 0.f;
+        }
         float z = 1.f;
         if constexpr (DROP)
           if (col < S && key < S) z = drop_factor(a, bh, col, key);
@@ -284,9 +349,9 @@ __global__ void __launch_bounds__(NW * 32, D == 64 ? 3 : 1) flash_bwd_dkdv_kerne
   // Each thread holds rows keys[0], keys[1], columns dt*8 + 2tq..+1 of dK and dV.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (keys[r] >= S) continue;
-    bf16* dkr = a.dk + (bkv * S + keys[r]) * D;
-    bf16* dvr = a.dv + (bkv * S + keys[r]) * D;
+    if (keys[r] >= Sk) continue;
+    bf16* dkr = a.dk + (bkv * Sk + keys[r]) * D;
+    bf16* dvr = a.dv + (bkv * Sk + keys[r]) * D;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
       *reinterpret_cast<uint32_t*>(dkr + dt * 8 + 2 * tq) =
@@ -296,12 +361,12 @@ __global__ void __launch_bounds__(NW * 32, D == 64 ? 3 : 1) flash_bwd_dkdv_kerne
   }
 }
 
-template <int D, bool DROP>
+template <int D, bool DROP, bool RANGED = false>
 void launch_backward(const TcArgs& a, int64_t B, cudaStream_t s) {
   {
     constexpr int NW = 4, BR = 16 * NW, BC = 64;
     const size_t smem = static_cast<size_t>(2 * BR * D + 4 * BC * D) * sizeof(bf16);
-    auto kern = flash_bwd_dq_kernel<D, NW, DROP>;
+    auto kern = flash_bwd_dq_kernel<D, NW, DROP, RANGED>;
     static const bool once = (set_smem(kern, smem), true);
     (void)once;
     const dim3 grid(static_cast<unsigned>(B * a.Hq), static_cast<unsigned>(ceil_div(a.S, BR)));
@@ -310,11 +375,12 @@ void launch_backward(const TcArgs& a, int64_t B, cudaStream_t s) {
   }
   {
     constexpr int NW = 4, BC = 16 * NW, BR = D == 128 ? 32 : 64;
-    const size_t smem = static_cast<size_t>(2 * BC * D + 4 * BR * D) * sizeof(bf16) + 4 * BR * sizeof(float);
-    auto kern = flash_bwd_dkdv_kernel<D, NW, BR, DROP>;
+    const size_t smem = static_cast<size_t>(2 * BC * D + 4 * BR * D) * sizeof(bf16) + 4 * BR * sizeof(float) +
+                        (RANGED ? 4 * BR * sizeof(int) : 0);
+    auto kern = flash_bwd_dkdv_kernel<D, NW, BR, DROP, RANGED>;
     static const bool once = (set_smem(kern, smem), true);
     (void)once;
-    const dim3 grid(static_cast<unsigned>(B * a.Hkv), static_cast<unsigned>(ceil_div(a.S, BC)));
+    const dim3 grid(static_cast<unsigned>(B * a.Hkv), static_cast<unsigned>(ceil_div(a.Sk, BC)));
     kern<<<grid, NW * 32, smem, s>>>(a);
     MT_CUDA_LAUNCH_CHECK();
   }
@@ -329,20 +395,23 @@ void attention_backward(const ops::AttentionShape& p, const T* q, const nd<T>* k
   if constexpr (!std::is_same_v<T, bf16>) {
     attention_backward_generic(p, q, k, v, out, lse, dout, dq, dk, dv, s);
   } else {
-    if (!p.plain()) {  // chunks and packed documents: the generic kernels
-      attention_backward_generic(p, q, k, v, out, lse, dout, dq, dk, dv, s);
-      return;
-    }
     check_params(p);
-    if (p.B * p.Hq * p.S == 0) return;
+    // Chunks and packed documents (ranged): our tensor-core kernels where they serve (no dropout).
+    const bool ranged = !p.plain();
+    if (ranged ? p.B * p.Hkv * p.keys() == 0 : p.B * p.Hq * p.S == 0) return;
     const void* ptrs[] = {q, k, v, out, lse, dout, dq, dk, dv};
-    if (attention_use_cudnn(p, true, ptrs, 9)) {  // --attention-backend (attention_cudnn.h)
+    if (!ranged && attention_use_cudnn(p, true, ptrs, 9)) {  // --attention-backend (attention_cudnn.h)
       cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, s, attention_deterministic());
       return;
     }
-    if (!attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(dout) ||
-        !aligned16(dq)) {
+    if ((ranged && p.dropout_p > 0.f) || !attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) ||
+        !aligned16(v) || !aligned16(dout) || !aligned16(dq)) {
       attention_backward_generic(p, q, k, v, out, lse, dout, dq, dk, dv, s);
+      return;
+    }
+    if (p.S == 0) {  // ranged, no query reaches a key
+      MT_CUDA_CHECK(cudaMemsetAsync(dk, 0, static_cast<size_t>(p.B * p.Hkv * p.keys() * p.D) * sizeof(bf16), s));
+      MT_CUDA_CHECK(cudaMemsetAsync(dv, 0, static_cast<size_t>(p.B * p.Hkv * p.keys() * p.D) * sizeof(bf16), s));
       return;
     }
     Scratch delta(static_cast<size_t>(p.B * p.Hq * p.S) * sizeof(float), s);
@@ -351,7 +420,9 @@ void attention_backward(const ops::AttentionShape& p, const T* q, const nd<T>* k
     a.q = q, a.k = k, a.v = v, a.out = out, a.dout = dout, a.lse = lse, a.delta = delta.as<float>();
     a.dq = dq, a.dk = dk, a.dv = dv;
     const bool drop = p.dropout_p > 0.f;
-    if (p.D == 64)
+    if (ranged)
+      p.D == 64 ? launch_backward<64, false, true>(a, p.B, s) : launch_backward<128, false, true>(a, p.B, s);
+    else if (p.D == 64)
       drop ? launch_backward<64, true>(a, p.B, s) : launch_backward<64, false>(a, p.B, s);
     else
       drop ? launch_backward<128, true>(a, p.B, s) : launch_backward<128, false>(a, p.B, s);

@@ -8,6 +8,10 @@
 // their rows, and the longest query blocks are launched first (grid y runs them in reverse)
 // so that the short ones fill the tail. Dropout (a template flag, so the common no-dropout
 // kernel carries none of its code) uses the CPU's Philox key element by element.
+// Ranged calls (RANGED, a template flag like DROP; no dropout): a query chunk against a key
+// chunk at their positions, and packed documents, where each row sees the keys [lo, hi) of
+// row_keys. A block loads only the key tiles between its first row's lo and its last row's hi,
+// so a packed sample costs the sum of its documents' triangles, not the whole one.
 #include <cmath>
 #include <type_traits>
 
@@ -23,8 +27,9 @@ namespace {
 using namespace mma;
 using namespace attn;
 
-template <int D, int NW, bool DROP>
+template <int D, int NW, bool DROP, bool RANGED>
 __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const TcArgs a) {
+  static_assert(!(DROP && RANGED), "ranged calls with dropout run the generic kernels");
   constexpr int BR = 16 * NW, BC = 64, KS = D / 16, NT = BC / 8, DT = D / 8;
   using Tile = SwizzledTile<D>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -33,20 +38,24 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const TcArgs a) {
   bf16* sV = sK + 2 * BC * D;  // [2][BC][D]
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int S = a.S;
+  const int S = a.S, Sk = RANGED ? a.Sk : a.S;
   const int qb = a.causal ? static_cast<int>(gridDim.y - 1 - blockIdx.y) : static_cast<int>(blockIdx.y);
-  const int64_t bh = blockIdx.x;
-  const int64_t bkv = (bh / a.Hq) * a.Hkv + (bh % a.Hq) / a.group;
+  const int64_t bh = blockIdx.x, b = bh / a.Hq;
+  const int64_t bkv = b * a.Hkv + (bh % a.Hq) / a.group;
   const int q0 = qb * BR;
   const bf16* Qg = a.q + (bh * S + q0) * D;
-  const bf16* Kg = a.k + bkv * S * D;
-  const bf16* Vg = a.v + bkv * S * D;
-  const int kv_end = a.causal ? min(S, q0 + BR) : S;
-  const int nkb = (kv_end + BC - 1) / BC;
+  const bf16* Kg = a.k + bkv * Sk * D;
+  const bf16* Vg = a.v + bkv * Sk * D;
+  const int wrow0 = q0 + warp * 16;
+  const KeyTiles kt = key_tiles<BR, BC, RANGED>(a, b, q0, wrow0);
+  const int kb0 = kt.kb0, nkb = kt.nkb, w_lo = kt.w_lo, w_hi = kt.w_hi;
 
   Tile::template load<NW * 32>(sQ, Qg, BR, min(BR, S - q0));
-  Tile::template load<NW * 32>(sK, Kg, BC, min(BC, S));
-  Tile::template load<NW * 32>(sV, Vg, BC, min(BC, S));
+  {
+    const int first = nkb > 0 ? kb0 * BC : 0, valid = nkb > 0 ? min(BC, Sk - first) : 0;
+    Tile::template load<NW * 32>(sK, Kg + static_cast<int64_t>(first) * D, BC, valid);
+    Tile::template load<NW * 32>(sV, Vg + static_cast<int64_t>(first) * D, BC, valid);
+  }
   cp_async_commit();
 
   uint32_t qf[KS][4];
@@ -54,30 +63,39 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const TcArgs a) {
 #pragma unroll
   for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  const int wrow0 = q0 + warp * 16;
   const int rows[2] = {wrow0 + g, wrow0 + g + 8};
+  ops::KeyRange rk[2] = {{0, 0}, {0, 0}};  // ranged: each of the thread's rows' keys
+  if constexpr (RANGED)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (rows[r] < S) rk[r] = row_keys(a, b, rows[r]);
 
-  for (int kb = 0; kb < nkb; ++kb) {
+  for (int j = 0; j < nkb; ++j) {
+    const int kb = kb0 + j;  // the tile in hand is in buffer j & 1
     cp_async_wait_all();
     __syncthreads();
-    if (kb == 0) {
+    if (j == 0) {
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks)
         ldsm_x4(smem_addr(sQ + Tile::offset(warp * 16 + (lane & 15), ks * 2 + (lane >> 4))), qf[ks][0], qf[ks][1],
                 qf[ks][2], qf[ks][3]);
     }
-    if (kb + 1 < nkb) {
+    if (j + 1 < nkb) {
       const int nxt = (kb + 1) * BC;
-      Tile::template load<NW * 32>(sK + ((kb + 1) & 1) * BC * D, Kg + static_cast<int64_t>(nxt) * D, BC,
-                                   min(BC, S - nxt));
-      Tile::template load<NW * 32>(sV + ((kb + 1) & 1) * BC * D, Vg + static_cast<int64_t>(nxt) * D, BC,
-                                   min(BC, S - nxt));
+      Tile::template load<NW * 32>(sK + ((j + 1) & 1) * BC * D, Kg + static_cast<int64_t>(nxt) * D, BC,
+                                   min(BC, Sk - nxt));
+      Tile::template load<NW * 32>(sV + ((j + 1) & 1) * BC * D, Vg + static_cast<int64_t>(nxt) * D, BC,
+                                   min(BC, Sk - nxt));
     }
     cp_async_commit();
     const int kv0 = kb * BC;
-    if (a.causal && kv0 > wrow0 + 15) continue;  // this warp's rows see none of these keys
-    const bf16* cK = sK + (kb & 1) * BC * D;
-    const bf16* cV = sV + (kb & 1) * BC * D;
+    if constexpr (RANGED) {
+      if (kv0 >= w_hi || kv0 + BC <= w_lo) continue;  // none of the warp's rows sees these keys
+    } else if (a.causal && kv0 > wrow0 + 15) {
+      continue;  // this warp's rows see none of these keys
+    }
+    const bf16* cK = sK + (j & 1) * BC * D;
+    const bf16* cV = sV + (j & 1) * BC * D;
 
     float sc[NT][4];
 #pragma unroll
@@ -93,7 +111,7 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const TcArgs a) {
         mma_bf16(sc[2 * np + 1], qf[ks], b2, b3);
       }
 
-    const bool need_mask = kv0 + BC > S || (a.causal && kv0 + BC - 1 > wrow0);
+    const bool need_mask = RANGED || kv0 + BC > S || (a.causal && kv0 + BC - 1 > wrow0);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -102,7 +120,11 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const TcArgs a) {
         float s = sc[nt][e] * a.scale_log2;
         if (need_mask) {
           const int col = kv0 + nt * 8 + 2 * tq + (e & 1), row = rows[e >> 1];
-          if (col >= S || (a.causal && col > row)) s = -INFINITY;
+          if constexpr (RANGED) {
+            if (col < rk[e >> 1].lo || col >= rk[e >> 1].hi) s = -INFINITY;
+          } else if (col >= S || (a.causal && col > row)) {
+            s = -INFINITY;
+          }
         }
         sc[nt][e] = s;
         mx[e >> 1] = fmaxf(mx[e >> 1], s);
@@ -159,8 +181,13 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const TcArgs a) {
     }
   }
 
+  if (nkb == 0) {  // no tile was awaited: Q's copy must land before sQ becomes the staging area
+    cp_async_wait_all();
+    __syncthreads();
+  }
   // Epilogue: finish the row sums across the quad, normalise, stage the warp's 16 rows in its
-  // own (no longer needed) part of sQ, then store 16-byte chunks.
+  // own (no longer needed) part of sQ, then store 16-byte chunks (a row that saw no key: zeros,
+  // lse +inf).
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -187,11 +214,11 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const TcArgs a) {
   }
 }
 
-template <int D, bool DROP>
+template <int D, bool DROP, bool RANGED = false>
 void launch_forward(const TcArgs& a, int64_t B, cudaStream_t s) {
   constexpr int NW = 4, BR = 16 * NW, BC = 64;
   const size_t smem = static_cast<size_t>(BR * D + 4 * BC * D) * sizeof(bf16);
-  auto kern = flash_fwd_kernel<D, NW, DROP>;
+  auto kern = flash_fwd_kernel<D, NW, DROP, RANGED>;
   static const bool once = (set_smem(kern, smem), true);
   (void)once;
   const dim3 grid(static_cast<unsigned>(B * a.Hq), static_cast<unsigned>(ceil_div(a.S, BR)));
@@ -210,25 +237,26 @@ void attention_forward(const ops::AttentionShape& p, const T* q, const nd<T>* k,
   if constexpr (!std::is_same_v<T, bf16>) {
     attention_forward_generic(p, q, k, v, out, lse, s);
   } else {
-    if (!p.plain()) {  // chunks and packed documents: the generic kernels
-      attention_forward_generic(p, q, k, v, out, lse, s);
-      return;
-    }
     check_params(p);
     if (p.B * p.Hq * p.S == 0) return;
+    // Chunks and packed documents (ranged): our tensor-core kernel where it serves (no dropout).
+    const bool ranged = !p.plain();
     const void* ptrs[] = {q, k, v, out, lse};
-    if (attention_use_cudnn(p, false, ptrs, 5)) {  // --attention-backend (attention_cudnn.h)
+    if (!ranged && attention_use_cudnn(p, false, ptrs, 5)) {  // --attention-backend (attention_cudnn.h)
       cudnn_attention_forward(p, q, k, v, out, lse, s);
       return;
     }
-    if (!attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) {
+    if ((ranged && p.dropout_p > 0.f) || !attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) ||
+        !aligned16(v) || !aligned16(out)) {
       attention_forward_generic(p, q, k, v, out, lse, s);
       return;
     }
     TcArgs a = make_args(p);
     a.q = q, a.k = k, a.v = v, a.o = out, a.lse_out = lse;
     const bool drop = p.dropout_p > 0.f;
-    if (p.D == 64)
+    if (ranged)
+      p.D == 64 ? launch_forward<64, false, true>(a, p.B, s) : launch_forward<128, false, true>(a, p.B, s);
+    else if (p.D == 64)
       drop ? launch_forward<64, true>(a, p.B, s) : launch_forward<64, false>(a, p.B, s);
     else
       drop ? launch_forward<128, true>(a, p.B, s) : launch_forward<128, false>(a, p.B, s);

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "model/sequence_layout.h"
 
 namespace mt::model {
 namespace {
@@ -90,10 +91,15 @@ void TopKRouter::load_balancing(Saved& s, PassContext& ctx) const {
   s.stat_sums = s.stat_counts = s.stat_z = Tensor();
   // The gradient coefficients carry this pass's aux grad scale (MoEAuxLossAutoScaler's).
   const double g = ctx.moe_aux_grad_scale;
-  // Under SP the TP ranks hold shards of the same sequences: token counts are global over the
-  // group, score sums stay local (each rank's share of the loss, which the TP sum completes).
-  const int64_t tp_cp = tp && tp->sp() ? tp->size() : 1;
-  if (tp_cp > 1) tp->comm->all_reduce(counts.data(), counts.size());
+  // Under SP the TP ranks hold shards of the same sequences, and under CP the CP ranks: token
+  // counts are global over TP x CP, score sums stay local (each rank's share of the loss, which
+  // the gradients' sum over the group completes).
+  const int64_t tp_n = tp && tp->sp() ? tp->size() : 1;
+  if (tp_n > 1) tp->comm->all_reduce(counts.data(), counts.size());
+  comm::Communicator* cp = ctx.seq && ctx.seq->cp ? ctx.seq->cp->group : nullptr;
+  const int64_t cp_n = cp ? cp->size() : 1;
+  if (cp_n > 1) cp->all_reduce(counts.data(), counts.size());
+  const int64_t tp_cp = tp_n * cp_n;
   const int64_t E = moe.num_experts, k = moe.topk, T_local = logits.dim(0), S_local = T_local / B;
   std::vector<float> coef(static_cast<size_t>(B * E), 0.f);
   if (moe.uses_aux_loss() && moe.aux_loss_coeff > 0) {
