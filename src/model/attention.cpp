@@ -222,7 +222,7 @@ void SelfAttention::rotate(Tensor& q, Tensor& k, bool backward, const SequenceLa
 
 Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx,
                               const Tensor* residual) const {
-  s.x = x;
+  s.x = qkv.keeps_input(x, ctx) ? Tensor() : x;  // else linear_qkv keeps its FP8 codes
   s.seq = ctx.seq;
   split_qkv(qkv.forward(x, ctx), S, B, s, ctx);
   if (cfg.qk_layernorm) {

@@ -54,6 +54,12 @@ __global__ void current_scale_kernel(const float* amax, float* scale, float fp8_
   *scale = fp8::scale_from_amax(*amax, fp8_max, 1.f);
 }
 
+__global__ void snapshot_scale_kernel(const float* scale, float* used, float* used_inv) {
+  const float s = *scale;
+  *used = s;
+  *used_inv = 1.f / s;
+}
+
 __device__ __forceinline__ float fp8_round_dev(float v, bool e5m2) {
   const __nv_fp8_interpretation_t k = e5m2 ? __NV_E5M2 : __NV_E4M3;
   const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, k);
@@ -118,7 +124,7 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_
       m = fmaxf(m, fabsf(v));
       clipped += fabsf(v * s) > fp8_max;
       const uint8_t code = __nv_cvt_float_to_fp8(v * s, __NV_SATFINITE, kind);
-      q[r * C + c] = code;
+      if (q) q[r * C + c] = code;
       tile[i][threadIdx.x] = code;
     }
   }
@@ -170,6 +176,14 @@ void fp8_current_scale(const Tensor& amax, Tensor& scale, float fp8_max) {
   MT_CUDA_LAUNCH_CHECK();
 }
 
+void fp8_snapshot_scale(const Tensor& scale, Tensor& used, Tensor& used_inv) {
+  cuda::snapshot_scale_kernel<<<1, 1, 0, compute_stream()>>>(
+      cuda_data<float>(scale, DType::F32, 1, "fp8_snapshot_scale (scale)"),
+      cuda_data<float>(used, DType::F32, 1, "fp8_snapshot_scale (used)"),
+      cuda_data<float>(used_inv, DType::F32, 1, "fp8_snapshot_scale (used_inv)"));
+  MT_CUDA_LAUNCH_CHECK();
+}
+
 Tensor fp8_fake_quantize(const Tensor& x, const Tensor& scale, Fp8Format format, Tensor& saturated) {
   const float* s = cuda_data<float>(scale, DType::F32, 1, "fp8_fake_quantize (scale)");
   auto* sat = reinterpret_cast<unsigned long long*>(
@@ -206,7 +220,8 @@ void fp8_cast_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, 
                         Tensor& saturated) {
   MT_CHECK(x.ndim() == 2, "fp8_cast_transpose: [R, C], got {}", x.shape_str());
   const int64_t R = x.dim(0), C = x.dim(1);
-  uint8_t* qp = cuda_data<uint8_t>(q, DType::U8, R * C, "fp8_cast_transpose (q)");
+  uint8_t* qp = q.defined() ? cuda_data<uint8_t>(q, DType::U8, R * C, "fp8_cast_transpose (q)") : nullptr;
+  MT_CHECK(qp || qt, "fp8_cast_transpose: neither q nor qt asked for");
   uint8_t* qtp = qt ? cuda_data<uint8_t>(*qt, DType::U8, R * C, "fp8_cast_transpose (qt)") : nullptr;
   const float* s = cuda_data<float>(scale, DType::F32, 1, "fp8_cast_transpose (scale)");
   float* a = cuda_data<float>(amax, DType::F32, 1, "fp8_cast_transpose (amax)");
