@@ -38,7 +38,7 @@ void Fp8Store::to_device(Device d) {
     l.weight_q = Tensor();
     l.weight_epoch = -1;
     l.pending_input_scales.clear();
-    l.weight_codes = l.weight_scale = l.weight_scale_inv = Tensor();
+    l.weight_codes = l.weight_scale = l.weight_scale_inv = l.recast_amax = l.recast_saturated = Tensor();
     l.saved.clear();
   }
 }

@@ -46,6 +46,9 @@ struct Fp8LinearState {
   // with (the delayed recipe moves the state's scale on right after), and its saved forwards.
   Tensor weight_codes, weight_scale, weight_scale_inv;
   std::deque<Fp8Saved> saved;
+  // Where casts with an already-used scale put the amax and clipped count nobody reads (made once:
+  // no allocation or zeroing per cast).
+  Tensor recast_amax, recast_saturated;
 };
 
 class Fp8Store {

@@ -52,10 +52,12 @@ void cast(const Tensor& x, Fp8TensorState& s, Fp8Format fmt, const Fp8Config& c,
 
 // x cast again with a scale already used (a recomputed forward, the backward's transposes): the
 // same codes as the first cast; amax and clipped count were recorded then and are dropped here.
-void recast(const Tensor& x, const Tensor& scale, Fp8Format fmt, Tensor& q, Tensor* qt) {
-  Tensor amax = Tensor::zeros({1}, DType::F32, x.device());
-  Tensor sat = Tensor::zeros({1}, DType::I64, x.device());
-  ops::fp8_cast_transpose(x, scale, fmt, q, qt, amax, sat);
+void recast(Fp8LinearState& l, const Tensor& x, const Tensor& scale, Fp8Format fmt, Tensor& q, Tensor* qt) {
+  if (!l.recast_amax.defined() || l.recast_amax.device() != x.device()) {
+    l.recast_amax = Tensor::zeros({1}, DType::F32, x.device());
+    l.recast_saturated = Tensor::zeros({1}, DType::I64, x.device());
+  }
+  ops::fp8_cast_transpose(x, scale, fmt, q, qt, l.recast_amax, l.recast_saturated);
 }
 
 bool mult16(int64_t v) { return v > 0 && v % 16 == 0; }
@@ -106,7 +108,7 @@ Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* r
       // asked) the transposed codes that the first run, inside a recomputed group, did not keep.
       MT_CHECK(!state->saved.empty(), "{}: an FP8 recomputation without its first forward", state->name);
       Fp8Saved& e = state->saved.front();
-      recast(x2, e.scale, ff, q, keep_x_t ? &x_t : nullptr);
+      recast(*state, x2, e.scale, ff, q, keep_x_t ? &x_t : nullptr);
       if (keep_x_t) e.x_t = x_t;
       x_scale_inv = e.scale_inv;
     } else {
@@ -141,7 +143,7 @@ Tensor Fp8Linear::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor&
     cast(dy2, state->grad, gf, c, tp, true, dq, c.wgrad ? &dq_t : nullptr, g_scale, g_scale_inv);
     weight_codes(w, ctx, wq, w_scale, w_scale_inv);
     Tensor none;
-    recast(w, w_scale, ff, none, &w_t);
+    recast(*state, w, w_scale, ff, none, &w_t);
   }
   Tensor dx = Tensor::empty({rows, in}, dy.dtype(), dev);
   {
@@ -161,7 +163,7 @@ Tensor Fp8Linear::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor&
     ScopedOpTimer t(ctx.times, &OpTimes::fp8_cast);
     x_t = codes(in, rows, dev);
     Tensor none;
-    recast(rows2d(x), e.scale, ff, none, &x_t);
+    recast(*state, rows2d(x), e.scale, ff, none, &x_t);
   }
   ScopedOpTimer t(ctx.times, &OpTimes::gemm);
   ops::fp8_gemm_into(dq_t, gf, g_scale_inv, x_t, ff, e.scale_inv, accumulate_dw ? &dw : nullptr, dw);
