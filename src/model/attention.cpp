@@ -100,6 +100,7 @@ void SelfAttention::build(ParamStore& ps, const std::string& prefix, const Trans
             ParallelMode::Column, t);
   proj.build(ps, prefix + ".linear_proj", c.num_attention_heads * c.kv_channels, c.hidden_size, c.add_bias_linear,
              Init::ScaledNormal, ParallelMode::Row, t);
+  proj.input_kept_by_caller = true;  // the core's output: attention's backward reads it anyway
   if (c.qk_layernorm) {
     TransformerConfig hc = c;
     hc.hidden_size = c.kv_channels;

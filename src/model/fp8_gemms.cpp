@@ -120,7 +120,9 @@ Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* r
   }
   ScopedOpTimer t(ctx.times, &OpTimes::gemm);
   Tensor y = Tensor::empty({rows, out}, x.dtype(), dev);
-  ops::fp8_gemm_into(q, ff, x_scale_inv, wq, ff, w_scale_inv, residual, y);
+  // Fast accumulation in the forward only, as Transformer Engine's recipes (the gradients'
+  // GEMMs promote their partial sums to fp32).
+  ops::fp8_gemm_into(q, ff, x_scale_inv, wq, ff, w_scale_inv, residual, y, true);
   return y;
 }
 

@@ -91,7 +91,7 @@ bool Linear::keeps_input(const Tensor& x, const PassContext& ctx) const {
   // the weight gradient's GEMM reads x in the activation type (--no-fp8-wgrad).
   const bool gathered = mode == ParallelMode::Column && tp && tp->sp();
   return fp8_gemms(x) && ctx.training && (ctx.recomputing || !ctx.recompute_group) && !gathered &&
-         fp8.store->config().wgrad;
+         !input_kept_by_caller && fp8.store->config().wgrad;
 }
 
 // The FP8 backward: the data and weight gradients as two GEMMs, since their operands differ in

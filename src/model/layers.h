@@ -43,6 +43,9 @@ struct Linear {
   // Whether grad_ready hooks fire for the weight (off for the output layer when it shares the
   // word embedding, whose gradient is complete only after the embedding's backward).
   bool report_weight_grad = true;
+  // The caller keeps the input for its own backward anyway (linear_proj's, the attention core's
+  // output): the GPU FP8 path re-casts it then rather than keep FP8 codes of it too.
+  bool input_kept_by_caller = false;
   // FP8 GEMMs (model/fp8.h): set for the transformer layers' linears when --fp8-format is on.
   Fp8Linear fp8{};
 

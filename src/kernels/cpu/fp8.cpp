@@ -132,7 +132,7 @@ Tensor fp8_gemm(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, 
   MT_CHECK(out_dtype == DType::F32, "fp8_gemm: the CPU writes f32, asked for {}", dtype_name(out_dtype));
   MT_CHECK(a.ndim() == 2 && b.ndim() == 2, "fp8_gemm: [M, K] x [N, K], got {} and {}", a.shape_str(), b.shape_str());
   Tensor d = Tensor::empty({a.dim(0), b.dim(0)});
-  fp8_gemm_into(a, a_format, a_scale_inv, b, b_format, b_scale_inv, nullptr, d);
+  fp8_gemm_into(a, a_format, a_scale_inv, b, b_format, b_scale_inv, nullptr, d, false);
   return d;
 }
 
@@ -146,7 +146,7 @@ void fp8_snapshot_scale(const Tensor& scale, Tensor& used, Tensor& used_inv) {
 }
 
 void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b,
-                   Fp8Format b_format, const Tensor& b_scale_inv, const Tensor* c, Tensor& d) {
+                   Fp8Format b_format, const Tensor& b_scale_inv, const Tensor* c, Tensor& d, bool /*fast_accum*/) {
   MT_CHECK(a.dtype() == DType::U8 && b.dtype() == DType::U8 && a.ndim() == 2 && b.ndim() == 2 && a.dim(1) == b.dim(1),
            "fp8_gemm: U8 [M, K] x U8 [N, K], got {} {} and {} {}", dtype_name(a.dtype()), a.shape_str(),
            dtype_name(b.dtype()), b.shape_str());

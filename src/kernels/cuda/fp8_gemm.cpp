@@ -60,7 +60,7 @@ struct Descs {
 // host time than the GEMM's launch, and a step runs the same few shapes over and over.
 struct AlgoKey {
   int64_t m, n, k;
-  int a_fmt, b_fmt, out, has_c;
+  int a_fmt, b_fmt, out, has_c;  // has_c: bit 0 a C operand, bit 1 fast accumulation
   bool operator<(const AlgoKey& o) const {
     return std::tie(m, n, k, a_fmt, b_fmt, out, has_c) < std::tie(o.m, o.n, o.k, o.a_fmt, o.b_fmt, o.out, o.has_c);
   }
@@ -72,12 +72,12 @@ Tensor fp8_gemm(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, 
                 const Tensor& b_scale_inv, DType out_dtype) {
   MT_CHECK(a.ndim() == 2 && b.ndim() == 2, "fp8_gemm: [M, K] x [N, K], got {} and {}", a.shape_str(), b.shape_str());
   Tensor d = Tensor::empty({a.dim(0), b.dim(0)}, out_dtype, Device::CUDA);
-  fp8_gemm_into(a, a_format, a_scale_inv, b, b_format, b_scale_inv, nullptr, d);
+  fp8_gemm_into(a, a_format, a_scale_inv, b, b_format, b_scale_inv, nullptr, d, false);
   return d;
 }
 
 void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b,
-                   Fp8Format b_format, const Tensor& b_scale_inv, const Tensor* c, Tensor& d) {
+                   Fp8Format b_format, const Tensor& b_scale_inv, const Tensor* c, Tensor& d, bool fast_accum) {
   MT_CHECK(a.ndim() == 2 && b.ndim() == 2 && a.dim(1) == b.dim(1), "fp8_gemm: [M, K] x [N, K], got {} and {}",
            a.shape_str(), b.shape_str());
   MT_CHECK(a_format == Fp8Format::E4M3 || b_format == Fp8Format::E4M3, "fp8_gemm: cuBLASLt has no E5M2 x E5M2 GEMM");
@@ -107,13 +107,16 @@ void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_in
   // cuBLASLt's A is our b, its B our a.
   check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &bsi, sizeof bsi), "A_SCALE");
   check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &asi, sizeof asi), "B_SCALE");
+  const int8_t fast = fast_accum ? 1 : 0;
+  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), "FAST_ACCUM");
   const cudaDataType_t dt = out_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   check_lt(cublasLtMatrixLayoutCreate(&x.a, fp8_type(b_format), static_cast<uint64_t>(K), static_cast<uint64_t>(N), K),
            "layout A");
   check_lt(cublasLtMatrixLayoutCreate(&x.b, fp8_type(a_format), static_cast<uint64_t>(K), static_cast<uint64_t>(M), K),
            "layout B");
   check_lt(cublasLtMatrixLayoutCreate(&x.d, dt, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N), "layout D");
-  const AlgoKey key{M, N, K, static_cast<int>(a_format), static_cast<int>(b_format), static_cast<int>(dt), c != nullptr};
+  const AlgoKey key{M, N, K, static_cast<int>(a_format), static_cast<int>(b_format), static_cast<int>(dt),
+                    (c != nullptr) + 2 * fast};
   cublasLtMatmulAlgo_t algo;
   {
     static std::mutex mu;
