@@ -58,13 +58,24 @@ struct Descs {
 
 // The heuristic's algorithm per GEMM shape and types, asked for once: the query costs far more
 // host time than the GEMM's launch, and a step runs the same few shapes over and over.
+// The pointers' alignments are part of it: the heuristic assumes 256-byte aligned operands unless
+// told otherwise, and views into the flat main-grad buffer or residual rows may be less aligned.
 struct AlgoKey {
   int64_t m, n, k;
   int a_fmt, b_fmt, out, has_c;  // has_c: bit 0 a C operand, bit 1 fast accumulation
+  uint32_t align[4];             // cuBLASLt's A, B, C, D
   bool operator<(const AlgoKey& o) const {
-    return std::tie(m, n, k, a_fmt, b_fmt, out, has_c) < std::tie(o.m, o.n, o.k, o.a_fmt, o.b_fmt, o.out, o.has_c);
+    return std::tie(m, n, k, a_fmt, b_fmt, out, has_c, align[0], align[1], align[2], align[3]) <
+           std::tie(o.m, o.n, o.k, o.a_fmt, o.b_fmt, o.out, o.has_c, o.align[0], o.align[1], o.align[2], o.align[3]);
   }
 };
+
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al >>= 1;
+  return al;
+}
 
 }  // namespace
 
@@ -115,8 +126,15 @@ void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_in
   check_lt(cublasLtMatrixLayoutCreate(&x.b, fp8_type(a_format), static_cast<uint64_t>(K), static_cast<uint64_t>(M), K),
            "layout B");
   check_lt(cublasLtMatrixLayoutCreate(&x.d, dt, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N), "layout D");
-  const AlgoKey key{M, N, K, static_cast<int>(a_format), static_cast<int>(b_format), static_cast<int>(dt),
-                    (c != nullptr) + 2 * fast};
+  const void* cp = c ? c->raw() : d.raw();
+  const AlgoKey key{M,
+                    N,
+                    K,
+                    static_cast<int>(a_format),
+                    static_cast<int>(b_format),
+                    static_cast<int>(dt),
+                    (c != nullptr) + 2 * fast,
+                    {alignment_of(bp), alignment_of(ap), alignment_of(cp), alignment_of(d.raw())}};
   cublasLtMatmulAlgo_t algo;
   {
     static std::mutex mu;
@@ -128,6 +146,12 @@ void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_in
       check_lt(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &h.workspace_bytes, sizeof h.workspace_bytes),
                "workspace preference");
+      const cublasLtMatmulPreferenceAttributes_t which[4] = {
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+      for (int i = 0; i < 4; ++i)
+        check_lt(cublasLtMatmulPreferenceSetAttribute(x.pref, which[i], &key.align[i], sizeof key.align[i]),
+                 "alignment preference");
       cublasLtMatmulHeuristicResult_t heur{};
       int found = 0;
       check_lt(cublasLtMatmulAlgoGetHeuristic(h.handle, x.op, x.a, x.b, x.d, x.d, x.pref, 1, &heur, &found),
@@ -138,7 +162,6 @@ void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_in
     algo = it->second;
   }
   const float alpha = 1.f, beta = c ? 1.f : 0.f;
-  const void* cp = c ? c->raw() : d.raw();
   check_lt(cublasLtMatmul(h.handle, x.op, &alpha, bp, x.a, ap, x.b, &beta, cp, x.d, d.raw(), x.d, &algo, h.workspace,
                           h.workspace_bytes, cuda::compute_stream()),
            "cublasLtMatmul");
