@@ -504,9 +504,13 @@ std::vector<Case> cases() {
                  fp8_gemm_into(qt, Fp8Format::E4M3, one, qt, Fp8Format::E4M3, one, &dw, dw);
                  Tensor used = Tensor::zeros({1}, DType::F32, d), inv = Tensor::zeros({1}, DType::F32, d);
                  fp8_snapshot_scale(s, used, inv);
+                 Tensor amax_vec = Tensor::zeros({1}, DType::F32, d), amax_odd = Tensor::zeros({1}, DType::F32, d);
+                 fp8_amax(x, amax_vec);                          // 8-element vectors
+                 fp8_amax(act(d, {3, 7}, 76, -5, 5), amax_odd);  // 21 elements: the scalar kernel
                  const float n_sat = static_cast<float>(*sat.to_device(Device::CPU).data<int64_t>());
                  return Outputs{decoded(q_odd, Fp8Format::E5M2), decoded(qt_odd, Fp8Format::E5M2),
                                 decoded(qt, Fp8Format::E4M3), decoded(qx, Fp8Format::E4M3), amax, dw, used, inv,
+                                amax_vec, amax_odd,
                                 Tensor::from_vector(std::vector<float>{n_sat}, {1})};
                }});
   add_moe_cases(c);
