@@ -46,6 +46,9 @@ struct Fp8LinearState {
   // with (the delayed recipe moves the state's scale on right after), and its saved forwards.
   Tensor weight_codes, weight_scale, weight_scale_inv;
   std::deque<Fp8Saved> saved;
+  // Whether its amaxes join the store's amax group: not the MoE experts', whose casts a rank
+  // skips when its expert gets no tokens (a collective there would wait forever).
+  bool group_amax = true;
   // Where casts with an already-used scale put the amax and clipped count nobody reads (made once:
   // no allocation or zeroing per cast).
   Tensor recast_amax, recast_saturated;
@@ -64,12 +67,20 @@ class Fp8Store {
   void weights_changed() { ++epoch_; }
   int64_t epoch() const { return epoch_; }
   std::deque<Fp8LinearState>& linears() { return linears_; }
+  // Delayed scaling's amax reduction group beyond TP (Transformer Engine's fp8_group: Megatron
+  // passes data x context parallel): every rank then keeps the same histories and scales, as one
+  // rank that saw all the micro-batches' maxima at once. Null or one rank: none.
+  void set_amax_group(comm::CommPtr g) { amax_group_ = std::move(g); }
+  // amax [1] max-reduced over `tp` (sharded operands: one scale for all TP ranks) and, under the
+  // delayed recipe, over the amax group when `l` joins it.
+  void reduce_amax(Tensor& amax, const TensorParallel* tp, const Fp8LinearState& l) const;
   // Tests: run the real-GEMM path for CPU tensors too (its ops have CPU references), so that it
   // can be checked against the emulation without a GPU.
   bool real_gemms_on_cpu = false;
 
  private:
   Fp8Config cfg_;
+  comm::CommPtr amax_group_;
   std::deque<Fp8LinearState> linears_;
   int64_t epoch_ = 0;
 };

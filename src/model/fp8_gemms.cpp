@@ -24,25 +24,22 @@ Tensor scalar(Device d) { return Tensor::empty({1}, DType::F32, d); }
 Tensor codes(int64_t r, int64_t c, Device d) { return Tensor::empty({r, c}, DType::U8, d); }
 Tensor rows2d(const Tensor& x) { return x.view({x.numel() / x.dim(-1), x.dim(-1)}); }
 
-void tp_max(Tensor& amax, const TensorParallel* tp) {
-  if (tp && tp->on()) tp->comm->all_reduce(amax.raw(), 1, comm::DataType::F32, comm::ReduceOp::Max);
-}
-
 // x cast with the recipe's per-tensor scale into q (row-major, skipped if undefined) and qt
 // (transposed, if given); `used` / `used_inv` receive the scale the cast used and its inverse.
 // `update`: a training use, whose amax joins the delayed history (the emulation's per_tensor).
-void cast(const Tensor& x, Fp8TensorState& s, Fp8Format fmt, const Fp8Config& c, const TensorParallel* tp,
-          bool update, Tensor& q, Tensor* qt, Tensor& used, Tensor& used_inv) {
+void cast(const Tensor& x, Fp8TensorState& s, Fp8Format fmt, const Fp8Store& store, const Fp8LinearState& l,
+          const TensorParallel* tp, bool update, Tensor& q, Tensor* qt, Tensor& used, Tensor& used_inv) {
+  const Fp8Config& c = store.config();
   const bool current = c.recipe == Fp8Recipe::Tensorwise;
   if (current) {
     ops::fp8_amax(x, s.amax);
-    tp_max(s.amax, tp);
+    store.reduce_amax(s.amax, tp, l);
     ops::fp8_current_scale(s.amax, s.scale, fp8_max(fmt));
   } else {
     s.amax.zero_();  // the cast max-reduces into it
   }
   ops::fp8_cast_transpose(x, s.scale, fmt, q, qt, s.amax, s.saturated);
-  if (!current) tp_max(s.amax, tp);
+  if (!current) store.reduce_amax(s.amax, tp, l);
   used = scalar(x.device());
   used_inv = scalar(x.device());
   ops::fp8_snapshot_scale(s.scale, used, used_inv);
@@ -81,7 +78,7 @@ void Fp8Linear::weight_codes(const Tensor& w, const PassContext& ctx, Tensor& q,
   }
   const Fp8Config& c = store->config();
   q = codes(w.dim(0), w.dim(1), w.device());
-  cast(w, state->weight, c.forward_format(), c, tp, ctx.training, q, nullptr, scale, scale_inv);
+  cast(w, state->weight, c.forward_format(), *store, *state, tp, ctx.training, q, nullptr, scale, scale_inv);
   // Evaluation casts with the state as it is and leaves the cache alone (as the emulation).
   if (ctx.training) {
     state->weight_codes = q;
@@ -113,7 +110,7 @@ Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* r
       x_scale_inv = e.scale_inv;
     } else {
       Tensor used;
-      cast(x2, state->input, ff, c, tp, ctx.training, q, keep_x_t ? &x_t : nullptr, used, x_scale_inv);
+      cast(x2, state->input, ff, *store, *state, tp, ctx.training, q, keep_x_t ? &x_t : nullptr, used, x_scale_inv);
       if (ctx.training) state->saved.push_back(Fp8Saved{used, x_scale_inv, x_t});
     }
     weight_codes(w, ctx, wq, w_scale, w_scale_inv);
@@ -142,7 +139,7 @@ Tensor Fp8Linear::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor&
   Tensor g_scale, g_scale_inv, wq, w_scale, w_scale_inv, w_t = codes(in, out, dev);
   {
     ScopedOpTimer t(ctx.times, &OpTimes::fp8_cast);
-    cast(dy2, state->grad, gf, c, tp, true, dq, c.wgrad ? &dq_t : nullptr, g_scale, g_scale_inv);
+    cast(dy2, state->grad, gf, *store, *state, tp, true, dq, c.wgrad ? &dq_t : nullptr, g_scale, g_scale_inv);
     weight_codes(w, ctx, wq, w_scale, w_scale_inv);
     Tensor none;
     recast(*state, w, w_scale, ff, none, &w_t);

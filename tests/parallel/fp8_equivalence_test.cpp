@@ -6,6 +6,11 @@
 // over 20 steps, step-1 gradients within 2e-2 of the largest (measured: see the printed values).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+
 #include "comm/multiprocess.h"
 #include "parallel/layout_support.h"
 #include "parallel/process_groups.h"
@@ -91,6 +96,34 @@ TEST(Fp8Equivalence, GemmPathOneRankDelayed) {
 }
 TEST(Fp8Equivalence, GemmPathTP2SequenceParallelTensorwise) {
   expect_same_as_single_rank({.world = 2, .tp = 2, .sp = true, .gemms = true});
+}
+
+// Delayed scaling's amaxes reduce over data parallelism too (Megatron's amax group): both ranks
+// end with the same scales although each quantized only its own micro-batches.
+TEST(Fp8Equivalence, DP2DelayedRanksKeepOneScale) {
+  const std::string dir = testing::scratch_dir("mt_fp8_dp_amax");
+  Fp8Layout l{.world = 2, .recipe = model::Fp8Recipe::Delayed};
+  auto res = testing::run_ranks(2, [&](comm::World& w) {
+    Arguments a = make_args(l);
+    a.train_iters = 4;
+    parallel::RankGrid grid(w.size(), 1, 1);
+    Trainer t(a, nullptr, parallel::build_process_groups(w, grid));
+    t.set_data(std::make_unique<testing::PatternSource>(100000, a.model.seq_length, kVocab), nullptr);
+    for (int i = 0; i < 4; ++i) t.train_step();
+    std::FILE* f = std::fopen((dir + "/scales" + std::to_string(w.rank())).c_str(), "w");
+    for (model::Fp8LinearState& s : t.model().fp8()->linears())
+      for (model::Fp8TensorState* ts : {&s.input, &s.weight, &s.grad})
+        for (float v : ts->history.to_vector()) std::fprintf(f, "%a\n", v);
+    std::fclose(f);
+  });
+  ASSERT_NO_FATAL_FAILURE(testing::expect_ranks_ok(res, 2));
+  auto read = [&](int r) {
+    std::ifstream in(dir + "/scales" + std::to_string(r));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string r0 = read(0);
+  EXPECT_GT(r0.size(), 100u);
+  EXPECT_EQ(r0, read(1));
 }
 
 }  // namespace
