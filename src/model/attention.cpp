@@ -100,6 +100,7 @@ void SelfAttention::build(ParamStore& ps, const std::string& prefix, const Trans
             ParallelMode::Column, t);
   proj.build(ps, prefix + ".linear_proj", c.num_attention_heads * c.kv_channels, c.hidden_size, c.add_bias_linear,
              Init::ScaledNormal, ParallelMode::Row, t);
+  proj.input_kept_by_caller = true;  // the core's output: attention's backward reads it anyway
   if (c.qk_layernorm) {
     TransformerConfig hc = c;
     hc.hidden_size = c.kv_channels;
@@ -241,7 +242,7 @@ void SelfAttention::rotate(Tensor& q, Tensor& k, bool backward, const SequenceLa
 
 Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx,
                               const Tensor* residual) const {
-  s.x = x;
+  s.x = qkv.keeps_input(x, ctx) ? Tensor() : x;  // else linear_qkv keeps its FP8 codes
   s.seq = ctx.seq;
   split_qkv(qkv.forward(x, ctx), S, B, s, ctx);
   if (cfg.qk_layernorm) {

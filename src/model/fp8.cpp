@@ -38,24 +38,21 @@ void Fp8Store::to_device(Device d) {
     l.weight_q = Tensor();
     l.weight_epoch = -1;
     l.pending_input_scales.clear();
+    l.weight_codes = l.weight_scale = l.weight_scale_inv = l.recast_amax = l.recast_saturated = Tensor();
+    l.saved.clear();
   }
 }
 
 namespace {
 
-// The operand's amax over every TP rank's shard (the max of the ranks' maxima), so that all
-// ranks quantize with one scale and a TP layout quantizes as the single rank does.
-void tp_amax(const Tensor& x, Fp8TensorState& s, const TensorParallel* tp) {
-  ops::fp8_amax(x, s.amax);
-  if (tp && tp->on()) tp->comm->all_reduce(s.amax.raw(), 1, comm::DataType::F32, comm::ReduceOp::Max);
-}
 
 // A per-tensor (delayed or tensorwise) quantization of x as `fmt`. `update`: a training use,
 // whose amax joins the delayed history. Returns x read back; `used` (if given) receives a copy
 // of the scale it was quantized with.
 Tensor per_tensor(const Tensor& x, Fp8TensorState& s, Fp8Format fmt, const Fp8Config& c, const TensorParallel* tp,
-                  bool update, Tensor* used = nullptr) {
-  tp_amax(x, s, tp);
+                  bool update, const Fp8Store& store, const Fp8LinearState& l, Tensor* used = nullptr) {
+  ops::fp8_amax(x, s.amax);
+  store.reduce_amax(s.amax, tp, l);
   if (c.recipe == Fp8Recipe::Tensorwise) ops::fp8_current_scale(s.amax, s.scale, fp8_max(fmt));
   Tensor y = ops::fp8_fake_quantize(x, s.scale, fmt, s.saturated);
   if (used) {
@@ -77,6 +74,14 @@ Tensor blocks(const Tensor& x, Fp8Format fmt, int64_t tile_r, int64_t tile_c) {
 }
 
 }  // namespace
+
+void Fp8Store::reduce_amax(Tensor& amax, const TensorParallel* tp, const Fp8LinearState& l) const {
+  // The operand's amax over every TP rank's shard (the max of the ranks' maxima), so that all
+  // ranks quantize with one scale and a TP layout quantizes as the single rank does.
+  if (tp && tp->on()) tp->comm->all_reduce(amax.raw(), 1, comm::DataType::F32, comm::ReduceOp::Max);
+  if (cfg_.recipe == Fp8Recipe::Delayed && l.group_amax && amax_group_ && amax_group_->size() > 1)
+    amax_group_->all_reduce(amax.raw(), 1, comm::DataType::F32, comm::ReduceOp::Max);
+}
 
 Fp8Health take_fp8_health(Fp8Store& store) {
   Fp8Health h;
@@ -111,9 +116,9 @@ Tensor Fp8Linear::forward_input(const Tensor& x, const PassContext& ctx) const {
     Tensor scratch = Tensor::zeros({1}, DType::I64, x.device());
     return ops::fp8_fake_quantize(x, state->pending_input_scales.front(), fmt, scratch);
   }
-  if (!ctx.training) return per_tensor(x, state->input, fmt, c, tp, false);
+  if (!ctx.training) return per_tensor(x, state->input, fmt, c, tp, false, *store, *state);
   Tensor used;
-  Tensor y = per_tensor(x, state->input, fmt, c, tp, true, &used);
+  Tensor y = per_tensor(x, state->input, fmt, c, tp, true, *store, *state, &used);
   state->pending_input_scales.push_back(std::move(used));
   return y;
 }
@@ -123,8 +128,9 @@ Tensor Fp8Linear::forward_weight(const Tensor& w, const PassContext& ctx) const 
   const Fp8Format fmt = c.forward_format();
   const bool cached = state->weight_epoch == store->epoch() && state->weight_q.defined();
   if (ctx.training && cached) return state->weight_q;
-  const Tensor q = c.recipe == Fp8Recipe::Blockwise ? blocks(w, fmt, kTile, kTile)
-                                                    : per_tensor(w, state->weight, fmt, c, tp, ctx.training);
+  const Tensor q = c.recipe == Fp8Recipe::Blockwise
+                       ? blocks(w, fmt, kTile, kTile)
+                       : per_tensor(w, state->weight, fmt, c, tp, ctx.training, *store, *state);
   // Evaluation quantizes with the state as it is and leaves both it and the cache alone, so that
   // evaluating changes nothing in training.
   if (ctx.training) {
@@ -148,7 +154,7 @@ Fp8Linear::Backward Fp8Linear::backward_operands(const Tensor& dy, const Tensor&
   MT_CHECK(!state->pending_input_scales.empty(), "{}: an FP8 backward without its forward", state->name);
   const Tensor scale = std::move(state->pending_input_scales.front());
   state->pending_input_scales.pop_front();
-  b.dy_dgrad = per_tensor(dy, state->grad, gf, c, tp, true);
+  b.dy_dgrad = per_tensor(dy, state->grad, gf, c, tp, true, *store, *state);
   if (!c.wgrad) {
     b.dy_wgrad = dy;
     b.x_wgrad = x;

@@ -24,6 +24,12 @@ struct Fp8TensorState {
   Tensor saturated;  // I64 [1]: elements clipped to the format's max since the log last read it
 };
 
+// What the real-GEMM path (model/fp8_gemms.cpp) keeps from a training forward for its backward.
+struct Fp8Saved {
+  Tensor scale, scale_inv;  // f32 [1]: the input's scale as the forward cast it, and its inverse
+  Tensor x_t;               // U8 [in, rows]: the input's codes transposed (undefined: re-cast from x)
+};
+
 // The three operands of one linear layer, named after its parameters' prefix.
 struct Fp8LinearState {
   std::string name;  // e.g. decoder.layers.0.self_attention.linear_qkv
@@ -36,6 +42,16 @@ struct Fp8LinearState {
   // run each layer's backwards in the order of its forwards), so that the weight gradient reads
   // the input exactly as the forward GEMM did, under any pipeline schedule and recomputation.
   std::deque<Tensor> pending_input_scales;
+  // The real-GEMM path's weight codes [out, in] (E4M3) for the step and the scale they were cast
+  // with (the delayed recipe moves the state's scale on right after), and its saved forwards.
+  Tensor weight_codes, weight_scale, weight_scale_inv;
+  std::deque<Fp8Saved> saved;
+  // Whether its amaxes join the store's amax group: not the MoE experts', whose casts a rank
+  // skips when its expert gets no tokens (a collective there would wait forever).
+  bool group_amax = true;
+  // Where casts with an already-used scale put the amax and clipped count nobody reads (made once:
+  // no allocation or zeroing per cast).
+  Tensor recast_amax, recast_saturated;
 };
 
 class Fp8Store {
@@ -51,9 +67,20 @@ class Fp8Store {
   void weights_changed() { ++epoch_; }
   int64_t epoch() const { return epoch_; }
   std::deque<Fp8LinearState>& linears() { return linears_; }
+  // Delayed scaling's amax reduction group beyond TP (Transformer Engine's fp8_group: Megatron
+  // passes data x context parallel): every rank then keeps the same histories and scales, as one
+  // rank that saw all the micro-batches' maxima at once. Null or one rank: none.
+  void set_amax_group(comm::CommPtr g) { amax_group_ = std::move(g); }
+  // amax [1] max-reduced over `tp` (sharded operands: one scale for all TP ranks) and, under the
+  // delayed recipe, over the amax group when `l` joins it.
+  void reduce_amax(Tensor& amax, const TensorParallel* tp, const Fp8LinearState& l) const;
+  // Tests: run the real-GEMM path for CPU tensors too (its ops have CPU references), so that it
+  // can be checked against the emulation without a GPU.
+  bool real_gemms_on_cpu = false;
 
  private:
   Fp8Config cfg_;
+  comm::CommPtr amax_group_;
   std::deque<Fp8LinearState> linears_;
   int64_t epoch_ = 0;
 };
@@ -76,6 +103,25 @@ struct Fp8Linear {
     Tensor dy_dgrad, dy_wgrad, x_wgrad;
   };
   Backward backward_operands(const Tensor& dy, const Tensor& x) const;
+
+  // The GPU path (model/fp8_gemms.cpp): real FP8 GEMMs through cuBLASLt, fp32 accumulation,
+  // outputs in the activation type. Used for x on the GPU under the per-tensor recipes, with every
+  // GEMM dimension (rows, in, out) a multiple of 16 (cuBLASLt's FP8 rule); else the emulation.
+  bool real_gemms(const Tensor& x, const Tensor& w) const;
+  // y = x w^T (+ residual, in the GEMM's epilogue). x is cast once, row-major for this GEMM and,
+  // with keep_x_t, transposed for the weight gradient (kept instead of the caller's x).
+  Tensor gemm_forward(const Tensor& x, const Tensor& w, const Tensor* residual, bool keep_x_t,
+                      PassContext& ctx) const;
+  // Whether the oldest forward whose backward is due ran gemm_forward.
+  bool backward_is_real() const { return state && !state->saved.empty(); }
+  // dx = dy w and dw (+)= dy^T x (fp32, accumulate_dw: beta 1). x: the forward's input, read only
+  // where the forward kept no transposed codes (or with --no-fp8-wgrad).
+  Tensor gemm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, bool accumulate_dw,
+                       PassContext& ctx) const;
+
+ private:
+  // The weight's codes for this pass (cached per optimizer step in training) and their scales.
+  void weight_codes(const Tensor& w, const PassContext& ctx, Tensor& codes, Tensor& scale, Tensor& scale_inv) const;
 };
 
 // FP8's health over a log interval: the elements clipped to the formats' max (scales too large:

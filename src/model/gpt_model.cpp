@@ -24,7 +24,10 @@ void attach_fp8(TransformerLayer& l, Fp8Store& store) {
     return;
   }
   for (auto* group : {&l.moe.experts.fc1, &l.moe.experts.fc2})
-    for (Linear& lin : *group) attach(lin, nullptr);
+    for (Linear& lin : *group) {
+      attach(lin, nullptr);
+      lin.fp8.state->group_amax = false;
+    }
   if (l.moe.has_shared)
     for (Linear* lin : {&l.moe.shared.fc1, &l.moe.shared.fc2}) attach(*lin, lin->tp);
 }

@@ -37,6 +37,10 @@ Tensor Linear::forward(const Tensor& x, PassContext& ctx, const Tensor* residual
   ctx.before_use(bias);
   if (overlaps_comm()) return forward_column_overlapped(x, ctx);
   Tensor xf = input_region().forward(x, ctx.times);
+  if (fp8_gemms(x)) {
+    const Tensor y = fp8.gemm_forward(xf, weight->value, residual, keeps_input(x, ctx), ctx);
+    return output_region().forward(y, ctx.times);
+  }
   Tensor w = weight->value;
   if (fp8.on()) {
     ScopedOpTimer t(ctx.times, &OpTimes::fp8_cast);
@@ -57,8 +61,14 @@ Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx) con
     // A column-parallel input is re-gathered rather than kept gathered (as Megatron). A
     // row-parallel output gradient, gathered from sequence shards, gives every rank the complete
     // gradient of the replicated bias, which so stays identical without a TP reduction.
-    const Tensor xf = input_region().forward(x, ctx.times);
+    // x is undefined where forward kept its FP8 codes instead (keeps_input).
+    const Tensor xf = x.defined() ? input_region().forward(x, ctx.times) : Tensor();
     const Tensor dyf = output_region().backward(dy, ctx.times);
+    if (fp8.backward_is_real()) {
+      dx = fp8.gemm_backward(dyf, xf, weight->value, weight->grad, weight->take_accumulate(), ctx);
+      return finish_backward(input_region().backward(dx, ctx.times), ctx);
+    }
+    MT_CHECK(xf.defined(), "Linear::backward of {} without its input", weight->name);
     if (fp8.on()) return backward_fp8(dyf, xf, ctx);
     dx = timed_gemm(ctx, [&] {
       return ops::linear_backward(dyf, xf, weight->value, weight->grad, bias ? &bias->grad : nullptr, true,
@@ -66,9 +76,22 @@ Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx) con
     });
     dx = input_region().backward(dx, ctx.times);
   }
+  return finish_backward(dx, ctx);
+}
+
+Tensor Linear::finish_backward(const Tensor& dx, PassContext& ctx) const {
   if (report_weight_grad) ctx.grad_ready(weight);
   ctx.grad_ready(bias);
   return dx;
+}
+
+bool Linear::keeps_input(const Tensor& x, const PassContext& ctx) const {
+  // Not in the first forward of a recomputed group (the group re-runs it; then it keeps), not
+  // where backward gathers the input again anyway (sequence-parallel column input), not when
+  // the weight gradient's GEMM reads x in the activation type (--no-fp8-wgrad).
+  const bool gathered = mode == ParallelMode::Column && tp && tp->sp();
+  return fp8_gemms(x) && ctx.training && (ctx.recomputing || !ctx.recompute_group) && !gathered &&
+         !input_kept_by_caller && fp8.store->config().wgrad;
 }
 
 // The FP8 backward: the data and weight gradients as two GEMMs, since their operands differ in
@@ -86,10 +109,7 @@ Tensor Linear::backward_fp8(const Tensor& dyf, const Tensor& xf, PassContext& ct
     ops::linear_backward_weight(b.dy_wgrad, b.x_wgrad, weight->grad, bias ? &bias->grad : nullptr,
                                 weight->take_accumulate());
   });
-  dx = input_region().backward(dx, ctx.times);
-  if (report_weight_grad) ctx.grad_ready(weight);
-  ctx.grad_ready(bias);
-  return dx;
+  return finish_backward(input_region().backward(dx, ctx.times), ctx);
 }
 
 // The rank's own rows of the output need only its own input rows: their GEMM runs while the

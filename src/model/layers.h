@@ -37,9 +37,15 @@ struct Linear {
   // ulp from the fp32 sum on an H100: not the single rounding the fusion is for).
   bool fuses_residual() const { return mode == ParallelMode::None && bias == nullptr; }
   Tensor backward(const Tensor& dy, const Tensor& x, PassContext& ctx) const;  // returns dx
+  // Whether forward(x, ctx) keeps what backward needs of x itself (the GPU FP8 path's transposed
+  // codes, half a bf16 copy): the caller then saves no x and passes an undefined one to backward.
+  bool keeps_input(const Tensor& x, const PassContext& ctx) const;
   // Whether grad_ready hooks fire for the weight (off for the output layer when it shares the
   // word embedding, whose gradient is complete only after the embedding's backward).
   bool report_weight_grad = true;
+  // The caller keeps the input for its own backward anyway (linear_proj's, the attention core's
+  // output): the GPU FP8 path re-casts it then rather than keep FP8 codes of it too.
+  bool input_kept_by_caller = false;
   // FP8 GEMMs (model/fp8.h): set for the transformer layers' linears when --fp8-format is on.
   Fp8Linear fp8{};
 
@@ -55,6 +61,10 @@ struct Linear {
   Tensor forward_column_overlapped(const Tensor& x, PassContext& ctx) const;
   Tensor backward_column_overlapped(const Tensor& dy, const Tensor& x, PassContext& ctx) const;
   Tensor backward_fp8(const Tensor& dyf, const Tensor& xf, PassContext& ctx) const;
+  // The GPU FP8 path: no bias (cuBLASLt's FP8 epilogues are not used), real FP8 GEMMs possible.
+  bool fp8_gemms(const Tensor& x) const { return bias == nullptr && fp8.real_gemms(x, weight->value); }
+  // The gradient hooks of the weight and bias, then dx.
+  Tensor finish_backward(const Tensor& dx, PassContext& ctx) const;
   // The bias forward adds: a row-parallel layer's joins the sum once, from TP rank 0.
   const Tensor* forward_bias() const;
 };

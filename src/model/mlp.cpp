@@ -16,14 +16,17 @@ void MLP::build(ParamStore& ps, const std::string& prefix, const TransformerConf
 }
 
 Tensor MLP::forward(const Tensor& x, Saved& s, PassContext& ctx, const Tensor* residual) const {
-  s.x = x;
+  // A linear that keeps its input's FP8 codes for backward needs no copy of it here.
+  s.x = fc1.keeps_input(x, ctx) ? Tensor() : x;
   s.h = fc1.forward(x, ctx);
   {
     ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
     s.a = cfg.swiglu ? ops::swiglu_forward(s.h) : ops::gelu_forward(s.h, cfg.openai_gelu);
   }
   MT_CHECK(s.a.dim(-1) == local_ffn, "MLP activation of {} columns, expected {} on this rank", s.a.dim(-1), local_ffn);
-  return fc2.forward(s.a, ctx, residual);
+  const Tensor a = s.a;
+  if (fc2.keeps_input(a, ctx)) s.a = Tensor();
+  return fc2.forward(a, ctx, residual);
 }
 
 Tensor MLP::backward(const Tensor& dy, Saved& s, PassContext& ctx) const {

@@ -42,6 +42,8 @@ Trainer::Trainer(Arguments args, std::unique_ptr<data::Tokenizer> tokenizer, par
   log_ = std::make_unique<IterationLog>(lo, args_.model, pg_);
   setup_ops();
   log_->set_fp8(model_->fp8());
+  // Delayed scaling's amaxes reduce over data x context parallel too (Megatron's amax group).
+  if (model::Fp8Store* f = model_->fp8()) f->set_amax_group(pg_.dp_cp);
 }
 
 void Trainer::setup_data_parallel() {

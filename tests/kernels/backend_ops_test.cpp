@@ -512,6 +512,31 @@ std::vector<Case> cases() {
                                 decoded(qw, Fp8Format::E5M2), amax, amax_w, y,
                                 Tensor::from_vector(std::vector<float>{n_sat}, {1})};
                }});
+  // The GPU path's variants: the scalar kernel (rows not a multiple of 8), the transposed codes
+  // alone, and the GEMM into an f32 tensor that it accumulates into (the weight gradient).
+  c.push_back({"fp8_cast_transpose_variants", 1e-4, [=](Device d) {
+                 const Tensor odd = act(d, {37, 40}, 73, -2, 2), x = act(d, {rows, in}, 74, -2, 2);
+                 const Tensor s = f32(d, std::vector<float>{50.f}, {1}), one = f32(d, std::vector<float>{1.f}, {1});
+                 Tensor q_odd = Tensor::empty({37, 40}, DType::U8, d), qt_odd = Tensor::empty({40, 37}, DType::U8, d);
+                 Tensor qt = Tensor::empty({in, rows}, DType::U8, d), none;
+                 Tensor amax = Tensor::zeros({1}, DType::F32, d), sat = Tensor::zeros({1}, DType::I64, d);
+                 fp8_cast_transpose(odd, s, Fp8Format::E5M2, q_odd, &qt_odd, amax, sat);
+                 fp8_cast_transpose(x, s, Fp8Format::E4M3, none, &qt, amax, sat);
+                 Tensor qx = Tensor::empty({rows, in}, DType::U8, d);
+                 fp8_cast_transpose(x, s, Fp8Format::E4M3, qx, nullptr, amax, sat);
+                 Tensor dw = f32(d, {in, in}, 75);  // += qt qt^T over the rows, f32 in and out
+                 fp8_gemm_into(qt, Fp8Format::E4M3, one, qt, Fp8Format::E4M3, one, &dw, dw);
+                 Tensor used = Tensor::zeros({1}, DType::F32, d), inv = Tensor::zeros({1}, DType::F32, d);
+                 fp8_snapshot_scale(s, used, inv);
+                 Tensor amax_vec = Tensor::zeros({1}, DType::F32, d), amax_odd = Tensor::zeros({1}, DType::F32, d);
+                 fp8_amax(x, amax_vec);                          // 8-element vectors
+                 fp8_amax(act(d, {3, 7}, 76, -5, 5), amax_odd);  // 21 elements: the scalar kernel
+                 const float n_sat = static_cast<float>(*sat.to_device(Device::CPU).data<int64_t>());
+                 return Outputs{decoded(q_odd, Fp8Format::E5M2), decoded(qt_odd, Fp8Format::E5M2),
+                                decoded(qt, Fp8Format::E4M3), decoded(qx, Fp8Format::E4M3), amax, dw, used, inv,
+                                amax_vec, amax_odd,
+                                Tensor::from_vector(std::vector<float>{n_sat}, {1})};
+               }});
   add_moe_cases(c);
   return c;
 }

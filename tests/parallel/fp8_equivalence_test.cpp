@@ -6,6 +6,11 @@
 // over 20 steps, step-1 gradients within 2e-2 of the largest (measured: see the printed values).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+
 #include "comm/multiprocess.h"
 #include "parallel/layout_support.h"
 #include "parallel/process_groups.h"
@@ -22,6 +27,7 @@ struct Fp8Layout {
   int world = 1, tp = 1;
   bool sp = false;
   model::Fp8Recipe recipe = model::Fp8Recipe::Tensorwise;
+  bool gemms = false;  // the GPU path's real FP8 GEMMs (model/fp8_gemms.cpp), run on the CPU
 };
 
 Arguments make_args(const Fp8Layout& l) {
@@ -48,8 +54,11 @@ testing::LayoutRun train(const Fp8Layout& l) {
     parallel::RankGrid grid(w.size(), l.tp, 1);
     auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid) : parallel::local_process_groups();
     Trainer t(a, nullptr, pg);
+    t.model().fp8()->real_gemms_on_cpu = l.gemms;
     t.set_data(std::make_unique<testing::PatternSource>(100000, a.model.seq_length, kVocab), nullptr);
     const std::vector<double> losses = testing::train_checking_step1(t, kSteps, w.rank(), out, ref, kGradTol);
+    for (const model::Fp8LinearState& s : t.model().fp8()->linears())  // the path asked for ran
+      EXPECT_EQ(s.weight_codes.defined(), l.gemms) << s.name;
     if (w.rank() == 0) testing::write_losses(out + ".loss", losses);
   };
 }
@@ -69,8 +78,8 @@ void expect_same_as_single_rank(const Fp8Layout& l) {
   double worst = 0;
   std::vector<double> want;
   ASSERT_NO_FATAL_FAILURE(testing::expect_losses_match(ref, out, kSteps, kLossTol, 0.0, "single rank", worst, want));
-  std::printf("[ fp8 layout ] %s world %d tp %d%s: max relative loss difference over %d steps %.2e\n",
-              model::fp8_recipe_name(l.recipe), l.world, l.tp, l.sp ? " sp" : "", kSteps, worst);
+  std::printf("[ fp8 layout ] %s%s world %d tp %d%s: max relative loss difference over %d steps %.2e\n",
+              model::fp8_recipe_name(l.recipe), l.gemms ? " (FP8 GEMMs)" : "", l.world, l.tp, l.sp ? " sp" : "", kSteps, worst);
 }
 
 TEST(Fp8Equivalence, TP2Tensorwise) { expect_same_as_single_rank({.world = 2, .tp = 2}); }
@@ -79,6 +88,43 @@ TEST(Fp8Equivalence, TP2SequenceParallelDelayed) {
 }
 // Data parallelism: each rank's micro-batches are the single rank's, quantized per tensor alike.
 TEST(Fp8Equivalence, DP2Tensorwise) { expect_same_as_single_rank({.world = 2}); }
+// The GPU path's FP8 GEMMs (real codes, scale_invs in the GEMM) train as the emulation, on one
+// rank and under TP with sequence parallelism (gathered inputs re-cast in backward, row-parallel
+// gradients gathered before their cast).
+TEST(Fp8Equivalence, GemmPathOneRankDelayed) {
+  expect_same_as_single_rank({.recipe = model::Fp8Recipe::Delayed, .gemms = true});
+}
+TEST(Fp8Equivalence, GemmPathTP2SequenceParallelTensorwise) {
+  expect_same_as_single_rank({.world = 2, .tp = 2, .sp = true, .gemms = true});
+}
+
+// Delayed scaling's amaxes reduce over data parallelism too (Megatron's amax group): both ranks
+// end with the same scales although each quantized only its own micro-batches.
+TEST(Fp8Equivalence, DP2DelayedRanksKeepOneScale) {
+  const std::string dir = testing::scratch_dir("mt_fp8_dp_amax");
+  Fp8Layout l{.world = 2, .recipe = model::Fp8Recipe::Delayed};
+  auto res = testing::run_ranks(2, [&](comm::World& w) {
+    Arguments a = make_args(l);
+    a.train_iters = 4;
+    parallel::RankGrid grid(w.size(), 1, 1);
+    Trainer t(a, nullptr, parallel::build_process_groups(w, grid));
+    t.set_data(std::make_unique<testing::PatternSource>(100000, a.model.seq_length, kVocab), nullptr);
+    for (int i = 0; i < 4; ++i) t.train_step();
+    std::FILE* f = std::fopen((dir + "/scales" + std::to_string(w.rank())).c_str(), "w");
+    for (model::Fp8LinearState& s : t.model().fp8()->linears())
+      for (model::Fp8TensorState* ts : {&s.input, &s.weight, &s.grad})
+        for (float v : ts->history.to_vector()) std::fprintf(f, "%a\n", v);
+    std::fclose(f);
+  });
+  ASSERT_NO_FATAL_FAILURE(testing::expect_ranks_ok(res, 2));
+  auto read = [&](int r) {
+    std::ifstream in(dir + "/scales" + std::to_string(r));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string r0 = read(0);
+  EXPECT_GT(r0.size(), 100u);
+  EXPECT_EQ(r0, read(1));
+}
 
 }  // namespace
 }  // namespace mt

@@ -104,14 +104,14 @@ void fp8_cast_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, 
   MT_CHECK(x.dtype() == DType::F32 && x.ndim() == 2, "fp8_cast_transpose: f32 [R, C], got {} {}",
            dtype_name(x.dtype()), x.shape_str());
   const int64_t R = x.dim(0), C = x.dim(1);
-  check_vector(q, Device::CPU, DType::U8, R * C, "fp8_cast_transpose (q)");
+  if (q.defined()) check_vector(q, Device::CPU, DType::U8, R * C, "fp8_cast_transpose (q)");
   if (qt) check_vector(*qt, Device::CPU, DType::U8, R * C, "fp8_cast_transpose (qt)");
   check_vector(scale, Device::CPU, DType::F32, 1, "fp8_cast_transpose (scale)");
   check_vector(amax, Device::CPU, DType::F32, 1, "fp8_cast_transpose (amax)");
   check_vector(saturated, Device::CPU, DType::I64, 1, "fp8_cast_transpose (saturated)");
   const float s = *scale.data<float>(), mx = fp8_max(format);
   const float* in = x.data<float>();
-  uint8_t* out = q.data<uint8_t>();
+  uint8_t* out = q.defined() ? q.data<uint8_t>() : nullptr;
   float a = *amax.data<float>();
   int64_t clipped = 0;
   for (int64_t r = 0; r < R; ++r)
@@ -119,8 +119,9 @@ void fp8_cast_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, 
       const float v = in[r * C + c];
       a = std::fmax(a, std::fabs(v));
       clipped += std::fabs(v * s) > mx;
-      out[r * C + c] = fp8_encode(v * s, format);
-      if (qt) qt->data<uint8_t>()[c * R + r] = out[r * C + c];
+      const uint8_t code = fp8_encode(v * s, format);
+      if (out) out[r * C + c] = code;
+      if (qt) qt->data<uint8_t>()[c * R + r] = code;
     }
   *amax.data<float>() = a;
   *saturated.data<int64_t>() += clipped;
@@ -128,24 +129,42 @@ void fp8_cast_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, 
 
 Tensor fp8_gemm(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b, Fp8Format b_format,
                 const Tensor& b_scale_inv, DType out_dtype) {
+  MT_CHECK(out_dtype == DType::F32, "fp8_gemm: the CPU writes f32, asked for {}", dtype_name(out_dtype));
+  MT_CHECK(a.ndim() == 2 && b.ndim() == 2, "fp8_gemm: [M, K] x [N, K], got {} and {}", a.shape_str(), b.shape_str());
+  Tensor d = Tensor::empty({a.dim(0), b.dim(0)});
+  fp8_gemm_into(a, a_format, a_scale_inv, b, b_format, b_scale_inv, nullptr, d, false);
+  return d;
+}
+
+void fp8_snapshot_scale(const Tensor& scale, Tensor& used, Tensor& used_inv) {
+  check_scalar(scale, DType::F32, "fp8_snapshot_scale (scale)");
+  check_scalar(used, DType::F32, "fp8_snapshot_scale (used)");
+  check_scalar(used_inv, DType::F32, "fp8_snapshot_scale (used_inv)");
+  const float s = *scale.data<float>();
+  *used.data<float>() = s;
+  *used_inv.data<float>() = 1.f / s;
+}
+
+void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b,
+                   Fp8Format b_format, const Tensor& b_scale_inv, const Tensor* c, Tensor& d, bool /*fast_accum*/) {
   MT_CHECK(a.dtype() == DType::U8 && b.dtype() == DType::U8 && a.ndim() == 2 && b.ndim() == 2 && a.dim(1) == b.dim(1),
            "fp8_gemm: U8 [M, K] x U8 [N, K], got {} {} and {} {}", dtype_name(a.dtype()), a.shape_str(),
            dtype_name(b.dtype()), b.shape_str());
-  MT_CHECK(out_dtype == DType::F32, "fp8_gemm: the CPU writes f32, asked for {}", dtype_name(out_dtype));
   const int64_t M = a.dim(0), N = b.dim(0), K = a.dim(1);
+  check_vector(d, Device::CPU, DType::F32, M * N, "fp8_gemm_into (d)");
+  if (c) check_vector(*c, Device::CPU, DType::F32, M * N, "fp8_gemm_into (c)");
   const float sa = *a_scale_inv.data<float>(), sb = *b_scale_inv.data<float>();
   std::vector<float> av(static_cast<size_t>(M * K)), bv(static_cast<size_t>(N * K));
   for (int64_t i = 0; i < M * K; ++i) av[static_cast<size_t>(i)] = fp8_decode(a.data<uint8_t>()[i], a_format);
   for (int64_t i = 0; i < N * K; ++i) bv[static_cast<size_t>(i)] = fp8_decode(b.data<uint8_t>()[i], b_format);
-  Tensor d = Tensor::empty({M, N});
+  const float* add = c ? c->data<float>() : nullptr;  // read before the write: c may be d
   float* out = d.data<float>();
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       float acc = 0.f;  // products of two FP8 values are exact in fp32; the sum rounds as any fp32 GEMM
       for (int64_t k = 0; k < K; ++k) acc += av[static_cast<size_t>(m * K + k)] * bv[static_cast<size_t>(n * K + k)];
-      out[m * N + n] = acc * (sa * sb);
+      out[m * N + n] = acc * (sa * sb) + (add ? add[m * N + n] : 0.f);
     }
-  return d;
 }
 
 }  // namespace mt::ops::host

@@ -5,6 +5,7 @@
 // shared with the CPU.
 #include <cuda_fp8.h>
 
+#include <cstdint>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -28,11 +29,38 @@ __device__ __forceinline__ void atomic_max_nonneg(float* p, float v) {
   atomicMax(reinterpret_cast<int*>(p), __float_as_int(v));
 }
 
+// 8 consecutive elements (16-byte aligned) as floats, in one or two vector loads.
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float* v) {
+  if constexpr (sizeof(T) == 2) {
+    alignas(16) T e[8];
+    *reinterpret_cast<uint4*>(e) = *reinterpret_cast<const uint4*>(p);
+    for (int k = 0; k < 8; ++k) v[k] = to_f(e[k]);
+  } else {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+}
+
 template <typename T>
 __global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* amax) {
   float m = 0.f;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     m = fmaxf(m, fabsf(to_f(x[i])));  // fmaxf drops NaN, as the CPU's std::fmax
+  m = warp_max(m);
+  if ((threadIdx.x & 31) == 0) atomic_max_nonneg(amax, m);
+}
+
+// The same over 8-element vectors (16 bytes of bf16 per load): tensorwise scaling runs this pass
+// before every cast, so it should stream at memory bandwidth. n8 = n / 8 vectors.
+template <typename T>
+__global__ void amax_vec_kernel(const T* __restrict__ x, int64_t n8, float* amax) {
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n8; i += int64_t{gridDim.x} * blockDim.x) {
+    float v[8];
+    load8(x + 8 * i, v);
+    for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
+  }
   m = warp_max(m);
   if ((threadIdx.x & 31) == 0) atomic_max_nonneg(amax, m);
 }
@@ -52,6 +80,12 @@ __global__ void delayed_update_kernel(float* h, int64_t L, float* scale, const f
 
 __global__ void current_scale_kernel(const float* amax, float* scale, float fp8_max) {
   *scale = fp8::scale_from_amax(*amax, fp8_max, 1.f);
+}
+
+__global__ void snapshot_scale_kernel(const float* scale, float* used, float* used_inv) {
+  const float s = *scale;
+  *used = s;
+  *used_inv = 1.f / s;
 }
 
 __device__ __forceinline__ float fp8_round_dev(float v, bool e5m2) {
@@ -118,7 +152,7 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_
       m = fmaxf(m, fabsf(v));
       clipped += fabsf(v * s) > fp8_max;
       const uint8_t code = __nv_cvt_float_to_fp8(v * s, __NV_SATFINITE, kind);
-      q[r * C + c] = code;
+      if (q) q[r * C + c] = code;
       tile[i][threadIdx.x] = code;
     }
   }
@@ -136,6 +170,64 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_
   }
 }
 
+// The same, vectorised, for the GPU FP8 path's tensors (both dimensions multiples of 8, x 16-byte
+// aligned): 64x64 tiles, 256 threads; each thread loads 8 elements (16 bytes of bf16), writes
+// their 8 codes row-major in one 8-byte store, and later 8 codes of one column transposed, so
+// every global access is a vector and a warp's stores cover whole 64-byte row pieces. This pass is
+// the FP8 step's overhead over bf16: it has to run near memory bandwidth.
+constexpr int kVecTile = 64, kVecThreads = 256, kVecPitch = kVecTile + 4;  // pitch: 17 words, fewer conflicts
+
+template <typename T>
+__global__ void __launch_bounds__(kVecThreads)
+    cast_transpose_vec_kernel(const T* __restrict__ x, int64_t R, int64_t C, const float* scale, bool e5m2,
+                              float fp8_max, uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
+                              unsigned long long* saturated) {
+  __shared__ __align__(8) uint8_t tile[kVecTile][kVecPitch];
+  const float s = *scale;
+  const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const int64_t r0 = int64_t{blockIdx.y} * kVecTile, c0 = int64_t{blockIdx.x} * kVecTile;
+  const int tc = (threadIdx.x % 8) * 8;  // this thread's 8 columns in the tile
+  float m = 0.f;
+  unsigned clipped = 0;
+  for (int i = threadIdx.x / 8; i < kVecTile; i += kVecThreads / 8) {
+    const int64_t r = r0 + i, c = c0 + tc;
+    if (r >= R || c >= C) continue;  // C % 8 == 0: a vector is wholly inside or outside
+    float v[8];
+    load8(x + r * C + c, v);
+    uint32_t lo = 0, hi = 0;
+    for (int k = 0; k < 8; ++k) {
+      m = fmaxf(m, fabsf(v[k]));
+      clipped += fabsf(v[k] * s) > fp8_max;
+      const uint32_t code = __nv_cvt_float_to_fp8(v[k] * s, __NV_SATFINITE, kind);
+      if (k < 4) lo |= code << (8 * k);
+      else hi |= code << (8 * (k - 4));
+    }
+    if (q) *reinterpret_cast<uint2*>(q + r * C + c) = make_uint2(lo, hi);
+    *reinterpret_cast<uint32_t*>(&tile[i][tc]) = lo;
+    *reinterpret_cast<uint32_t*>(&tile[i][tc + 4]) = hi;
+  }
+  m = warp_max(m);
+  for (int o = 16; o > 0; o >>= 1) clipped += __shfl_xor_sync(0xffffffffu, clipped, o);
+  if ((threadIdx.x & 31) == 0) {
+    atomic_max_nonneg(amax, m);
+    if (clipped) atomicAdd(saturated, static_cast<unsigned long long>(clipped));
+  }
+  if (!qt) return;
+  __syncthreads();
+  // qt [C, R]: tile column cc is a row of qt; each thread writes 8 consecutive rows of x there.
+  for (int j = threadIdx.x; j < kVecTile * 8; j += kVecThreads) {
+    const int cc = j / 8, rv = (j % 8) * 8;
+    const int64_t c = c0 + cc, r = r0 + rv;
+    if (c >= C || r >= R) continue;  // R % 8 == 0
+    uint32_t lo = 0, hi = 0;
+    for (int k = 0; k < 4; ++k) {
+      lo |= uint32_t{tile[rv + k][cc]} << (8 * k);
+      hi |= uint32_t{tile[rv + 4 + k][cc]} << (8 * k);
+    }
+    *reinterpret_cast<uint2*>(qt + c * R + r) = make_uint2(lo, hi);
+  }
+}
+
 }  // namespace
 }  // namespace mt::cuda
 
@@ -148,8 +240,13 @@ void fp8_amax(const Tensor& x, Tensor& amax) {
   MT_CUDA_CHECK(cudaMemsetAsync(a, 0, sizeof(float), compute_stream()));
   const int64_t n = x.numel();
   if (n == 0) return;
+  const bool vec = n % 8 == 0 && reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
   with_float_type(x, [&](auto* p) {
-    cuda::amax_kernel<<<cuda::grid_for(n, cuda::kThreads, 1024), cuda::kThreads, 0, compute_stream()>>>(p, n, a);
+    if (vec)
+      cuda::amax_vec_kernel<<<cuda::grid_for(n / 8, cuda::kThreads, 2048), cuda::kThreads, 0, compute_stream()>>>(
+          p, n / 8, a);
+    else
+      cuda::amax_kernel<<<cuda::grid_for(n, cuda::kThreads, 1024), cuda::kThreads, 0, compute_stream()>>>(p, n, a);
   }, "fp8_amax");
   MT_CUDA_LAUNCH_CHECK();
 }
@@ -167,6 +264,14 @@ void fp8_current_scale(const Tensor& amax, Tensor& scale, float fp8_max) {
   cuda::current_scale_kernel<<<1, 1, 0, compute_stream()>>>(
       cuda_data<float>(amax, DType::F32, 1, "fp8_current_scale (amax)"),
       cuda_data<float>(scale, DType::F32, 1, "fp8_current_scale (scale)"), fp8_max);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void fp8_snapshot_scale(const Tensor& scale, Tensor& used, Tensor& used_inv) {
+  cuda::snapshot_scale_kernel<<<1, 1, 0, compute_stream()>>>(
+      cuda_data<float>(scale, DType::F32, 1, "fp8_snapshot_scale (scale)"),
+      cuda_data<float>(used, DType::F32, 1, "fp8_snapshot_scale (used)"),
+      cuda_data<float>(used_inv, DType::F32, 1, "fp8_snapshot_scale (used_inv)"));
   MT_CUDA_LAUNCH_CHECK();
 }
 
@@ -206,19 +311,28 @@ void fp8_cast_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, 
                         Tensor& saturated) {
   MT_CHECK(x.ndim() == 2, "fp8_cast_transpose: [R, C], got {}", x.shape_str());
   const int64_t R = x.dim(0), C = x.dim(1);
-  uint8_t* qp = cuda_data<uint8_t>(q, DType::U8, R * C, "fp8_cast_transpose (q)");
+  uint8_t* qp = q.defined() ? cuda_data<uint8_t>(q, DType::U8, R * C, "fp8_cast_transpose (q)") : nullptr;
+  MT_CHECK(qp || qt, "fp8_cast_transpose: neither q nor qt asked for");
   uint8_t* qtp = qt ? cuda_data<uint8_t>(*qt, DType::U8, R * C, "fp8_cast_transpose (qt)") : nullptr;
   const float* s = cuda_data<float>(scale, DType::F32, 1, "fp8_cast_transpose (scale)");
   float* a = cuda_data<float>(amax, DType::F32, 1, "fp8_cast_transpose (amax)");
   auto* sat = reinterpret_cast<unsigned long long*>(
       cuda_data<int64_t>(saturated, DType::I64, 1, "fp8_cast_transpose (saturated)"));
   if (R * C == 0) return;
-  const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kTileDim)),
-                  static_cast<unsigned>(cuda::ceil_div(R, cuda::kTileDim)));
-  const dim3 block(cuda::kTileDim, cuda::kTileRows);
+  // The vector kernel where its 8-element accesses stay aligned (codes are fresh allocations).
+  const bool vec = R % 8 == 0 && C % 8 == 0 && reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(qp) % 8 == 0 && reinterpret_cast<uintptr_t>(qtp) % 8 == 0 &&
+                   cuda::ceil_div(R, cuda::kVecTile) < 65536;
+  const int64_t tile = vec ? cuda::kVecTile : cuda::kTileDim;
+  MT_CHECK(cuda::ceil_div(R, tile) < 65536, "fp8_cast_transpose: {} rows exceed the grid", R);
+  const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, tile)), static_cast<unsigned>(cuda::ceil_div(R, tile)));
   with_float_type(x, [&](auto* p) {
-    cuda::cast_transpose_kernel<<<grid, block, 0, compute_stream()>>>(p, R, C, s, format == Fp8Format::E5M2,
-                                                                      fp8_max(format), qp, qtp, a, sat);
+    if (vec)
+      cuda::cast_transpose_vec_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(
+          p, R, C, s, format == Fp8Format::E5M2, fp8_max(format), qp, qtp, a, sat);
+    else
+      cuda::cast_transpose_kernel<<<grid, dim3(cuda::kTileDim, cuda::kTileRows), 0, compute_stream()>>>(
+          p, R, C, s, format == Fp8Format::E5M2, fp8_max(format), qp, qtp, a, sat);
   }, "fp8_cast_transpose");
   MT_CUDA_LAUNCH_CHECK();
 }

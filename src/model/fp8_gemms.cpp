@@ -1,0 +1,172 @@
+// The GPU path of an FP8 linear (model/fp8.h): each GEMM operand is cast to FP8 codes once, by the
+// fused cast(+transpose)+amax kernel, and the forward, data-gradient and weight-gradient GEMMs run
+// on the codes through cuBLASLt (kernels/cuda/fp8_gemm.cpp). Hopper's FP8 GEMMs read both operands
+// K-major, so:
+//   forward  y  [rows, out] = x [rows, in]    . w [out, in]^T     (both as stored)
+//   dgrad    dx [rows, in]  = dy [rows, out]  . w^T [in, out]^T   (the weight transposed)
+//   wgrad    dw [out, in]   = dy^T [out, rows] . x^T [in, rows]^T (both transposed)
+// The scales follow the emulation's rules exactly (same ops on the same state): delayed casts with
+// the state's scale and updates history and scale afterwards from the amax the cast computed;
+// tensorwise takes the amax first (a pass of its own), then its scale, then casts. Everything stays
+// on the device: scales, inverses and amaxes are [1] tensors read by the kernels and cuBLASLt.
+// Memory: the weight's codes (1 byte a parameter) are cached for the optimizer step; its transpose
+// is cast again in each backward (a pass over the weight, freed after the data gradient); the input
+// is kept as transposed codes (1 byte an element) where the caller can drop its own copy.
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "model/fp8.h"
+
+namespace mt::model {
+
+namespace {
+
+Tensor scalar(Device d) { return Tensor::empty({1}, DType::F32, d); }
+Tensor codes(int64_t r, int64_t c, Device d) { return Tensor::empty({r, c}, DType::U8, d); }
+Tensor rows2d(const Tensor& x) { return x.view({x.numel() / x.dim(-1), x.dim(-1)}); }
+
+// x cast with the recipe's per-tensor scale into q (row-major, skipped if undefined) and qt
+// (transposed, if given); `used` / `used_inv` receive the scale the cast used and its inverse.
+// `update`: a training use, whose amax joins the delayed history (the emulation's per_tensor).
+void cast(const Tensor& x, Fp8TensorState& s, Fp8Format fmt, const Fp8Store& store, const Fp8LinearState& l,
+          const TensorParallel* tp, bool update, Tensor& q, Tensor* qt, Tensor& used, Tensor& used_inv) {
+  const Fp8Config& c = store.config();
+  const bool current = c.recipe == Fp8Recipe::Tensorwise;
+  if (current) {
+    ops::fp8_amax(x, s.amax);
+    store.reduce_amax(s.amax, tp, l);
+    ops::fp8_current_scale(s.amax, s.scale, fp8_max(fmt));
+  } else {
+    s.amax.zero_();  // the cast max-reduces into it
+  }
+  ops::fp8_cast_transpose(x, s.scale, fmt, q, qt, s.amax, s.saturated);
+  if (!current) store.reduce_amax(s.amax, tp, l);
+  used = scalar(x.device());
+  used_inv = scalar(x.device());
+  ops::fp8_snapshot_scale(s.scale, used, used_inv);
+  if (!current && update)
+    ops::fp8_delayed_update(s.history, s.scale, s.amax, fp8_max(fmt), static_cast<int>(c.margin), c.amax_max);
+}
+
+// x cast again with a scale already used (a recomputed forward, the backward's transposes): the
+// same codes as the first cast; amax and clipped count were recorded then and are dropped here.
+void recast(Fp8LinearState& l, const Tensor& x, const Tensor& scale, Fp8Format fmt, Tensor& q, Tensor* qt) {
+  if (!l.recast_amax.defined() || l.recast_amax.device() != x.device()) {
+    l.recast_amax = Tensor::zeros({1}, DType::F32, x.device());
+    l.recast_saturated = Tensor::zeros({1}, DType::I64, x.device());
+  }
+  ops::fp8_cast_transpose(x, scale, fmt, q, qt, l.recast_amax, l.recast_saturated);
+}
+
+bool mult16(int64_t v) { return v > 0 && v % 16 == 0; }
+
+}  // namespace
+
+bool Fp8Linear::real_gemms(const Tensor& x, const Tensor& w) const {
+  if (!on() || store->config().recipe == Fp8Recipe::Blockwise) return false;
+  if (x.device() != Device::CUDA && !store->real_gemms_on_cpu) return false;
+  return w.ndim() == 2 && mult16(w.dim(0)) && mult16(w.dim(1)) && x.dim(-1) == w.dim(1) &&
+         mult16(x.numel() / x.dim(-1));
+}
+
+void Fp8Linear::weight_codes(const Tensor& w, const PassContext& ctx, Tensor& q, Tensor& scale,
+                             Tensor& scale_inv) const {
+  if (ctx.training && state->weight_epoch == store->epoch() && state->weight_codes.defined()) {
+    q = state->weight_codes;
+    scale = state->weight_scale;
+    scale_inv = state->weight_scale_inv;
+    return;
+  }
+  const Fp8Config& c = store->config();
+  q = codes(w.dim(0), w.dim(1), w.device());
+  cast(w, state->weight, c.forward_format(), *store, *state, tp, ctx.training, q, nullptr, scale, scale_inv);
+  // Evaluation casts with the state as it is and leaves the cache alone (as the emulation).
+  if (ctx.training) {
+    state->weight_codes = q;
+    state->weight_scale = scale;
+    state->weight_scale_inv = scale_inv;
+    state->weight_epoch = store->epoch();
+  }
+}
+
+Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* residual, bool keep_x_t,
+                               PassContext& ctx) const {
+  const Fp8Config& c = store->config();
+  const Fp8Format ff = c.forward_format();
+  const Tensor x2 = rows2d(x);
+  const int64_t rows = x2.dim(0), in = x2.dim(1), out = w.dim(0);
+  MT_CHECK(w.dim(1) == in, "{}: an FP8 GEMM of input {} and weight {}", state->name, x.shape_str(), w.shape_str());
+  const Device dev = x.device();
+  Tensor q = codes(rows, in, dev), x_t = keep_x_t ? codes(in, rows, dev) : Tensor();
+  Tensor x_scale_inv, wq, w_scale, w_scale_inv;
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::fp8_cast);
+    if (ctx.recomputing) {
+      // The re-run of a forward whose backward comes next: the first run's scale, and now (if
+      // asked) the transposed codes that the first run, inside a recomputed group, did not keep.
+      MT_CHECK(!state->saved.empty(), "{}: an FP8 recomputation without its first forward", state->name);
+      Fp8Saved& e = state->saved.front();
+      recast(*state, x2, e.scale, ff, q, keep_x_t ? &x_t : nullptr);
+      if (keep_x_t) e.x_t = x_t;
+      x_scale_inv = e.scale_inv;
+    } else {
+      Tensor used;
+      cast(x2, state->input, ff, *store, *state, tp, ctx.training, q, keep_x_t ? &x_t : nullptr, used, x_scale_inv);
+      if (ctx.training) state->saved.push_back(Fp8Saved{used, x_scale_inv, x_t});
+    }
+    weight_codes(w, ctx, wq, w_scale, w_scale_inv);
+  }
+  ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+  Tensor y = Tensor::empty({rows, out}, x.dtype(), dev);
+  // Fast accumulation in the forward only, as Transformer Engine's recipes (the gradients'
+  // GEMMs promote their partial sums to fp32).
+  ops::fp8_gemm_into(q, ff, x_scale_inv, wq, ff, w_scale_inv, residual, y, true);
+  return y;
+}
+
+Tensor Fp8Linear::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, bool accumulate_dw,
+                                PassContext& ctx) const {
+  const Fp8Config& c = store->config();
+  const Fp8Format ff = c.forward_format(), gf = c.grad_format();
+  MT_CHECK(!state->saved.empty(), "{}: an FP8 backward without its forward", state->name);
+  const Fp8Saved e = std::move(state->saved.front());
+  state->saved.pop_front();
+  const Tensor dy2 = rows2d(dy);
+  const int64_t rows = dy2.dim(0), out = dy2.dim(1), in = w.dim(1);
+  MT_CHECK(w.dim(0) == out, "{}: an FP8 backward of gradient {} and weight {}", state->name, dy.shape_str(),
+           w.shape_str());
+  const Device dev = dy.device();
+  Tensor dq = codes(rows, out, dev), dq_t = c.wgrad ? codes(out, rows, dev) : Tensor();
+  Tensor g_scale, g_scale_inv, wq, w_scale, w_scale_inv, w_t = codes(in, out, dev);
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::fp8_cast);
+    cast(dy2, state->grad, gf, *store, *state, tp, true, dq, c.wgrad ? &dq_t : nullptr, g_scale, g_scale_inv);
+    weight_codes(w, ctx, wq, w_scale, w_scale_inv);
+    Tensor none;
+    recast(*state, w, w_scale, ff, none, &w_t);
+  }
+  Tensor dx = Tensor::empty({rows, in}, dy.dtype(), dev);
+  {
+    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+    ops::fp8_gemm_into(dq, gf, g_scale_inv, w_t, ff, w_scale_inv, nullptr, dx);
+  }
+  w_t = Tensor();
+  if (!c.wgrad) {
+    MT_CHECK(x.defined(), "{}: --no-fp8-wgrad needs the forward's input", state->name);
+    ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+    ops::linear_backward_weight(dy, x, dw, nullptr, accumulate_dw);
+    return dx;
+  }
+  Tensor x_t = e.x_t;
+  if (!x_t.defined()) {
+    MT_CHECK(x.defined(), "{}: an FP8 backward with neither the input nor its codes", state->name);
+    ScopedOpTimer t(ctx.times, &OpTimes::fp8_cast);
+    x_t = codes(in, rows, dev);
+    Tensor none;
+    recast(*state, rows2d(x), e.scale, ff, none, &x_t);
+  }
+  ScopedOpTimer t(ctx.times, &OpTimes::gemm);
+  ops::fp8_gemm_into(dq_t, gf, g_scale_inv, x_t, ff, e.scale_inv, accumulate_dw ? &dw : nullptr, dw);
+  return dx;
+}
+
+}  // namespace mt::model

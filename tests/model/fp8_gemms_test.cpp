@@ -1,0 +1,195 @@
+// The FP8 linear's real-GEMM path (model/fp8_gemms.cpp) against the emulation (model/fp8.cpp):
+// the same scaling state after every step (the same ops on the same amaxes), and the GEMMs'
+// results within fp32 rounding on the CPU (its fp8_gemm sums the exact code products, the
+// emulation the read-back values), within bf16's on the GPU. The path runs for CPU tensors through
+// Fp8Store::real_gemms_on_cpu; the *Gpu* cases run it where it is meant to run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/ops.h"
+#include "model/fp8.h"
+#include "support/gpu.h"
+
+namespace mt::model {
+namespace {
+
+constexpr int64_t kRows = 32, kIn = 48, kOut = 16;
+
+Fp8Config config(Fp8Recipe r, bool wgrad = true) {
+  Fp8Config c;
+  c.enabled = true;
+  c.hybrid = true;
+  c.recipe = r;
+  c.amax_history_len = 3;
+  c.amax_max = true;
+  c.margin = r == Fp8Recipe::Delayed ? 1 : 0;
+  c.wgrad = wgrad;
+  return c;
+}
+
+// Values in [-mag, mag] that bf16 holds exactly (so that a GPU copy is the same numbers).
+Tensor data(Shape s, uint64_t seed, double mag) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> dist(-mag, mag);
+  std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+  for (float& x : v) x = round_bf16(static_cast<float>(dist(gen)));
+  return Tensor::from_vector(v, s);
+}
+
+Tensor on(const Tensor& t, Device d) { return d == Device::CPU ? t : t.to(DType::BF16).to_device(d); }
+
+std::vector<float> host(const Tensor& t) {
+  const Tensor h = t.to_device(Device::CPU);
+  return h.dtype() == DType::F32 ? h.to_vector() : h.to(DType::F32).to_vector();
+}
+
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);  // exact zeros: the absolute error
+}
+
+struct StepOut {
+  std::vector<float> y1, y2, dx1, dx2, dw;
+};
+
+// Two micro-batches (two forwards, then their backwards, oldest first) of one step through the
+// emulation: the operands quantized and read back, then the activation-type GEMMs.
+StepOut emulated(Fp8Linear& l, const Tensor& x1, const Tensor& x2, const Tensor& w, const Tensor& dy1,
+                 const Tensor& dy2) {
+  PassContext ctx;
+  StepOut o;
+  auto fwd = [&](const Tensor& x) {
+    const Tensor xq = l.forward_input(x, ctx), wq = l.forward_weight(w, ctx);
+    return ops::linear_forward(xq, wq, nullptr);
+  };
+  o.y1 = host(fwd(x1));
+  o.y2 = host(fwd(x2));
+  Tensor dw = Tensor::zeros({kOut, kIn});
+  auto bwd = [&](const Tensor& dy, const Tensor& x, bool acc) {
+    const Fp8Linear::Backward b = l.backward_operands(dy, x);
+    const Tensor dx = ops::linear_backward_data(b.dy_dgrad, l.forward_weight(w, ctx));
+    ops::linear_backward_weight(b.dy_wgrad, b.x_wgrad, dw, nullptr, acc);
+    return host(dx);
+  };
+  o.dx1 = bwd(dy1, x1, false);
+  o.dx2 = bwd(dy2, x2, true);
+  o.dw = dw.to_vector();
+  return o;
+}
+
+// The same step through the real FP8 GEMMs on `d`. The first forward keeps its input's transposed
+// codes (its backward gets no x) where FP8 wgrad is on; the second's backward re-casts x.
+StepOut real(Fp8Linear& l, const Tensor& x1, const Tensor& x2, const Tensor& w, const Tensor& dy1, const Tensor& dy2,
+             Device d) {
+  PassContext ctx;
+  StepOut o;
+  const Tensor wd = on(w, d), x1d = on(x1, d), x2d = on(x2, d);
+  EXPECT_TRUE(l.real_gemms(x1d, wd));
+  const bool keep = l.store->config().wgrad;  // as Linear::keeps_input: not without FP8 wgrad
+  o.y1 = host(l.gemm_forward(x1d, wd, nullptr, keep, ctx));
+  o.y2 = host(l.gemm_forward(x2d, wd, nullptr, false, ctx));
+  Tensor dw = Tensor::zeros({kOut, kIn}, DType::F32, d);
+  EXPECT_TRUE(l.backward_is_real());
+  o.dx1 = host(l.gemm_backward(on(dy1, d), keep ? Tensor() : x1d, wd, dw, false, ctx));
+  o.dx2 = host(l.gemm_backward(on(dy2, d), x2d, wd, dw, true, ctx));
+  EXPECT_FALSE(l.backward_is_real());
+  o.dw = host(dw);
+  return o;
+}
+
+void expect_same_state(Fp8Store& a, Fp8Store& b) {
+  Fp8LinearState &x = a.linears().front(), &y = b.linears().front();
+  for (auto [s, t] : {std::pair{&x.input, &y.input}, std::pair{&x.weight, &y.weight}, std::pair{&x.grad, &y.grad}}) {
+    EXPECT_EQ(host(s->scale), host(t->scale));
+    EXPECT_EQ(host(s->history), host(t->history));
+  }
+  const Fp8Health ha = take_fp8_health(a), hb = take_fp8_health(b);
+  EXPECT_EQ(ha.saturated, hb.saturated);
+}
+
+// Three steps; the first input's magnitude saturates the delayed recipe's initial scale of 1.
+void compare(Fp8Recipe r, Device d, double tol, bool wgrad = true) {
+  Fp8Store emu(config(r, wgrad)), gem(config(r, wgrad));
+  gem.real_gemms_on_cpu = true;
+  Fp8Linear le = make_fp8_linear(emu, "l.weight", nullptr), lg = make_fp8_linear(gem, "l.weight", nullptr);
+  if (d != Device::CPU) gem.to_device(d);
+  const double mags[] = {2000.0, 3.0, 0.05};
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(step);
+    const uint64_t s = 100 * static_cast<uint64_t>(step);
+    const Tensor w = data({kOut, kIn}, s + 1, 0.5), x1 = data({kRows, kIn}, s + 2, mags[step]),
+                 x2 = data({kRows, kIn}, s + 3, 1.0), dy1 = data({kRows, kOut}, s + 4, 1e-3),
+                 dy2 = data({kRows, kOut}, s + 5, 2e-3);
+    const StepOut want = emulated(le, x1, x2, w, dy1, dy2);
+    const StepOut got = real(lg, x1, x2, w, dy1, dy2, d);
+    EXPECT_LT(rel(got.y1, want.y1), tol);
+    EXPECT_LT(rel(got.y2, want.y2), tol);
+    EXPECT_LT(rel(got.dx1, want.dx1), tol);
+    EXPECT_LT(rel(got.dx2, want.dx2), tol);
+    EXPECT_LT(rel(got.dw, want.dw), tol);
+    expect_same_state(emu, gem);
+    emu.weights_changed();
+    gem.weights_changed();
+  }
+}
+
+TEST(Fp8Gemms, DelayedMatchesTheEmulation) { compare(Fp8Recipe::Delayed, Device::CPU, 1e-5); }
+TEST(Fp8Gemms, TensorwiseMatchesTheEmulation) { compare(Fp8Recipe::Tensorwise, Device::CPU, 1e-5); }
+TEST(Fp8Gemms, WithoutFp8WgradMatchesTheEmulation) { compare(Fp8Recipe::Delayed, Device::CPU, 1e-5, false); }
+
+TEST(Fp8Gemms, RecomputedForwardKeepsTheFirstScaleAndTheCodes) {
+  const Tensor w = data({kOut, kIn}, 1, 0.5), x = data({kRows, kIn}, 2, 2000), dy = data({kRows, kOut}, 3, 1e-3);
+  // A: a first forward that keeps nothing (inside a recomputed group), its re-run keeps the
+  // codes, the backward gets no x. B: one forward, the backward re-casts x.
+  Fp8Store a(config(Fp8Recipe::Delayed)), b(config(Fp8Recipe::Delayed));
+  a.real_gemms_on_cpu = b.real_gemms_on_cpu = true;
+  Fp8Linear la = make_fp8_linear(a, "l.weight", nullptr), lb = make_fp8_linear(b, "l.weight", nullptr);
+  PassContext ctx, re;
+  re.recomputing = true;
+  const std::vector<float> y = la.gemm_forward(x, w, nullptr, false, ctx).to_vector();  // saturates at scale 1
+  EXPECT_EQ(la.gemm_forward(x, w, nullptr, true, re).to_vector(), y);                   // that scale again
+  ASSERT_EQ(a.linears().front().saved.size(), 1u);
+  EXPECT_TRUE(a.linears().front().saved.front().x_t.defined());
+  EXPECT_EQ(lb.gemm_forward(x, w, nullptr, false, ctx).to_vector(), y);
+  Tensor dw_kept = Tensor::zeros({kOut, kIn}), dw_recast = Tensor::zeros({kOut, kIn});
+  const std::vector<float> dxa = la.gemm_backward(dy, Tensor(), w, dw_kept, false, ctx).to_vector();
+  EXPECT_EQ(lb.gemm_backward(dy, x, w, dw_recast, false, ctx).to_vector(), dxa);
+  EXPECT_EQ(dw_recast.to_vector(), dw_kept.to_vector());
+  EXPECT_GT(take_fp8_health(a).saturated, 0);  // counted by the first forward only
+}
+
+TEST(Fp8Gemms, EligibilityNeedsMultiplesOf16AndAPerTensorRecipe) {
+  Fp8Store store(config(Fp8Recipe::Tensorwise)), blocks(config(Fp8Recipe::Blockwise));
+  Fp8Linear l = make_fp8_linear(store, "l.weight", nullptr), b = make_fp8_linear(blocks, "b.weight", nullptr);
+  const Tensor w = Tensor::zeros({kOut, kIn}), x = Tensor::zeros({kRows, kIn});
+  EXPECT_FALSE(l.real_gemms(x, w));  // CPU tensors: the emulation
+  store.real_gemms_on_cpu = blocks.real_gemms_on_cpu = true;
+  EXPECT_TRUE(l.real_gemms(x, w));
+  EXPECT_FALSE(l.real_gemms(Tensor::zeros({kRows - 1, kIn}), w));
+  EXPECT_FALSE(l.real_gemms(Tensor::zeros({kRows, 40}), Tensor::zeros({kOut, 40})));
+  EXPECT_FALSE(b.real_gemms(x, w));
+}
+
+// GPU against the CPU's emulation: the scaling state exactly (the same bf16 inputs, the same
+// amaxes and fp32 scale rules), the outputs within bf16's rounding.
+TEST(Fp8GemmsGpu, DelayedMatchesTheCpuEmulation) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
+  compare(Fp8Recipe::Delayed, Device::CUDA, 1e-2);
+}
+TEST(Fp8GemmsGpu, TensorwiseMatchesTheCpuEmulation) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
+  compare(Fp8Recipe::Tensorwise, Device::CUDA, 1e-2);
+}
+
+}  // namespace
+}  // namespace mt::model
