@@ -21,7 +21,7 @@ const std::string kMd = "torch.distributed.checkpoint.metadata";
 const std::string kLayers = "decoder.layers.";
 
 // A JSON value (the run's arguments) as a pickled Python value.
-int64_t from_json(Builder& b, const nlohmann::json& j) {
+int64_t pickle_from_json(Builder& b, const nlohmann::json& j) {
   if (j.is_null()) return b.none();
   if (j.is_boolean()) return b.boolean(j.get<bool>());
   if (j.is_number_integer()) return b.integer(j.get<int64_t>());
@@ -29,11 +29,11 @@ int64_t from_json(Builder& b, const nlohmann::json& j) {
   if (j.is_string()) return b.str(j.get<std::string>());
   if (j.is_array()) {
     std::vector<int64_t> items;
-    for (const auto& x : j) items.push_back(from_json(b, x));
+    for (const auto& x : j) items.push_back(pickle_from_json(b, x));
     return b.list(items);
   }
   const int64_t d = b.dict();
-  for (const auto& [k, v] : j.items()) b.set(d, k, from_json(b, v));
+  for (const auto& [k, v] : j.items()) b.set(d, k, pickle_from_json(b, v));
   return d;
 }
 
@@ -149,7 +149,7 @@ int64_t scheduler(Builder& b, const TrainingState& st, const nlohmann::json& a) 
   if (auto s = st.args.find("megatron_opt_param_scheduler"); s != st.args.end() && s->is_object()) {
     nlohmann::json j = *s;
     j["num_steps"] = st.scheduler_samples;
-    return from_json(b, j);
+    return pickle_from_json(b, j);
   }
   const int64_t gbs = jint(a, "global_batch_size", 1), train = jint(a, "train_iters", 0) * gbs;
   const double lr = jnum(a, "lr", 1e-4), wd = jnum(a, "weight_decay", 0.01);
@@ -168,7 +168,7 @@ int64_t scheduler(Builder& b, const TrainingState& st, const nlohmann::json& a) 
                       {"end_wd", jnum(a, "end_weight_decay", wd)},
                       {"wd_incr_style", jstr(a, "weight_decay_incr_style", "constant")},
                       {"wd_incr_steps", train}};
-  return from_json(b, j);
+  return pickle_from_json(b, j);
 }
 
 // The plain optimizer's param groups (weight decay, then none) and its step.
@@ -192,7 +192,7 @@ int64_t optimizer_common(Builder& b, const nlohmann::json& a) {
                         {"min_lr", jnum(a, "min_lr", 0.0)},
                         {"wd_mult", wd_mult},
                         {"weight_decay", jnum(a, "weight_decay", 0.01) * wd_mult}};
-    const int64_t d = from_json(b, g);
+    const int64_t d = pickle_from_json(b, g);
     b.set(d, "betas", b.tuple({b.real(jnum(a, "adam_beta1", 0.9)), b.real(jnum(a, "adam_beta2", 0.999))}));
     groups.push_back(d);
   }
@@ -298,13 +298,13 @@ void write_torch_dist(const std::string& save, CheckpointReader& reader) {
   {
     Builder b;
     const int64_t d = b.dict();
-    b.set(d, "args", b.call(b.global("argparse", "Namespace"), {}, from_json(b, margs)));
+    b.set(d, "args", b.call(b.global("argparse", "Namespace"), {}, pickle_from_json(b, margs)));
     b.set(d, "checkpoint_version", b.real(3.0));
     b.set(d, "iteration", b.integer(st.iteration));
     b.set(d, "opt_param_scheduler", scheduler(b, st, margs));
     b.set(d, "num_floating_point_operations_so_far", b.real(0.0));
     b.set(d, "content_metadata",
-          from_json(b, {{"chained_optim_avoid_prefix", true}, {"singleton_local_shards", false}}));
+          pickle_from_json(b, {{"chained_optim_avoid_prefix", true}, {"singleton_local_shards", false}}));
     std::vector<std::string> storages;
     if (optim) {
       const int64_t opt = optimizer_common(b, margs);
@@ -322,7 +322,7 @@ void write_torch_dist(const std::string& save, CheckpointReader& reader) {
   }
   {  // The rerun state machine's state, as a fresh Megatron run saves it.
     Builder b;
-    const int64_t d = from_json(b, {{"checkpoint_requested", false},
+    const int64_t d = pickle_from_json(b, {{"checkpoint_requested", false},
                                     {"continue_requested", false},
                                     {"data_iterator_checkpoints", nullptr},
                                     {"failed_validation_call", nullptr},
@@ -333,7 +333,7 @@ void write_torch_dist(const std::string& save, CheckpointReader& reader) {
                                     {"restart_again_requested", false},
                                     {"suspicious_device", nullptr},
                                     {"suspicious_node", nullptr}});
-    const int64_t inj = from_json(b, {{"error_injection_rate", 0}, {"injected_error_type", nullptr}});
+    const int64_t inj = pickle_from_json(b, {{"error_injection_rate", 0}, {"injected_error_type", nullptr}});
     b.set(inj, "error_injection_type",
           b.call(b.global("megatron.core.rerun_state_machine", "RerunDiagnostic"), {b.str("transient_error")}));
     b.set(d, "error_injector_checkpoint", inj);
