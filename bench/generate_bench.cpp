@@ -141,7 +141,10 @@ int main(int argc, char** argv) {
   double weight_bytes = 0;
   for (const auto& p : m.params().params())
     if (p.name != "embedding.word_embeddings.weight") weight_bytes += 2.0 * static_cast<double>(p.numel());
-  const double kv_per_position = 2.0 * 2.0 * static_cast<double>(c.num_layers * c.num_query_groups * c.kv_channels);
+  // K and V, bf16, every layer and query group, per cached position; the model's config has the
+  // head dim filled in (the local `c` left kv_channels 0, which made the bound count no cache).
+  const auto& mc = m.config();
+  const double kv_per_position = 2.0 * 2.0 * static_cast<double>(mc.num_layers * mc.num_query_groups * mc.head_dim());
   std::fflush(stdout);
 
   for (const bool graphs : {false, true}) {

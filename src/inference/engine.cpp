@@ -175,18 +175,21 @@ bool Engine::step() {
     }
   }
   if (!b.tokens.empty()) {
-    const Tensor logits = runner_->forward(b);
-    const int64_t V = logits.dim(1);
+    // Greedy rows take the device's argmax; the logits come to the host only when a row samples.
+    bool any_sampling = false;
+    for (const Sequence* s : sampled) any_sampling = any_sampling || s->req.sampling.temperature > 0.f;
+    const StepOutput o = runner_->step(b, any_sampling);
     for (size_t r = 0; r < sampled.size(); ++r) {
       Sequence& s = *sampled[r];
-      const float* row = logits.data<float>() + static_cast<int64_t>(r) * V;
       const SamplingParams& sp = s.req.sampling;
       const int64_t n = static_cast<int64_t>(s.out.tokens.size());
-      // Greedy reads the row in place (no copy: this is on every decode step's critical path).
-      const int32_t t = sp.temperature <= 0.f
-                            ? static_cast<int32_t>(std::max_element(row, row + V) - row)
-                            : sample_token(std::vector<float>(row, row + V), sp.temperature, sp.top_k, sp.top_p,
-                                           sampling_uniform(sp.seed, n));
+      int32_t t = o.argmax[r];
+      if (sp.temperature > 0.f) {
+        const int64_t V = o.logits.dim(1);
+        const float* row = o.logits.data<float>() + static_cast<int64_t>(r) * V;
+        t = sample_token(std::vector<float>(row, row + V), sp.temperature, sp.top_k, sp.top_p,
+                         sampling_uniform(sp.seed, n));
+      }
       s.out.tokens.push_back(t);
       if (s.req.on_token) s.req.on_token(s.id, t);
       check_stop(s, t);  // may free the slot (and s with it)

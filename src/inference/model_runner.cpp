@@ -156,7 +156,7 @@ Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {
   return g->logits;
 }
 
-Tensor ModelRunner::forward(const StepBatch& b) {
+Tensor ModelRunner::device_logits(const StepBatch& b) {
   const auto& c = m_.config();
   const int64_t N = static_cast<int64_t>(b.tokens.size());
   MT_CHECK(N > 0 && b.slots.size() == b.tokens.size() && b.positions.size() == b.tokens.size(),
@@ -185,10 +185,33 @@ Tensor ModelRunner::forward(const StepBatch& b) {
   // A decode step: every row's logits, in order.
   bool decode = R == N;
   for (int64_t r = 0; decode && r < R; ++r) decode = b.logit_rows[static_cast<size_t>(r)] == r;
-  Tensor l = graphs_on_ && decode ? graph_forward(in, N) : device_forward(in);
+  return graphs_on_ && decode ? graph_forward(in, N) : device_forward(in);
+}
+
+Tensor ModelRunner::forward(const StepBatch& b) {
+  const int64_t R = static_cast<int64_t>(b.logit_rows.size());
+  Tensor l = device_logits(b);
   if (R == 0) return Tensor::empty({0, vocab_});
+  return host_logits(l);
+}
+
+StepOutput ModelRunner::step(const StepBatch& b, bool want_logits) {
+  const int64_t R = static_cast<int64_t>(b.logit_rows.size());
+  const Tensor l = device_logits(b);
+  StepOutput out;
+  if (R == 0) return out;
+  // The greedy ids on the logits' device: R ids to the host instead of R x V logits, which at
+  // batch 64 and a 128k vocabulary cost more host time (copy, widen, scan) than the model.
+  const Tensor ids = ops::argmax_rows(l, vocab_).to_device(Device::CPU);
+  out.argmax.assign(ids.data<int32_t>(), ids.data<int32_t>() + R);
+  if (want_logits) out.logits = host_logits(l);
+  return out;
+}
+
+Tensor ModelRunner::host_logits(Tensor l) const {
+  const int64_t R = l.dim(0);
   // To the host in the activations' dtype (half the bytes of fp32), then one pass that widens
-  // and drops the padded vocabulary columns: this runs once per decode step, on its critical path.
+  // and drops the padded vocabulary columns.
   if (l.device() != Device::CPU) l = l.to_device(Device::CPU);
   const int64_t Vp = l.dim(1);
   if (l.dtype() == DType::F32 && Vp == vocab_) return l;

@@ -26,6 +26,13 @@ struct StepBatch {
   std::vector<int32_t> logit_rows; // rows (indices into tokens) whose next-token logits are wanted
 };
 
+// One step's answer for the engine: every logit row's greedy token, worked out on the model's
+// device, and the full host logits only where a row samples.
+struct StepOutput {
+  std::vector<int32_t> argmax;  // [rows]: the largest logit's id (lowest id on ties)
+  Tensor logits;                // fp32 host [rows, V] when asked for, else undefined
+};
+
 class ModelRunner {
  public:
   // A cache of `slots` sequences of up to `max_len` tokens per layer, on the model's device in its
@@ -39,6 +46,8 @@ class ModelRunner {
   // Writes every row's K and V into the cache and returns the fp32 host logits [rows, V] of
   // batch.logit_rows over the real (unpadded) vocabulary V.
   Tensor forward(const StepBatch& batch);
+  // The same step, returning the rows' greedy tokens, plus their logits when `want_logits`.
+  StepOutput step(const StepBatch& batch, bool want_logits);
   int64_t slots() const { return slots_; }
   int64_t max_len() const { return max_len_; }
   int64_t vocab() const { return vocab_; }
@@ -53,6 +62,8 @@ class ModelRunner {
   struct Graph;
   // The pass on the device: logits [rows, padded vocab] in the activations' dtype.
   Tensor device_forward(const Inputs& in);
+  Tensor device_logits(const StepBatch& b);  // checks the batch, runs it: [rows, V'] on the device
+  Tensor host_logits(Tensor l) const;         // those as fp32 on the host, the padded columns dropped
   Tensor graph_forward(const Inputs& in, int64_t N);
   Tensor layer_forward(size_t l, const Tensor& x, const Tensor& slot, const Tensor& pos, const Tensor& cos,
                        const Tensor& sin);

@@ -549,6 +549,19 @@ std::vector<Case> cases() {
                  fp8_gemm_into(qt, Fp8Format::E4M3, one, qt, Fp8Format::E4M3, one, &dw, dw);
                  return Outputs{dw};
                }});
+  // Greedy decoding's argmax over the real vocabulary (the padded tail holds larger values that
+  // must be left out), with ties (the lowest index wins), bf16 rounding (the same values on both
+  // devices) and a NaN that must never win.
+  c.push_back({"argmax_rows", 0.0, [=](Device d) {
+                 std::vector<float> v = test::rounded(test::random_vec<float>(6 * 300, 81, -4, 4));
+                 for (int64_t r = 0; r < 6; ++r) v[static_cast<size_t>(r * 300 + 290)] = 100.f;  // padding
+                 v[1 * 300 + 17] = v[1 * 300 + 201] = 50.f;                                        // a tie
+                 v[2 * 300 + 5] = std::nanf("");
+                 v[2 * 300 + 6] = 60.f;
+                 const Tensor t = Tensor::from_vector(v, {6, 300});
+                 const Tensor l = d == Device::CPU ? t : t.to(DType::BF16).to_device(d);
+                 return Outputs{argmax_rows(l, 280)};
+               }});
   add_moe_cases(c);
   return c;
 }
