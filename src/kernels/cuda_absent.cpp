@@ -37,6 +37,7 @@ int GpuContext::device() const { return 0; }
 void* GpuContext::compute_stream() const { return nullptr; }
 std::string GpuContext::name() const { return "none"; }
 size_t GpuContext::peak_memory_bytes() const { return 0; }
+size_t GpuContext::peak_memory_with_scratch_bytes() const { return 0; }
 void GpuContext::reset_peak_memory() {}
 void GpuContext::synchronize() const {}
 bool GpuContext::idle() const { return true; }

@@ -33,6 +33,8 @@ class GpuContext {
   void* compute_stream() const;
   std::string name() const;          // the device's name, e.g. "NVIDIA H100 80GB HBM3"
   size_t peak_memory_bytes() const;  // of Device::CUDA tensors since the start or the last reset
+  // The same with kernel workspaces (GEMM, cuDNN attention, sorts) counted in: the real high water.
+  size_t peak_memory_with_scratch_bytes() const;
   void reset_peak_memory();
   void synchronize() const;  // waits for the compute stream
   bool idle() const;         // whether everything queued on the compute stream has finished (no wait)

@@ -58,6 +58,9 @@ struct Estimate {
   int64_t microbatches = 1;       // per step per DP rank
   std::vector<StageMemory> stages;
   double outside_pool = 0;        // CUDA context, cuBLASLt/cuDNN workspaces, NCCL buffers (GPU)
+  // cuDNN's deterministic attention backward: a B*Hq*S*S*2-byte workspace (one layer at a time),
+  // drawn from the pool but outside the tensor peak line. 0 where the flash kernels run instead.
+  double attention_workspace = 0;
   double slack_fraction = 0;      // allocator fragmentation allowance (see slack())
   std::vector<CommVolume> comm;   // for the busiest pipeline rank
   double flops_per_step = 0;      // model FLOPs of one global batch (Megatron's formula)
@@ -66,7 +69,7 @@ struct Estimate {
   // peak (stream-ordered pool); on the CPU a share of the activations and workspaces, the many
   // mid-sized blocks glibc's heap keeps mapped after they are freed.
   double slack(const StageMemory& s) const;
-  double needed(const StageMemory& s) const { return s.pool_peak() + slack(s) + outside_pool; }
+  double needed(const StageMemory& s) const { return s.pool_peak() + slack(s) + outside_pool + attention_workspace; }
   // The stage needing the most, and what one GPU (or the host) needs for it.
   const StageMemory& peak_stage() const;
   double needed_bytes() const { return needed(peak_stage()); }

@@ -218,6 +218,24 @@ double layer_activation_bytes(const Arguments& a, int64_t layer, bool gpu) {
   return attention_bytes(a, d) + mlp_bytes(a, d, a.model.moe.is_moe_layer(layer));
 }
 
+// The workspace of cuDNN's deterministic attention backward, B*Hq/TP*ceil64(S)^2*2 bytes (its
+// "dP workspace" algorithm), where `auto` picks cuDNN for a layer's attention: bf16/fp16 on the
+// GPU, no attention dropout, plain causal attention (not packed documents or CP chunks, which run
+// the ranged flash kernels), the deterministic backward, and the workspace within the limit of
+// kernels/cuda/attention_cudnn_graph.cpp (a quarter of the card), above which the flash kernels
+// run and need none.
+double cudnn_attention_workspace(const Arguments& a, const Options& o) {
+  const auto& c = a.model;
+  if (a.attention_backend == "flash" || a.nondeterministic_attention || !(c.bf16 || c.fp16)) return 0;
+  if (c.attention_dropout > 0.f || a.context_parallel_size > 1 || a.reset_attention_mask) return 0;
+  const auto ceil64 = [](int64_t v) { return static_cast<double>((v + 63) / 64 * 64); };
+  const double S = ceil64(c.seq_length);
+  const double bytes = static_cast<double>(a.micro_batch_size) *
+                       static_cast<double>(c.num_attention_heads / a.tensor_model_parallel_size) * S * S * 2.0;
+  const double limit = o.gpu_memory_gib * double(1 << 30) / 4.0;
+  return bytes > limit && a.attention_backend != "fused" ? 0.0 : bytes;
+}
+
 Estimate estimate(const Arguments& a, const Options& o) {
   Estimate e;
   e.gpu = a.device == "cuda";
@@ -305,6 +323,7 @@ Estimate estimate(const Arguments& a, const Options& o) {
       if (g > 1) ++comms;
     e.outside_pool = (0.6 + 0.3 * comms) * double(1 << 30);
     e.slack_fraction = 0.05;  // the stream-ordered pool's fragmentation
+    e.attention_workspace = cudnn_attention_workspace(a, o);
   } else {
     // The process itself (binary, libraries, OpenBLAS): the quickstart shape measured 677 MiB of
     // resident memory with a CPU-only build against 635 MiB of tensors here, and 831-867 MiB

@@ -93,6 +93,8 @@ std::string report(const Arguments& a, const Estimate& e, const Options& o, cons
       [&e](const StageMemory& s) { return gib(e.slack(s)); });
   row(e.gpu ? "+ CUDA context, libraries, NCCL" : "+ the process (binary, libraries)",
       [&e](const StageMemory&) { return gib(e.outside_pool); });
+  if (e.attention_workspace > 0)
+    row("+ cuDNN attention backward workspace", [&e](const StageMemory&) { return gib(e.attention_workspace); });
   row("= needed", [&e](const StageMemory& s) { return gib(e.needed(s)); });
   if (e.stages.size() > stages.size())
     line(fmt::format("  (stages 2-{} hold what stage 1 holds, give or take their layer counts)", e.stages.size() - 3));

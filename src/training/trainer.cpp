@@ -335,7 +335,10 @@ int Trainer::run() {
   saver_->wait();  // exit only after an async save completed
   if (model_->params().device() != Device::CPU) {
     const ops::GpuContext& gpu = ops::gpu_context();
-    log_info("peak GPU memory: {:.2f} GiB ({})", static_cast<double>(gpu.peak_memory_bytes()) / (1 << 30), gpu.name());
+    // Tensors (what `megatron estimate` calls the tensor pool peak), then with kernel workspaces.
+    log_info("peak GPU memory: {:.2f} GiB ({}); with kernel workspaces: {:.2f} GiB",
+             static_cast<double>(gpu.peak_memory_bytes()) / (1 << 30), gpu.name(),
+             static_cast<double>(gpu.peak_memory_with_scratch_bytes()) / (1 << 30));
   }
   if (time_ops_) log_->op_breakdown(op_times_, train_time_);
   return 0;

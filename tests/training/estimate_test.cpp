@@ -91,6 +91,29 @@ TEST(Estimate, Llama15bAllocatorPeak) {
   EXPECT_NEAR(e.stages[0].optimizer / kGiB, 36.44 - 25.27, 0.05);
 }
 
+// cuDNN's deterministic attention backward takes a B*Hq*S*S*2-byte workspace outside the tensor
+// peak line; at seq 32k (64 GiB) it ran an H100 out of memory under every recompute setting
+// (session 12), so above a quarter of the card the flash kernels run the backward instead.
+TEST(Estimate, CudnnAttentionWorkspaceAtLongSequences) {
+  auto ws = [](const char* seq, const Args& extra) {
+    return run(llama("16", "2048", "32", "8192", seq, "1") + kGpu + Args{"--global-batch-size", "1"} + extra)
+               .attention_workspace /
+           kGiB;
+  };
+  EXPECT_DOUBLE_EQ(ws("2048", {}), 0.25);  // 32 heads x 2048^2 x 2 bytes
+  EXPECT_DOUBLE_EQ(ws("16384", {}), 16.0);
+  EXPECT_EQ(ws("32768", {}), 0.0);  // 64 GiB > 20 GiB: the flash kernels, no workspace
+  EXPECT_DOUBLE_EQ(ws("32768", {"--attention-backend", "fused"}), 64.0);  // fused insists (and fails by name)
+  EXPECT_EQ(ws("16384", {"--attention-backend", "flash"}), 0.0);
+  EXPECT_EQ(ws("16384", {"--nondeterministic-attention"}), 0.0);
+  EXPECT_EQ(ws("16384", {"--attention-dropout", "0.1"}), 0.0);  // dropout runs the flash kernels
+  // Seq 32k with full recompute then needs well under an 80 GB card.
+  const Estimate full = run(llama("16", "2048", "32", "8192", "32768", "1") + kGpu +
+                            Args{"--global-batch-size", "1", "--recompute-granularity", "full", "--recompute-method",
+                                 "uniform", "--recompute-num-layers", "1"});
+  EXPECT_LT(full.needed_bytes() / kGiB, 40.0);
+}
+
 TEST(Estimate, Gpt2Peaks) {
   const Estimate small = run(kGpt2 + kGpu);
   // gpt2-124m, H100: 7.28 GiB (1a90fcf .. ebf3033), 7.56 GiB (81ac09e, af21c27, H200 326a4ec).

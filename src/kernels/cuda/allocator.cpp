@@ -39,7 +39,16 @@ void* CudaAllocator::allocate(size_t bytes) {
   }
   in_use_ += bytes;
   if (in_use_ > peak_) peak_ = in_use_;
+  if (in_use_ + scratch_ > peak_all_) peak_all_ = in_use_ + scratch_;
   return p;
+}
+
+void CudaAllocator::note_scratch(int64_t delta) {
+  if (delta < 0)
+    scratch_ -= static_cast<size_t>(-delta) <= scratch_ ? static_cast<size_t>(-delta) : scratch_;
+  else
+    scratch_ += static_cast<size_t>(delta);
+  if (in_use_ + scratch_ > peak_all_) peak_all_ = in_use_ + scratch_;
 }
 
 void CudaAllocator::deallocate(void* ptr, size_t bytes) {
@@ -83,6 +92,22 @@ CudaAllocator* install_cuda_allocator(int device, cudaStream_t stream) {
     register_device_zero(zero_hook);
   });
   return g_alloc;
+}
+
+void note_scratch_bytes(int64_t delta) {
+  if (g_alloc) g_alloc->note_scratch(delta);
+}
+
+void scratch_out_of_memory(cudaError_t e, size_t bytes) {
+  cudaGetLastError();
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  const double mib = 1 << 20;
+  fail("out of GPU memory allocating {:.1f} MiB of kernel workspace ({}; {:.1f} MiB in use by tensors, {:.1f} of "
+       "{:.1f} MiB free): reduce --micro-batch-size or --seq-length, or enable activation recomputation",
+       static_cast<double>(bytes) / mib, cudaGetErrorName(e),
+       g_alloc ? static_cast<double>(g_alloc->bytes_in_use()) / mib : 0.0, static_cast<double>(free_b) / mib,
+       static_cast<double>(total_b) / mib);
 }
 
 }  // namespace mt::cuda

@@ -403,6 +403,23 @@ void choose_engine(cudnnHandle_t h, const Desc& graph, bool need_deterministic, 
   fail("no cuDNN engine config could be finalized:{}", tried);
 }
 
+
+// The largest workspace one attention backward may take: MT_CUDNN_ATTN_WORKSPACE_LIMIT (bytes)
+// when set, else a quarter of the device's memory (19.8 GiB on an H100: S = 16k with 32 heads
+// stays on cuDNN, 32k goes to the flash kernels).
+int64_t attention_workspace_limit(int device) {
+  if (const char* env = std::getenv("MT_CUDNN_ATTN_WORKSPACE_LIMIT"); env && *env) {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (end == env || *end != '\0' || v <= 0)
+      fail("MT_CUDNN_ATTN_WORKSPACE_LIMIT='{}' is not a positive number of bytes", env);
+    return static_cast<int64_t>(v);
+  }
+  cudaDeviceProp prop{};
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return static_cast<int64_t>(prop.totalGlobalMem / 4);
+}
+
 class Registry {
  public:
   static Registry& get() {
@@ -485,6 +502,20 @@ class Registry {
       off += round_up(pl.dq_accum_bytes, 256);
     }
     pl.total_ws = off;
+    // cuDNN's deterministic backward ("dP workspace" algorithm) asks for B*Hq*S*S*2 bytes: 64 GiB
+    // at S = 32k with 32 heads, more than the card holds beside the model. Above a limit that
+    // depends only on the shape and the device (never on free memory, so every run of a config
+    // picks the same kernels and keeps its bits), the plan is refused: `auto` runs our flash
+    // kernels, which need no S x S buffer, and `fused` says so by name.
+    if (backward && deterministic) {
+      const int64_t limit = attention_workspace_limit(device);
+      if (pl.total_ws > limit)
+        pl.error = fmt::format(
+            "the deterministic cuDNN backward for {} needs {:.1f} GiB of workspace (about B*Hq*S*S*2 bytes), above "
+            "the {:.1f} GiB limit (a quarter of the device's memory, or MT_CUDNN_ATTN_WORKSPACE_LIMIT bytes); use "
+            "--attention-backend flash or auto, or --nondeterministic-attention",
+            shape_str(p, layout), static_cast<double>(pl.total_ws) / (1 << 30), static_cast<double>(limit) / (1 << 30));
+    }
   }
 
   std::map<int, cudnnHandle_t> handles_;

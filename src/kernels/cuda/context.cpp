@@ -61,6 +61,7 @@ std::string GpuContext::name() const {
 }
 
 size_t GpuContext::peak_memory_bytes() const { return impl_->alloc->peak_bytes(); }
+size_t GpuContext::peak_memory_with_scratch_bytes() const { return impl_->alloc->peak_with_scratch_bytes(); }
 void GpuContext::reset_peak_memory() { impl_->alloc->reset_peak(); }
 void GpuContext::synchronize() const { MT_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
 

@@ -52,7 +52,10 @@ class CudaAllocator final : public Allocator {
   int device_index() const { return device_; }
   size_t bytes_in_use() const { return in_use_; }
   size_t peak_bytes() const { return peak_; }
-  void reset_peak() { peak_ = in_use_; }
+  // The peak of tensors plus kernel scratch (mt::cuda::Scratch: GEMM, cuDNN and sort workspaces).
+  size_t peak_with_scratch_bytes() const { return peak_all_; }
+  void reset_peak() { peak_ = in_use_; peak_all_ = in_use_ + scratch_; }
+  void note_scratch(int64_t delta);
   // Returns cached, unused pool memory to the driver, keeping at most `keep_bytes`.
   void trim(size_t keep_bytes = 0);
 
@@ -61,6 +64,7 @@ class CudaAllocator final : public Allocator {
   cudaStream_t stream_;
   cudaMemPool_t pool_ = nullptr;
   size_t in_use_ = 0, peak_ = 0;
+  size_t scratch_ = 0, peak_all_ = 0;
 };
 
 // Creates (once) a CudaAllocator for `device` on `stream`, registers it with core so Device::CUDA
