@@ -157,7 +157,11 @@ TEST(InferenceEngine, StopsOnTokensStringsAndLength) {
   EngineOptions o;
   o.decode = [](const std::vector<int32_t>& ids) {
     std::string s;
-    for (int32_t t : ids) s += "<" + std::to_string(t) + ">";
+    for (int32_t t : ids) {  // appended piece by piece: GCC 12's -Wrestrict misfires on "<" + s + ">"
+      s += '<';
+      s += std::to_string(t);
+      s += '>';
+    }
     return s;
   };
   Request rs = greedy(p, 10);
