@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Multi-GPU checks and benchmarks on a 2-GPU machine, from the repository root:
 #   scripts/device_prep.sh (here), then on the device: bash bench/gpu_dist_bench.sh [parts]
-# parts (default all but ops, quickstart, attn, notune, cands): build, tests, ops, quickstart, smoke, single, attn,
-# notune, cands, breakdown, dp, pp, tp, pp8b. Prints one JSON line per
+# parts (default all but ops, quickstart, attn, notune, cands, ep, cp, fp8): build, tests, ops, quickstart, smoke,
+# single, attn, notune, cands, breakdown, dp, pp, tp, pp8b, and issue #23's ep (moe-2b EP=2 against EP=1 x DP=2
+# and one GPU, the all-to-all's share with and without the shared-expert overlap), cp (llama-1.5b CP=2 at seq
+# 32k and 64k, p2p and a2a, against CP=1 at the longest that fits one GPU) and fp8 (llama-1.5b DP=2 dist-opt and
+# llama-8b TP=2+SP, bf16 against FP8 in one call). Prints one JSON line per
 # benchmark (DESIGN.md) plus the derived figures: DP scaling against twice the one-GPU rate,
 # pipeline bubble against (PP-1)/(M+PP-1), 1F1B against interleaved. Logs go to $OUT.
 # Knobs: MT_COMMIT, MT_BENCH_ITERS, MT_ONE_GPU_TOKS (a one-GPU rate to reuse), MT_RUN_TIMEOUT,
@@ -145,6 +148,39 @@ if has tp; then
     run llama-8b-tp2-sp-overlap-timed 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 \
       --sequence-parallel --tp-comm-overlap --log-op-breakdown
   fi
+fi
+if has ep; then  # #23 item 1: expert parallelism over NCCL (moe-2b, 8 experts, top-2, aux loss)
+  source bench/moe_2b.sh
+  MOE=("${MOE_2B[@]}" --train-iters "$ITERS")
+  run moe-2b-1gpu 1 "${MOE[@]}" --global-batch-size 32; MOE1=$TOK
+  run moe-2b-ep1-dp2 2 "${MOE[@]}" --global-batch-size 64
+  echo "moe-2b EP=1 x DP=2: $(awk -v a="$TOK" -v b="$MOE1" 'BEGIN{printf "%.1f%%", (b > 0 ? 100*a/(2*b) : 0)}') of 2x one GPU"
+  run moe-2b-ep2 2 "${MOE[@]}" --global-batch-size 64 --expert-model-parallel-size 2
+  echo "moe-2b EP=2: $(awk -v a="$TOK" -v b="$MOE1" 'BEGIN{printf "%.1f%%", (b > 0 ? 100*a/(2*b) : 0)}') of 2x one GPU"
+  run moe-2b-ep2-timed 2 "${MOE[@]}" --global-batch-size 64 --expert-model-parallel-size 2 --log-op-breakdown
+  # The loss trajectories side by side (same data order: EP=2's DP=2 for the dense part).
+  for n in moe-2b-1gpu moe-2b-ep1-dp2 moe-2b-ep2; do
+    echo "$n losses: $(grep -oE 'lm loss: [0-9.E+-]+' "$OUT/$n.txt" | awk '{printf "%.4f ", $3}')"
+  done
+fi
+if has cp; then  # #23 item 2: context parallelism over NCCL at long sequences (mbs 1, full recompute)
+  LONG=("${LLAMA_1_5B[@]}" --micro-batch-size 1 --global-batch-size 2 --train-iters "${MT_CP_ITERS:-6}"
+        --recompute-granularity full --recompute-method uniform --recompute-num-layers 1)
+  for seq in ${MT_CP_SEQS:-32768 65536}; do
+    SEQ=(--seq-length "$seq" --max-position-embeddings "$seq")
+    run "llama-1.5b-seq$seq-1gpu" 1 "${LONG[@]}" "${SEQ[@]}" --global-batch-size 1
+    for comm in p2p a2a; do
+      run "llama-1.5b-seq$seq-cp2-$comm" 2 "${LONG[@]}" "${SEQ[@]}" --context-parallel-size 2 --cp-comm-type "$comm"
+    done
+  done
+fi
+if has fp8; then  # #23 item 3: FP8 with data and tensor parallelism, bf16 in the same call
+  FP8=(--fp8-format hybrid --fp8-recipe tensorwise)
+  run llama-1.5b-dp2-distopt-bf16 2 "${LLAMA[@]}" --global-batch-size 64 --use-distributed-optimizer --overlap-grad-reduce
+  run llama-1.5b-dp2-distopt-fp8 2 "${LLAMA[@]}" --global-batch-size 64 --use-distributed-optimizer --overlap-grad-reduce \
+    "${FP8[@]}" --fp8-param-gather
+  run llama-8b-tp2-sp-bf16 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel
+  run llama-8b-tp2-sp-fp8 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel "${FP8[@]}"
 fi
 if has pp8b; then
   # A model that needs the pipeline: llama-8b's bf16 weights, fp32 main params, grads and Adam

@@ -5,6 +5,7 @@
 #include <new>
 
 #include "core/error.h"
+#include "core/memory_timeline.h"
 
 namespace mt {
 namespace {
@@ -16,9 +17,13 @@ class CpuAllocator final : public Allocator {
     size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (!p) fail("out of host memory allocating {:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
+    memory_timeline::on_alloc(Device::CPU, p, bytes);
     return p;
   }
-  void deallocate(void* ptr, size_t) override { std::free(ptr); }
+  void deallocate(void* ptr, size_t) override {
+    memory_timeline::on_free(Device::CPU, ptr);
+    std::free(ptr);
+  }
   Device device() const override { return Device::CPU; }
 };
 

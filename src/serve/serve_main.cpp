@@ -1,28 +1,39 @@
 // `megatron serve --load DIR [--host H --port P ...]`: an HTTP server over a loaded model
 // (server.h). Loads the model, then serves until SIGTERM/SIGINT, exiting 0 after a drain.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
 
 #include "core/error.h"
 #include "kernels/cpu/threads.h"
+#include "kernels/device.h"
 #include "serve/cpu_backend.h"
+#include "serve/engine_backend.h"
 #include "serve/server.h"
 #include "training/commands.h"
 #include "training/flag_parser.h"
 #include "training/generation_model.h"
+#include "training/inference_load.h"
 
 namespace mt {
 
 int serve_main(const std::vector<std::string>& argv) {
   std::string load, device = "cpu";
   int64_t iteration = -1, threads = 0, port = 5000, max_prompt = 0, max_new = 0;
+  bool engine = false, cuda_graphs = false;
   serve::ServerOptions o;
   FlagParser p("serve");
   p.value("--load", &load, "checkpoint directory (as --save wrote it) or HuggingFace model directory");
   p.value("--iteration", &iteration, "which saved iteration (default: the latest)", {0, INT64_MAX});
-  p.value("--device", &device, "where to generate (default cpu; the GPU waits for the generation engine)",
+  p.value("--device", &device,
+          "where to generate: cpu (default, fp32), cuda (bf16, through the generation engine) or auto (cuda where a "
+          "GPU is visible)",
           {"cpu", "cuda", "auto"});
+  p.store_true("--engine",
+               &engine, "on the CPU too, generate through the engine (KV cache, concurrent requests batched into one "
+                        "pass; no logprobs); the GPU always does");
+  p.store_true("--cuda-graphs", &cuda_graphs, "on the GPU, replay each decode step as one CUDA graph");
   p.value("--host", &o.host, "address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)");
   p.value("--port", &port, "port to listen on (default 5000, as Megatron's server; 0: any free port, printed)",
           {0, 65535});
@@ -45,8 +56,12 @@ int serve_main(const std::vector<std::string>& argv) {
     return 0;
   }
   if (load.empty()) fail("--load DIR is required");
-  if (device == "cuda")
-    fail("--device cuda: serve generates on the CPU until the GPU generation engine lands; use --device cpu");
+  if (device == "auto") device = ops::gpu_count() > 0 ? "cuda" : "cpu";
+  if (device == "cuda" && ops::gpu_count() == 0)
+    fail("--device cuda: no GPU is visible to this process (CUDA_VISIBLE_DEVICES, the driver, or a build without "
+         "CUDA); use --device cpu");
+  if (device == "cuda") engine = true;
+  if (cuda_graphs && device != "cuda") fail("--cuda-graphs needs --device cuda (graphs replay GPU decode steps)");
   if (!serve::http_server_available())
     fail("serve: this build has no HTTP server library; install libcpp-httplib-dev (scripts/install_deps.sh) and "
          "rebuild");
@@ -69,8 +84,23 @@ int serve_main(const std::vector<std::string>& argv) {
   o.limits.max_prompt_tokens = max_prompt > 0 ? max_prompt : context;
   o.limits.max_tokens = max_new > 0 ? max_new : context;
   o.limits.vocab = g.vocab();
-  build_generation_model(g, load, it);
-  serve::CpuBackend backend(std::move(g));
+  if (!engine) {
+    build_generation_model(g, load, it);
+    serve::CpuBackend backend(std::move(g));
+    serve::run_server(backend, o);
+    return 0;
+  }
+  // The engine: a KV cache slot per admitted request, so that every request admitted can run at
+  // once; prompt chunks of up to the context per pass.
+  std::optional<ops::GpuContext> gpu;  // outlives the model
+  if (device == "cuda") gpu.emplace(0);
+  InferenceModel im = load_inference_model(load, iteration, device == "cuda" ? Device::CUDA : Device::CPU);
+  inference::EngineOptions eo;
+  eo.max_batch = o.max_concurrent;
+  eo.max_seq_len = context;
+  eo.max_step_tokens = std::max<int64_t>(context, o.max_concurrent);
+  eo.cuda_graphs = cuda_graphs;
+  serve::EngineBackend backend(std::move(im), eo);
   serve::run_server(backend, o);
   return 0;
 }

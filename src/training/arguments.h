@@ -166,6 +166,8 @@ struct ProfileArgs {
   int64_t profile_step_start = 10, profile_step_end = 12;
   std::vector<std::string> profile_ranks = {"0"};
   bool nvtx_ranges = false;  // NVTX ranges per layer and pipeline action (also on with --profile)
+  bool record_memory_history = false;                  // core/memory_timeline.h
+  std::string memory_snapshot_path = "snapshot.pickle";  // Megatron's default name; JSON lines here
 };
 
 struct Arguments : ModelArgs, MoEArgs, DataArgs, TrainingArgs, OptimizerArgs, LoggingArgs, CheckpointArgs, ParallelArgs,

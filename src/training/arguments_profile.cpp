@@ -17,9 +17,16 @@ void register_profile_flags(FlagParser& p, ProfileArgs& a) {
           {0, INT64_MAX});
   p.list("--profile-ranks", &a.profile_ranks, "global ranks that profile (default 0)");
   p.store_true("--nvtx-ranges", &a.nvtx_ranges, "NVTX ranges per layer and per pipeline action (CUDA builds)");
+  p.store_true("--record-memory-history", &a.record_memory_history,
+               "record every tensor allocation and free (CPU and GPU, GPU kernel workspaces too) with its time, "
+               "iteration and the bytes in use, written at the end to --memory-snapshot-path");
+  p.value("--memory-snapshot-path", &a.memory_snapshot_path,
+          "where --record-memory-history writes its timeline (default snapshot.pickle, Megatron's name; the content is "
+          "JSON lines, one event per line and a summary line)");
 }
 
 void validate_profile_args(const ProfileArgs& a) {
+  if (a.memory_snapshot_path.empty()) fail("--memory-snapshot-path must name a file");
   if (a.profile && a.profile_step_end <= a.profile_step_start)
     fail("--profile-step-end ({}) must be after --profile-step-start ({})", a.profile_step_end, a.profile_step_start);
   for (const auto& r : a.profile_ranks) {

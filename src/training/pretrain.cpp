@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/error_report.h"
 #include "core/log.h"
+#include "core/memory_timeline.h"
 #include "parallel/grid.h"
 #include "parallel/process_groups.h"
 #include "kernels/cpu/threads.h"
@@ -216,6 +217,25 @@ int train(Arguments& a, std::unique_ptr<data::Tokenizer> tok, const comm::DistEn
   datasets.reset();
   if (a.eval_iters > 0 && !splits.valid) log_warn("the validation split is empty: no evaluation (check --split)");
 
+  // --record-memory-history: from before the model is built (weights, grads and optimizer state
+  // are in the timeline) to the end of the run, written when this scope ends, on success or error.
+  // Rank 0 writes the path; every other rank the path with ".rank<N>" appended.
+  struct MemoryHistory {
+    std::string path;
+    ~MemoryHistory() {
+      if (path.empty()) return;
+      try {
+        memory_timeline::stop_and_write(path);
+        log_info("--record-memory-history: wrote the memory timeline to {}", path);
+      } catch (const std::exception& e) {
+        log_warn("{}", e.what());
+      }
+    }
+  } memory_history;
+  if (a.record_memory_history) {
+    memory_history.path = a.memory_snapshot_path + (env.rank == 0 ? std::string() : ".rank" + std::to_string(env.rank));
+    memory_timeline::start();
+  }
   std::optional<Activity> building(std::in_place, fmt::format("building the model ({} parameters)", a.model.num_parameters()));
   Trainer trainer(a, std::move(tok), groups);
   trainer.set_data(std::move(splits.train), std::move(splits.valid));

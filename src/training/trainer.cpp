@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/memory_timeline.h"
 #include "data/packed_documents.h"
 #include "kernels/device.h"
 #include "kernels/profiler.h"
@@ -295,6 +296,7 @@ int Trainer::run() {
       profiler_on = true;
     }
     IterationResult r;
+    if (memory_timeline::recording()) memory_timeline::set_iteration(state_.iteration + 1);
     {
       // Names each step in a capture (nsys stats, ncu --nvtx), so what was captured shows.
       const ops::NvtxRange range("iteration {}", state_.iteration + 1);

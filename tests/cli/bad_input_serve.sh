@@ -15,7 +15,9 @@ expect_error "--load DIR is required" serve --port 0
 expect_error "--load: directory '$TMP/none' does not exist" serve --load "$TMP/none" --port 0
 expect_error "--iteration 7: --load $TMP/ck has no such saved iteration" serve --load "$TMP/ck" --iteration 7 --port 0
 expect_error "--port: value out of range" serve --load "$TMP/ck" --port 70000
-expect_error "--device cuda: serve generates on the CPU" serve --load "$TMP/ck" --device cuda
+# This machine has no GPU (the CLI tests run on the CPU).
+expect_error "--device cuda: no GPU is visible" serve --load "$TMP/ck" --device cuda
+expect_error "--cuda-graphs needs --device cuda" serve --load "$TMP/ck" --device cpu --cuda-graphs
 expect_error "--device" serve --load "$TMP/ck" --device tpu
 expect_error "--max-prompt-tokens 64 exceeds the model's context of 16 tokens: use 16 or less" \
   serve --load "$TMP/ck" --max-prompt-tokens 64 --port 0

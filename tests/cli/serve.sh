@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `megatron serve` end to end on a tiny CPU checkpoint: starts it on a free port, sends
+# `megatron serve` end to end on a tiny CPU checkpoint: starts it on a free port (with a third
+# argument `engine`: through the generation engine, as on the GPU; serve_engine.sh), sends
 # concurrent requests to both endpoints (one streaming) and bad ones (malformed JSON, wrong
 # types, an oversized prompt, too many tokens, a body over the cap), checks every answer
 # (greedy and seeded answers equal `megatron generate`'s), then stops it with SIGTERM and
@@ -7,6 +8,9 @@
 set -u
 MEGATRON=$1
 source "$2/tests/cli/lib/expect.bash"
+MODE=${3:-cpu}
+SERVE_FLAGS=()
+[ "$MODE" = engine ] && SERVE_FLAGS=(--engine)
 SERVER=""
 trap '[ -n "$SERVER" ] && kill -KILL "$SERVER" 2>/dev/null; rm -rf "$TMP"' EXIT
 
@@ -17,7 +21,8 @@ trap '[ -n "$SERVER" ] && kill -KILL "$SERVER" 2>/dev/null; rm -rf "$TMP"' EXIT
   >"$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; exit 1; }
 
 "$MEGATRON" serve --load "$TMP/ckpt" --port 0 --max-prompt-tokens 16 --max-tokens-to-generate 24 \
-  --max-body-bytes 4096 --max-concurrent-requests 8 --num-threads 1 >"$TMP/serve.out" 2>"$TMP/serve.err" &
+  --max-body-bytes 4096 --max-concurrent-requests 8 --num-threads 1 "${SERVE_FLAGS[@]}" >"$TMP/serve.out" \
+  2>"$TMP/serve.err" &
 SERVER=$!
 for _ in $(seq 1 600); do  # at most 60 s to load and listen
   grep -q "listening on" "$TMP/serve.out" 2>/dev/null && break
@@ -117,11 +122,16 @@ check "still answers after the bad requests" [ "$(json after 'j["text"][0]')" = 
 check "GET /v1/models names the model" bash -c "curl -sf -m 10 '$URL/v1/models' | grep -q '\"id\":\"ckpt\"'"
 
 # Logprobs (Megatron's): the prompt's (one per token after the first), then the generated ones'.
-req logprobs PUT /api '{"prompts": ["1 2 3"], "tokens_to_generate": 2, "top_k": 1, "logprobs": true}'
-check "logprobs: 2 for the prompt + 2 generated, all <= 0" \
-  [ "$(json logprobs 'len(j["logprobs"][0]) == 4 and all(x <= 0 for x in j["logprobs"][0])')" = True ]
-req score PUT /api '{"prompts": ["1 2 3"], "tokens_to_generate": 0, "logprobs": true}'
-check "tokens_to_generate 0 scores the prompt" [ "$(json score '(j["text"][0], len(j["logprobs"][0]))')" = "('1 2 3', 2)" ]
+if [ "$MODE" = engine ]; then  # the engine computes none: a 400 that names where they are
+  bad logprobs 400 "start the server with --device cpu (without --engine)" PUT /api \
+    '{"prompts": ["1 2 3"], "tokens_to_generate": 2, "top_k": 1, "logprobs": true}'
+else
+  req logprobs PUT /api '{"prompts": ["1 2 3"], "tokens_to_generate": 2, "top_k": 1, "logprobs": true}'
+  check "logprobs: 2 for the prompt + 2 generated, all <= 0" \
+    [ "$(json logprobs 'len(j["logprobs"][0]) == 4 and all(x <= 0 for x in j["logprobs"][0])')" = True ]
+  req score PUT /api '{"prompts": ["1 2 3"], "tokens_to_generate": 0, "logprobs": true}'
+  check "tokens_to_generate 0 scores the prompt" [ "$(json score '(j["text"][0], len(j["logprobs"][0]))')" = "('1 2 3', 2)" ]
+fi
 req echo POST /v1/completions '{"prompt": "1 2 3", "max_tokens": 6, "temperature": 0, "echo": true}'
 check "echo: the prompt before the completion" [ "$(json echo 'j["choices"][0]["text"]')" = "$GREEDY" ]
 

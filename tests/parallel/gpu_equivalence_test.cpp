@@ -43,6 +43,8 @@ struct Layout {
   bool sp = false, dist_opt = false, overlap_grad = false, overlap_param = false, gpt = false, tp_overlap = false;
   int64_t bucket = 0;
   int query_groups = 2;  // Llama only; 1 with tp = 2 replicates the KV head (TP > groups)
+  int experts = 0, ep = 1;  // MoE (Llama blocks): every MLP 4 experts, top-2, aux loss; EP over them
+  const char* dispatcher = "alltoall";
   double grad_tol = 1e-3, loss_tol = 2e-3;  // relative to the largest gradient / to the loss
 };
 
@@ -63,6 +65,13 @@ Arguments make_args(const Layout& l) {
   } else {
     m.position_embedding_type = "learned_absolute";  // tied embeddings, LayerNorm, biases, GELU
   }
+  if (l.experts > 0) {
+    m.moe.num_experts = l.experts;
+    m.moe.topk = 2;
+    m.moe.moe_ffn_hidden_size = 256;
+    m.moe.aux_loss_coeff = 1e-2;
+    m.moe.token_dispatcher = l.dispatcher;
+  }
   a.device = "cuda";
   testing::set_short_run(a, kSteps, 2, 1e-3f, 1e-4);
   a.world_size = l.world;
@@ -70,6 +79,7 @@ Arguments make_args(const Layout& l) {
   a.pipeline_model_parallel_size = l.pp;
   a.num_virtual_stages_per_pipeline_rank = l.vpp;
   a.context_parallel_size = l.cp;
+  a.expert_model_parallel_size = l.ep;
   a.cp_comm_type = l.cp_comm;
   a.sequence_parallel = l.sp;
   a.use_distributed_optimizer = l.dist_opt;
@@ -85,7 +95,7 @@ const std::string& tmp_dir() { return testing::scratch_dir("mt_gpu_equiv"); }
 
 void train_rank(comm::World& w, const Layout& l, const std::string& out, const std::string& ref) {
   Arguments a = make_args(l);
-  parallel::RankGrid grid(w.size(), l.tp, l.pp, l.cp);
+  parallel::RankGrid grid(w.size(), l.tp, l.pp, l.cp, l.ep);
   auto pg = w.size() > 1 ? parallel::build_process_groups(w, grid, static_cast<int>(a.cp_a2a_size))
                          : parallel::local_process_groups();
   Trainer t(a, nullptr, pg);
@@ -110,16 +120,18 @@ testing::RankOptions gpu_ranks() {
   return o;
 }
 
-// One single-GPU reference per model (GPT; Llama with 2 or 1 query groups), made on first use.
-const std::string& reference(bool gpt, int query_groups) {
+// One single-GPU reference per model (GPT; Llama with 2 or 1 query groups; MoE), made on first use.
+const std::string& reference(bool gpt, int query_groups, int experts) {
   static std::map<std::string, std::string> paths;
-  const std::string key = gpt ? "gpt" : "llama_g" + std::to_string(query_groups);
+  const std::string key =
+      (gpt ? "gpt" : "llama_g" + std::to_string(query_groups)) + (experts ? "_e" + std::to_string(experts) : "");
   std::string& p = paths[key];
   if (p.empty()) {
     std::string out = tmp_dir() + "/ref_" + key;
     Layout one;
     one.gpt = gpt;
     one.query_groups = query_groups;
+    one.experts = experts;
     auto res = testing::run_ranks(1, [&](comm::World& w) { train_rank(w, one, out, ""); }, gpu_ranks());
     if (res.size() != 1 || res[0].exit_code != 0)
       throw Error("single-GPU reference run failed: " + (res.empty() ? std::string() : res[0].stderr_text));
@@ -133,7 +145,7 @@ void expect_same_as_one_gpu(const Layout& l) {
   GTEST_SKIP() << "built without CUDA";
 #endif
   if (visible_gpus() < l.world) GTEST_SKIP() << "needs " << l.world << " GPUs";
-  const std::string ref = reference(l.gpt, l.query_groups);
+  const std::string ref = reference(l.gpt, l.query_groups, l.experts);
   const std::string out = tmp_dir() + "/run";
   std::remove((out + ".loss").c_str());
   auto res = testing::run_ranks(l.world, [&](comm::World& w) { train_rank(w, l, out, ref); }, gpu_ranks());
@@ -142,9 +154,9 @@ void expect_same_as_one_gpu(const Layout& l) {
   double worst = 0;
   std::vector<double> want;
   ASSERT_NO_FATAL_FAILURE(testing::expect_losses_match(ref, out, kSteps, l.loss_tol, 0.5, "one GPU", worst, want));
-  std::printf("[ gpu layout ] world %d tp %d pp %d vpp %d cp %d (%s)%s%s%s%s%s%s: loss %.4f -> %.4f, max relative "
-              "loss difference over %d steps %.2e\n",
-              l.world, l.tp, l.pp, l.vpp, l.cp, l.cp_comm, l.gpt ? " gpt" : (l.query_groups == 1 ? " llama 1-group" : " llama"), l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
+  std::printf("[ gpu layout ] world %d tp %d pp %d vpp %d cp %d (%s) experts %d ep %d%s%s%s%s%s%s: loss %.4f -> %.4f, "
+              "max relative loss difference over %d steps %.2e\n",
+              l.world, l.tp, l.pp, l.vpp, l.cp, l.cp_comm, l.experts, l.ep, l.gpt ? " gpt" : (l.query_groups == 1 ? " llama 1-group" : " llama"), l.sp ? " sp" : "", l.dist_opt ? " dist-opt" : "",
               l.overlap_grad ? " overlap-grad" : "", l.overlap_param ? " overlap-param" : "",
               l.tp_overlap ? " tp-comm-overlap" : "", want.front(), want.back(), kSteps, worst);
 }
@@ -187,6 +199,15 @@ TEST(GpuEquivalence, CP2A2A) {
 TEST(GpuEquivalence, CP2AllGather) {
   expect_same_as_one_gpu({.world = 2, .cp = 2, .cp_comm = "allgather", .grad_tol = 5e-2, .loss_tol = 1e-2});
 }
+
+// Expert parallelism (#23 item 4): the experts split over 2 GPUs, tokens exchanged by NCCL
+// all-to-all (or all-gather); the dense part is DP=2. The routing is the single GPU's (the same
+// weights and tokens at step 1), so the bounds are DP's.
+TEST(GpuEquivalence, EP2AllToAll) { expect_same_as_one_gpu({.world = 2, .experts = 4, .ep = 2}); }
+TEST(GpuEquivalence, EP2AllGather) {
+  expect_same_as_one_gpu({.world = 2, .experts = 4, .ep = 2, .dispatcher = "allgather"});
+}
+TEST(GpuEquivalence, EP1DP2) { expect_same_as_one_gpu({.world = 2, .experts = 4}); }
 
 }  // namespace
 }  // namespace mt

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/memory_timeline.h"
 #include "kernels/cuda/ops_cuda.h"
 
 namespace mt::cuda {
@@ -40,6 +41,7 @@ void* CudaAllocator::allocate(size_t bytes) {
   in_use_ += bytes;
   if (in_use_ > peak_) peak_ = in_use_;
   if (in_use_ + scratch_ > peak_all_) peak_all_ = in_use_ + scratch_;
+  memory_timeline::on_alloc(Device::CUDA, p, bytes);
   return p;
 }
 
@@ -53,6 +55,7 @@ void CudaAllocator::note_scratch(int64_t delta) {
 
 void CudaAllocator::deallocate(void* ptr, size_t bytes) {
   if (!ptr) return;
+  memory_timeline::on_free(Device::CUDA, ptr);
   // Destructors must not throw: a failing free here means the context is already broken, and
   // the next checked call reports it.
   if (cudaFreeAsync(ptr, stream_) != cudaSuccess) cudaGetLastError();
@@ -94,8 +97,12 @@ CudaAllocator* install_cuda_allocator(int device, cudaStream_t stream) {
   return g_alloc;
 }
 
-void note_scratch_bytes(int64_t delta) {
+void note_scratch_bytes(const void* p, int64_t delta) {
   if (g_alloc) g_alloc->note_scratch(delta);
+  if (delta > 0)
+    memory_timeline::on_alloc(Device::CUDA, p, static_cast<size_t>(delta));
+  else
+    memory_timeline::on_free(Device::CUDA, p);
 }
 
 void scratch_out_of_memory(cudaError_t e, size_t bytes) {

@@ -15,7 +15,7 @@ namespace mt::cuda {
 // pretrain reports beside the tensor peak (a cuDNN attention workspace can be gigabytes), and an
 // allocation that does not fit fails with the allocator's out-of-memory message, not a bare
 // CUDA error. Defined in allocator.cpp.
-void note_scratch_bytes(int64_t delta);
+void note_scratch_bytes(const void *p, int64_t delta);
 [[noreturn]] void scratch_out_of_memory(cudaError_t e, size_t bytes);
 
 // Scratch from the device's default pool (the one CudaAllocator draws from),
@@ -27,12 +27,12 @@ class Scratch {
     if (!bytes) return;
     const cudaError_t e = cudaMallocAsync(&p_, bytes, s);
     if (e != cudaSuccess) scratch_out_of_memory(e, bytes);
-    note_scratch_bytes(static_cast<int64_t>(bytes));
+    note_scratch_bytes(p_, static_cast<int64_t>(bytes));
   }
   ~Scratch() {
     if (!p_) return;
     cudaFreeAsync(p_, s_);
-    note_scratch_bytes(-static_cast<int64_t>(bytes_));
+    note_scratch_bytes(p_, -static_cast<int64_t>(bytes_));
   }
   Scratch(const Scratch &) = delete;
   Scratch &operator=(const Scratch &) = delete;
