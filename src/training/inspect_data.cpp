@@ -19,6 +19,7 @@
 #include "data/tokenizer.h"
 #include "model/config.h"
 #include "training/commands.h"
+#include "training/arguments_sections.h"
 #include "training/flag_parser.h"
 
 namespace mt {
@@ -157,11 +158,13 @@ int inspect_data_main(const std::vector<std::string>& argv) {
   p.store_true("--mock-data", &o.data.mock, "Megatron's mock GPT dataset");
   p.value("--tokenizer-type", &o.tokenizer.type, "tokenizer (for --decode, --document and --mock-data)",
           {"GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
-           "Llama2Tokenizer", "NullTokenizer"});
+           "Llama2Tokenizer", "TikTokenizer", "NullTokenizer"});
   p.value("--vocab-file", &o.tokenizer.vocab_file, "GPT-2 encoder.json");
   p.value("--merge-file", &o.tokenizer.merge_file, "GPT-2 vocab.bpe");
   p.value("--tokenizer-model", &o.tokenizer.tokenizer_model, "tokenizer.json / directory / SentencePiece .model");
-  p.value("--vocab-size", &o.tokenizer.vocab_size, "vocabulary size (NullTokenizer)", {1, model::limits::kVocab});
+  p.value("--vocab-size", &o.tokenizer.vocab_size, "vocabulary size (NullTokenizer; TikTokenizer, default 131072)",
+          {1, model::limits::kVocab});
+  register_tiktoken_flags(p, o.tokenizer);  // as pretrain: datasets tokenized with TikTokenizer decode alike
   p.group("what to print");
   p.value("--samples", &o.samples, "TRAIN,VALID,TEST: the sample count each split is built for (pretrain: "
                                    "iterations x global batch, and the evaluations' samples)");

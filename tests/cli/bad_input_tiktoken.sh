@@ -17,6 +17,9 @@ check "preprocess with TikTokenizer" "$MEGATRON" preprocess --input "$TMP/c.json
 SUM=$(tree_sum "$TMP/data")
 "$MEGATRON" inspect-data --info "$TMP/data/c_text_document" >"$TMP/info" 2>&1
 check "40 documents written" grep -q "\"documents\":40," "$TMP/info"
+"$MEGATRON" inspect-data --info "$TMP/data/c_text_document" --document 6 "${TIK[@]}" --tiktoken-pattern v1 \
+  >"$TMP/doc" 2>&1
+check "inspect-data decodes a TikTokenizer document" grep -q "Story 7: the model reads about number 57 and learns." "$TMP/doc"
 "$MEGATRON" pretrain --num-layers 1 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2 \
   --train-iters 2 --lr 1e-3 --data-path "$TMP/data/c_text_document" --split 90,10,0 --eval-iters 1 --device cpu \
   --no-progress-bar --log-interval 1 "${TIK[@]}" --tiktoken-pattern v1 --data-cache-path "$TMP/cache" >"$TMP/run" 2>&1
