@@ -11,6 +11,8 @@
 #include "kernels/device.h"
 #include "kernels/ops.h"
 #include "model/gpt_model.h"
+#include "model/tensor_parallel.h"
+#include "model/vocab_parallel.h"
 
 namespace mt::inference {
 
@@ -20,7 +22,15 @@ using model::PassContext;
 ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs)
     : m_(m), slots_(slots), max_len_(max_len), vocab_(m.config().orig_vocab_size), device_(m.device()) {
   const auto& c = m.config();
-  if (m.tensor_parallel().on()) fail("generation with --tensor-model-parallel-size > 1 is not supported yet: use 1");
+  // Tensor parallelism: each rank runs its heads and its ffn and vocabulary shards, and caches its
+  // own key/value groups; every rank gets the whole logits (gathered), so all ranks pick the same
+  // tokens and stay in step. Whole groups per rank (no KV replication), no sequence split.
+  const model::TensorParallel& tp = m.tensor_parallel();
+  if (tp.sp()) fail("generation runs without --sequence-parallel (each rank needs every token's rows)");
+  if (tp.on() && c.num_query_groups % tp.size() != 0)
+    fail("generation with --tensor-model-parallel-size {} needs it to divide the {} query groups (each rank caches "
+         "whole key/value groups)",
+         tp.size(), c.num_query_groups);
   if (!m.word_embedding() || m.layers().size() != static_cast<size_t>(c.num_layers))
     fail("generation needs the whole model on one rank (no pipeline split)");
   MT_CHECK(slots >= 1 && max_len >= 1, "KV cache of {} slots x {} tokens", slots, max_len);
@@ -29,14 +39,15 @@ ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, boo
          c.max_position_embeddings);
   // The cache holds activations: the compute copy's dtype on the GPU, fp32 on the CPU.
   const DType dt = device_ == Device::CPU ? DType::F32 : m.word_embedding()->value.dtype();
-  const int64_t G = c.num_query_groups, D = c.kv_channels;
+  const int64_t G = c.num_query_groups / tp.size(), D = c.kv_channels;
   checked_product({c.num_layers, 2, slots, G, max_len, D, static_cast<int64_t>(dtype_size(dt))}, "KV cache bytes");
   for (int64_t l = 0; l < c.num_layers; ++l) {
     k_cache_.push_back(Tensor::zeros({slots, G, max_len, D}, dt, device_));
     v_cache_.push_back(Tensor::zeros({slots, G, max_len, D}, dt, device_));
   }
   if (c.rope()) rope_.build(max_len, c.rotary_dim(), c);
-  graphs_on_ = cuda_graphs && device_ == Device::CUDA && c.moe.num_experts == 0;
+  // Not under TP: the collectives would have to be captured too.
+  graphs_on_ = cuda_graphs && device_ == Device::CUDA && c.moe.num_experts == 0 && !tp.on();
 }
 
 template <typename T>
@@ -53,7 +64,7 @@ Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Tensor& slot
   const model::TransformerLayer& L = m_.layers()[li];
   const model::SelfAttention& A = L.attn;
   const auto& c = m_.config();
-  const int64_t N = x.dim(0), G = c.num_query_groups, D = c.kv_channels;
+  const int64_t N = x.dim(0), G = c.num_query_groups / m_.tensor_parallel().size(), D = c.kv_channels;
   PassContext ctx;
   ctx.training = false;
   Norm::Saved ns;
@@ -112,7 +123,14 @@ struct ModelRunner::Graph {
 ModelRunner::~ModelRunner() = default;
 
 Tensor ModelRunner::device_forward(const Inputs& in) {
-  Tensor x = ops::embedding_forward(in.ids, m_.word_embedding()->value);
+  const model::TensorParallel& tp = m_.tensor_parallel();
+  Tensor x;
+  if (tp.on()) {  // the vocabulary-parallel lookup, summed over TP (each row is non-zero on one rank)
+    x = model::vocab_parallel_embedding_forward(in.ids, m_.word_embedding()->value, tp);
+    model::all_reduce_tp(x, tp);
+  } else {
+    x = ops::embedding_forward(in.ids, m_.word_embedding()->value);
+  }
   if (const model::Param* pe = m_.position_embedding()) ops::add_inplace(x, ops::embedding_forward(in.pos, pe->value));
   for (size_t l = 0; l < m_.layers().size(); ++l) x = layer_forward(l, x, in.slot, in.pos, in.cos, in.sin);
   if (in.rows.numel() == 0) return Tensor();  // a prompt chunk that is not the prompt's end
@@ -121,7 +139,8 @@ Tensor ModelRunner::device_forward(const Inputs& in) {
   PassContext ctx;
   ctx.training = false;
   Norm::Saved ns;
-  return m_.output_layer().forward(m_.final_norm().forward(rows, ns, ctx), ctx);
+  const Tensor l = m_.output_layer().forward(m_.final_norm().forward(rows, ns, ctx), ctx);
+  return tp.on() ? model::all_gather_last_dim(l, tp) : l;  // this rank's vocabulary columns -> all
 }
 
 Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {

@@ -9,7 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/env.h"
+#include "comm/world.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/error_report.h"
 #include "inference/engine.h"
 #include "kernels/cpu/threads.h"
@@ -49,7 +52,7 @@ struct Job {
 
 int generate_main(const std::vector<std::string>& argv) {
   std::string load, prompt, prompts_file, output, device = "auto";
-  int64_t max_new = 64, top_k = 0, threads = 0, iteration = -1, max_batch = 8;
+  int64_t max_new = 64, top_k = 0, threads = 0, iteration = -1, max_batch = 8, tp = 1;
   float temperature = 1.0f, top_p = 1.0f;
   uint64_t seed = 1234;
   std::vector<std::string> stops;
@@ -77,6 +80,10 @@ int generate_main(const std::vector<std::string>& argv) {
   p.value("--max-batch", &max_batch, "prompts generated at once (KV cache slots; default 8)", {1, 4096});
   p.store_true("--cuda-graphs", &cuda_graphs, "on the GPU, replay each decode step as one CUDA graph");
   p.value("--num-threads", &threads, "CPU threads (default: all cores)", {0, kMaxThreads});
+  p.value("--tensor-model-parallel-size", &tp,
+          "split the model over this many ranks (start them with megatron launch --nproc-per-node N -- generate ...; "
+          "rank 0 prints); a native checkpoint of any layout is resharded on load",
+          {1, 1024});
   p.parse(argv);
   if (p.help_requested()) {
     std::fputs(p.help().c_str(), stdout);
@@ -93,11 +100,27 @@ int generate_main(const std::vector<std::string>& argv) {
   if (!prompts_file.empty()) lines = read_prompts_file(prompts_file);
 
   if (device == "auto") device = ops::gpu_count() > 0 ? "cuda" : "cpu";
-  std::optional<ops::GpuContext> gpu;  // outlives the model
-  if (device == "cuda") gpu.emplace(0);
+  // The ranks of a tensor-parallel generation: every rank reads the same prompts and steps its
+  // engine in the same order (the gathered logits give them the same tokens); rank 0 prints.
+  const comm::DistEnv env = comm::detect_dist_env();
+  if (env.world_size != tp)
+    fail("--tensor-model-parallel-size {} runs as {} ranks, but this job has {} (start it with megatron launch "
+         "--nproc-per-node {} -- generate ...)",
+         tp, tp, env.world_size, tp);
+  set_log_rank(env.rank);
+  std::optional<ops::GpuContext> gpu;  // outlives the model and the world
+  comm::DeviceComm dc;
+  if (device == "cuda") {
+    if (env.local_world_size > ops::gpu_count())
+      fail("--device cuda: {} ranks on this node but {} GPU(s) visible", env.local_world_size, ops::gpu_count());
+    gpu.emplace(env.local_rank);
+    dc = comm::DeviceComm{env.world_size > 1, gpu->compute_stream(), env.local_rank};
+  }
+  std::optional<comm::World> world;
+  if (tp > 1) world.emplace(env, std::chrono::minutes(10), dc);
   const Device dev = device == "cuda" ? Device::CUDA : Device::CPU;
   std::optional<Activity> building(std::in_place, "loading the model");
-  InferenceModel im = load_inference_model(load, iteration, dev);
+  InferenceModel im = load_inference_model(load, iteration, dev, true, world ? world->world().get() : nullptr);
   building.reset();
   const data::Tokenizer& tok = *im.tokenizer;
   const int64_t S = im.args.model.seq_length;
@@ -146,6 +169,8 @@ int generate_main(const std::vector<std::string>& argv) {
     Activity generating("generating");
     engine.run_until_idle();
   }
+  if (world) world->shutdown();
+  if (env.rank != 0) return 0;  // every rank holds the same results
 
   if (single) {
     std::printf("%s%s\n", prompt.c_str(),

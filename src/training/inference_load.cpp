@@ -14,13 +14,19 @@
 
 namespace mt {
 
-InferenceModel load_inference_model(const std::string& load, int64_t iteration, Device device, bool need_tokenizer) {
+InferenceModel load_inference_model(const std::string& load, int64_t iteration, Device device, bool need_tokenizer,
+                                    comm::Communicator* tp) {
+  const int tp_size = tp ? tp->size() : 1;
   const auto kind = checkpoint::detect_checkpoint(load);
   if (kind == checkpoint::CheckpointKind::Empty)
     fail("--load '{}' holds neither a checkpoint (latest_checkpointed_iteration.txt) nor a HuggingFace model "
          "(config.json + safetensors)",
          load);
   const bool hf = kind == checkpoint::CheckpointKind::HuggingFace;
+  if (hf && tp_size > 1)
+    fail("--tensor-model-parallel-size {} reads native checkpoints: convert the HuggingFace model first (megatron "
+         "convert --from hf --input {} --output DIR), then --load DIR",
+         tp_size, load);
   InferenceModel r;
   Arguments& a = r.args;
   bool have_tokenizer = true;
@@ -57,18 +63,27 @@ InferenceModel load_inference_model(const std::string& load, int64_t iteration, 
   a.model.recompute_method.clear();
   a.model.recompute_num_layers = 0;
   a.model.finalize();
+  if (tp_size > 1) model::check_tensor_parallel(a.model, tp_size, false);
   if (device == Device::CPU)
     check_host_memory(a.model, 4, 1, 0, "its fp32 parameters");
   if (have_tokenizer) r.tokenizer = data::build_tokenizer(a.tokenizer);
   Activity building("building the model");
-  r.model = std::make_unique<model::GPTModel>(a.model);
+  model::ModelOptions mo;
+  if (tp_size > 1) mo.tp = tp;
+  r.model = std::make_unique<model::GPTModel>(a.model, mo);
   if (hf) {
     checkpoint::load_hf_weights(load, r.model->params(), r.model->config());
   } else {
     checkpoint::LoadOptions lo;
     lo.load_optim = false;
     lo.load_rng = false;
-    checkpoint::load_checkpoint(load, iteration, checkpoint::RankInfo{}, r.model->params(), nullptr, lo);
+    checkpoint::RankInfo ri;
+    if (tp_size > 1) {
+      ri.rank = ri.tp_rank = tp->rank();
+      ri.world = ri.tp = tp_size;
+      ri.comm = tp;
+    }
+    checkpoint::load_checkpoint(load, iteration, ri, r.model->params(), nullptr, lo);
   }
   if (a.model.bf16) r.model->params().sync_model_from_main();
   if (device == Device::CUDA) r.model->to_device(Device::CUDA);

@@ -22,7 +22,9 @@ struct InferenceModel {
 
 // Fails (mt::Error naming --load or --iteration) for a directory that is neither, or a missing
 // iteration; `need_tokenizer`: also for an HF directory without tokenizer files.
+// `tp` (a communicator of more than one rank): this rank's tensor-parallel shard of a native
+// checkpoint, resharded as a training resume would (an HF directory is refused: convert it first).
 InferenceModel load_inference_model(const std::string& load, int64_t iteration, Device device,
-                                    bool need_tokenizer = true);
+                                    bool need_tokenizer = true, comm::Communicator* tp = nullptr);
 
 }  // namespace mt
