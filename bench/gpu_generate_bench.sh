@@ -9,6 +9,7 @@
 #   ttft_2048       ms to the first token of a 2,048-token prompt
 # Builds generate_bench into $MT_DEVICE_BUILD (default /tmp/mt_build) where it is missing.
 #   MT_GEN_ARGS="--prompt 128 --new 256 --batch 64 --ttft-prompt 2048"   (passed to both)
+#   MT_HF_ARGS="--cache static"   (the anchor only: a static cache, compiled first)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
@@ -25,5 +26,5 @@ GB="$B/generate_bench"; [ -x "$GB" ] || GB="$B/bin/generate_bench"
 # shellcheck disable=SC2086
 "$GB" $ARGS 2>"$OUT/generate_bench.err" || { echo "generate_bench failed"; tail -5 "$OUT/generate_bench.err"; }
 # shellcheck disable=SC2086
-python3 bench/hf_generate_anchor.py $ARGS 2>"$OUT/hf_generate.err" ||
+python3 bench/hf_generate_anchor.py $ARGS ${MT_HF_ARGS:-} 2>"$OUT/hf_generate.err" ||
   { echo "hf anchor failed"; tail -5 "$OUT/hf_generate.err"; }

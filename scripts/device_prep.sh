@@ -62,6 +62,15 @@ if [ -n "${MT_PREP_BUILD:-}" ]; then
     [ -n "$ob" ] && cp -L "$ob" "$C/lib/"
   fi
 fi
+# Megatron-LM's source at the commit the fixtures of ../shared/fixtures/megatron_ckpt were made with
+# (d98e8a6; Python needing only torch), for issue #21's round trip on the GPU machine
+# (tests/tools/check_torch_dist_in_megatron.py --megatron third_party_carry/megatron_lm):
+# MT_PREP_MEGATRON=<a git directory of NVIDIA/Megatron-LM holding that commit> (about 12 MB).
+if [ -n "${MT_PREP_MEGATRON:-}" ]; then
+  mkdir -p "$C/megatron_lm"
+  git --git-dir="$MT_PREP_MEGATRON" archive d98e8a6 megatron pretrain_gpt.py gpt_builders.py model_provider.py |
+    tar -x -C "$C/megatron_lm"
+fi
 # The device-side script: configure with the fallbacks, build the GPU test and benchmark targets,
 # run the GPU tests and the benchmark; logs go to $OUT. Device call:
 #   run(command="bash third_party_carry/device_run.sh", carry=["third_party_carry"])

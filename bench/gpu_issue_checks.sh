@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One device call for what the open issues still need measured on a GPU (session 12 could not:
+# the device time was spent). Parts, in the order given (default: all but conv and dist):
+#   build     configure + build every target in $MT_DEVICE_BUILD (/tmp/mt_build)
+#   tests     ctest -L gpu (the multi-GPU tests run where 2 GPUs are visible)
+#   longseq   #19: llama-1.5b at seq 32k on one GPU (the cuDNN workspace fallback, 9d88511)
+#   fp8       #18: bench/gpu_fp8_bench.sh (bf16 / delayed / tensorwise, breakdown)
+#   moe       #17: moe-2b at accum 8 without events, and torch_moe.py --impl grouped (anchors carried)
+#   gen       #22: bench/gpu_generate_bench.sh (device argmax, 24d3d7d) with the HF anchor (dynamic cache)
+#   ckpt      #21: a torch_dist checkpoint saved by megatron.cpp resumed by Megatron-LM d98e8a6
+#             (scripts/device_prep.sh with MT_PREP_MEGATRON=<Megatron-LM git dir> carries its source)
+#   profile   #26: bench/gpu_profile_demo.sh (nsys where present, else ncu over the --profile window)
+#   conv      #18: bench/gpu_fp8_convergence.sh (4 x 1,000 steps; needs data/brown carried)
+#   dist      #23: bench/gpu_dist_bench.sh ep,cp,fp8 (2 GPUs)
+# Every part's log stays in /tmp/mt_logs; $OUT gets summary.txt and logs.tar.gz (two files: the
+# device tool returns at most 8). Run: bash bench/gpu_issue_checks.sh build,tests,longseq,...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+FINAL=${OUT:-/tmp/mt_out}; mkdir -p "$FINAL"
+export OUT=/tmp/mt_logs MT_DEVICE_BUILD=${MT_DEVICE_BUILD:-/tmp/mt_build} MT_SKIP_BUILD=1
+mkdir -p "$OUT"
+export MT_COMMIT=${MT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+[ -d third_party_carry/gloo/lib ] && export LD_LIBRARY_PATH="$PWD/third_party_carry/gloo/lib:${LD_LIBRARY_PATH:-}"
+B=$MT_DEVICE_BUILD
+PARTS=${1:-build,tests,longseq,fp8,moe,gen,ckpt,profile}
+S="$FINAL/summary.txt"
+say() { echo "$*" | tee -a "$S"; }
+part() {  # part NAME SECONDS COMMAND...: runs it with a bound, its output kept, its tail summarised
+  local name=$1 secs=$2; shift 2
+  local t0; t0=$(date +%s)
+  timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
+  say "== $name: rc $? in $(( $(date +%s) - t0 )) s"
+  grep -E '^\{|passed|failed|Failed|error|speedup|held-out|iteration 1[01] |loss' "$OUT/$name.log" | tail -25 | tee -a "$S"
+}
+say "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | tr -s ' '), commit $MT_COMMIT"
+for p in ${PARTS//,/ }; do
+  case $p in
+    build) part build 900 bash -c "cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+             -DMT_WERROR=OFF && cmake --build $B -j$(nproc)" ;;
+    tests) part tests 600 bash -c "cd $B && ctest -L gpu --output-on-failure" ;;
+    longseq) MT_LONGSEQ_SEQS=32768 MT_BENCH_ITERS=4 MT_SKIP_ANCHOR=1 part longseq 400 bash bench/gpu_longseq_bench.sh ;;
+    fp8) MT_BENCH_ITERS=12 part fp8 400 bash bench/gpu_fp8_bench.sh ;;
+    moe) MT_MOE_ACCUM=8 MT_MOE_BREAKDOWN=0 MT_MOE_IMPLS=grouped MT_BENCH_ITERS=12 part moe 500 bash bench/gpu_moe_bench.sh ;;
+    gen) part gen 400 bash bench/gpu_generate_bench.sh ;;
+    ckpt) part ckpt 400 bash -c "
+      F=tests/fixtures/megatron_ckpt; T=/tmp/mt_rt; rm -rf \$T; mkdir -p \$T
+      $B/bin/megatron convert --from megatron-torch --to megatron-torch-dist --input \$F/ck_torch --output \$T/back &&
+      python3 tests/tools/check_torch_dist_in_megatron.py \$T/back --megatron third_party_carry/megatron_lm \
+        --expect \$F/ck_torch.losses_1_10" ;;
+    profile) MT_BIN=$B/bin/megatron part profile 300 bash bench/gpu_profile_demo.sh ;;
+    conv) part conv 1500 bash bench/gpu_fp8_convergence.sh ;;
+    dist) MT_RUN_TIMEOUT=300 part dist 1500 bash bench/gpu_dist_bench.sh ep,cp,fp8 ;;
+    *) say "unknown part $p" ;;
+  esac
+done
+tar -czf "$FINAL/logs.tar.gz" -C "$OUT" . 2>/dev/null
