@@ -84,8 +84,17 @@ Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Tensor& slot
     ops::rope_forward(k, cos, sin, rope_.rot_dim);
   }
   ops::kv_cache_write(k_cache_[li], v_cache_[li], k, v, slot, pos);
-  const Tensor core = ops::cached_attention(q, k_cache_[li], v_cache_[li], slot, pos,
-                                            1.0f / std::sqrt(static_cast<float>(D)));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  Tensor core;
+  if (fresh_prompt_) {  // the rows see only each other: q, k, v as they are, causal
+    const int64_t Hq = q.dim(1);
+    ops::AttentionShape p{1, Hq, G, N, D, scale};
+    core = Tensor::empty({N, Hq * D}, q.dtype(), q.device());
+    Tensor lse = Tensor::empty({1, Hq, N}, DType::F32, q.device());
+    ops::attention_forward_rows(p, q, k, v, core, lse);
+  } else {
+    core = ops::cached_attention(q, k_cache_[li], v_cache_[li], slot, pos, scale);
+  }
   Tensor h;
   if (A.proj.fuses_residual()) {
     h = A.proj.forward(core, ctx, &x);
@@ -201,6 +210,10 @@ Tensor ModelRunner::device_logits(const StepBatch& b) {
     in.cos = upload(cv).view({N, half});
     in.sin = upload(sv).view({N, half});
   }
+  // One sequence's first N > 1 tokens (never a decode step, whose rows are one per slot).
+  fresh_prompt_ = N > 1;
+  for (int64_t i = 0; fresh_prompt_ && i < N; ++i)
+    fresh_prompt_ = b.slots[static_cast<size_t>(i)] == b.slots[0] && b.positions[static_cast<size_t>(i)] == i;
   // A decode step: every row's logits, in order.
   bool decode = R == N;
   for (int64_t r = 0; decode && r < R; ++r) decode = b.logit_rows[static_cast<size_t>(r)] == r;

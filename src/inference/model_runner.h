@@ -76,6 +76,10 @@ class ModelRunner {
   std::vector<Tensor> k_cache_, v_cache_;  // per layer [slots, G, max_len, D]
   model::RopeTables rope_;                 // host tables for positions 0..max_len-1 (RoPE models)
   bool graphs_on_ = false;
+  // This pass is one sequence's first tokens (rows 0..N-1 of one slot, N > 1): its attention is
+  // the plain causal attention of those rows (the flash / cuDNN kernels of training), not the
+  // decode kernel over the cache, which walks the cache a query row at a time.
+  bool fresh_prompt_ = false;
   int64_t replays_ = 0;
   std::map<int64_t, std::unique_ptr<Graph>> graphs_;  // per row count
 };

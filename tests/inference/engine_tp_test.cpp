@@ -3,6 +3,9 @@
 // key/value groups; the gathered logits give every rank the same tokens. Greedy and seeded tokens
 // equal the single-rank engine's, and the logits of a step agree to fp32 rounding (the row-parallel
 // GEMMs sum in another order). Weights are cut from the same full initialisation as TP = 1.
+// The ranks are forked: run these through ctest (a process per test) or alone
+// (--gtest_filter=InferenceTp.*), since a child forked after the parent's OpenMP threads ran
+// (the other tests of this binary) cannot start its own.
 #include <gtest/gtest.h>
 
 #include <cmath>
