@@ -33,8 +33,10 @@ struct State {
 };
 
 State& state() {
-  static State s;  // lives for the process, as the allocators that report to it
-  return s;
+  // Never destroyed: tensors held by other statics are freed at exit, after any function-local
+  // static made later would be gone, and their frees still come here.
+  static State* s = new State;
+  return *s;
 }
 
 int index(Device d) { return d == Device::CPU ? 0 : 1; }
