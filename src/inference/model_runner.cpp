@@ -59,8 +59,8 @@ Tensor ModelRunner::upload(const std::vector<T>& v) const {
 
 // As TransformerLayer::forward_layer in evaluation (no dropout), with the attention core over the
 // cache: the same modules, the same residual fusions.
-Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Tensor& slot, const Tensor& pos, const Tensor& cos,
-                                  const Tensor& sin) {
+Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Inputs& in) {
+  const Tensor &slot = in.slot, &pos = in.pos, &cos = in.cos, &sin = in.sin;
   const model::TransformerLayer& L = m_.layers()[li];
   const model::SelfAttention& A = L.attn;
   const auto& c = m_.config();
@@ -86,7 +86,7 @@ Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Tensor& slot
   ops::kv_cache_write(k_cache_[li], v_cache_[li], k, v, slot, pos);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   Tensor core;
-  if (fresh_prompt_) {  // the rows see only each other: q, k, v as they are, causal
+  if (in.fresh_prompt) {  // the rows see only each other: q, k, v as they are, causal
     const int64_t Hq = q.dim(1);
     ops::AttentionShape p{1, Hq, G, N, D, scale};
     core = Tensor::empty({N, Hq * D}, q.dtype(), q.device());
@@ -141,7 +141,7 @@ Tensor ModelRunner::device_forward(const Inputs& in) {
     x = ops::embedding_forward(in.ids, m_.word_embedding()->value);
   }
   if (const model::Param* pe = m_.position_embedding()) ops::add_inplace(x, ops::embedding_forward(in.pos, pe->value));
-  for (size_t l = 0; l < m_.layers().size(); ++l) x = layer_forward(l, x, in.slot, in.pos, in.cos, in.sin);
+  for (size_t l = 0; l < m_.layers().size(); ++l) x = layer_forward(l, x, in);
   if (in.rows.numel() == 0) return Tensor();  // a prompt chunk that is not the prompt's end
   // Only the rows whose next token is wanted go through the head.
   const Tensor rows = ops::embedding_forward(in.rows, x);
@@ -211,9 +211,9 @@ Tensor ModelRunner::device_logits(const StepBatch& b) {
     in.sin = upload(sv).view({N, half});
   }
   // One sequence's first N > 1 tokens (never a decode step, whose rows are one per slot).
-  fresh_prompt_ = N > 1;
-  for (int64_t i = 0; fresh_prompt_ && i < N; ++i)
-    fresh_prompt_ = b.slots[static_cast<size_t>(i)] == b.slots[0] && b.positions[static_cast<size_t>(i)] == i;
+  in.fresh_prompt = N > 1;
+  for (int64_t i = 0; in.fresh_prompt && i < N; ++i)
+    in.fresh_prompt = b.slots[static_cast<size_t>(i)] == b.slots[0] && b.positions[static_cast<size_t>(i)] == i;
   // A decode step: every row's logits, in order.
   bool decode = R == N;
   for (int64_t r = 0; decode && r < R; ++r) decode = b.logit_rows[static_cast<size_t>(r)] == r;

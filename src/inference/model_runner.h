@@ -58,6 +58,10 @@ class ModelRunner {
  private:
   struct Inputs {  // one pass's inputs on the device
     Tensor ids, slot, pos, cos, sin, rows;
+    // The pass is one sequence's first tokens (rows 0..N-1 of one slot, N > 1): its attention is
+    // the plain causal attention of those rows (training's flash / cuDNN kernels), not the decode
+    // kernel over the cache, which walks the cache a query row at a time. Never a decode step.
+    bool fresh_prompt = false;
   };
   struct Graph;
   // The pass on the device: logits [rows, padded vocab] in the activations' dtype.
@@ -65,8 +69,7 @@ class ModelRunner {
   Tensor device_logits(const StepBatch& b);  // checks the batch, runs it: [rows, V'] on the device
   Tensor host_logits(Tensor l) const;         // those as fp32 on the host, the padded columns dropped
   Tensor graph_forward(const Inputs& in, int64_t N);
-  Tensor layer_forward(size_t l, const Tensor& x, const Tensor& slot, const Tensor& pos, const Tensor& cos,
-                       const Tensor& sin);
+  Tensor layer_forward(size_t l, const Tensor& x, const Inputs& in);
   template <typename T>
   Tensor upload(const std::vector<T>& v) const;
 
@@ -76,10 +79,6 @@ class ModelRunner {
   std::vector<Tensor> k_cache_, v_cache_;  // per layer [slots, G, max_len, D]
   model::RopeTables rope_;                 // host tables for positions 0..max_len-1 (RoPE models)
   bool graphs_on_ = false;
-  // This pass is one sequence's first tokens (rows 0..N-1 of one slot, N > 1): its attention is
-  // the plain causal attention of those rows (the flash / cuDNN kernels of training), not the
-  // decode kernel over the cache, which walks the cache a query row at a time.
-  bool fresh_prompt_ = false;
   int64_t replays_ = 0;
   std::map<int64_t, std::unique_ptr<Graph>> graphs_;  // per row count
 };

@@ -219,14 +219,14 @@ double layer_activation_bytes(const Arguments& a, int64_t layer, bool gpu) {
 }
 
 // The workspace of cuDNN's deterministic attention backward, B*Hq/TP*ceil64(S)^2*2 bytes (its
-// "dP workspace" algorithm), where `auto` picks cuDNN for a layer's attention: bf16/fp16 on the
-// GPU, no attention dropout, plain causal attention (not packed documents or CP chunks, which run
+// "dP workspace" algorithm), where `auto` picks cuDNN for a layer's attention: bf16 on the GPU
+// (fp16 runs the generic kernels), no attention dropout, plain causal attention (not packed documents or CP chunks, which run
 // the ranged flash kernels), the deterministic backward, and the workspace within the limit of
 // kernels/cuda/attention_cudnn_graph.cpp (a quarter of the card), above which the flash kernels
 // run and need none.
 double cudnn_attention_workspace(const Arguments& a, const Options& o) {
   const auto& c = a.model;
-  if (a.attention_backend == "flash" || a.nondeterministic_attention || !(c.bf16 || c.fp16)) return 0;
+  if (a.attention_backend == "flash" || a.nondeterministic_attention || !c.bf16) return 0;
   if (c.attention_dropout > 0.f || a.context_parallel_size > 1 || a.reset_attention_mask) return 0;
   const auto ceil64 = [](int64_t v) { return static_cast<double>((v + 63) / 64 * 64); };
   const double S = ceil64(c.seq_length);

@@ -4,11 +4,11 @@
 // names with Gpu) on the GPU against the CPU.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kernels/ops.h"
+#include "kernels/test_util.h"
 #include "model/layers.h"
 #include "support/gpu.h"
 
@@ -127,16 +127,6 @@ TEST(Norm1p, ForwardAndGradientsMatchTheReference) {
   }
 }
 
-// ||a - b|| / ||b||, the GPU-vs-CPU measure of tests/kernels/backend_ops_test.cpp.
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
 TEST(GpuNorm1p, MatchesTheCpu) {
   if (!test::have_gpu()) GTEST_SKIP() << "no GPU";
   test::gpu();
@@ -150,9 +140,9 @@ TEST(GpuNorm1p, MatchesTheCpu) {
     const Result a = run(cpu, x, w, b, g, Device::CPU, rows, dim), r = run(gpu, x, w, b, g, Device::CUDA, rows, dim);
     // bf16 activations: within 2e-2 relative L2 (as the GPU norm ops' own cases). Ignoring the
     // stored weight's +1 would be off by order 1.
-    EXPECT_LT(rel_l2(r.y, a.y), 2e-2) << rms;
-    EXPECT_LT(rel_l2(r.dx, a.dx), 2e-2) << rms;
-    EXPECT_LT(rel_l2(r.dw, a.dw), 2e-2) << rms;
+    EXPECT_LT(test::rel_l2(r.y, a.y), 2e-2) << rms;
+    EXPECT_LT(test::rel_l2(r.dx, a.dx), 2e-2) << rms;
+    EXPECT_LT(test::rel_l2(r.dw, a.dw), 2e-2) << rms;
   }
 }
 

@@ -28,21 +28,24 @@ void* CudaAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   void* p = nullptr;
   const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    size_t free_b = 0, total_b = 0;
-    cudaMemGetInfo(&free_b, &total_b);
-    fail(
-        "out of GPU memory allocating {:.1f} MiB on device {} ({:.1f} MiB in use by tensors, {:.1f} of {:.1f} MiB "
-        "free): reduce --micro-batch-size or --seq-length, or enable activation recomputation",
-        static_cast<double>(bytes) / (1 << 20), device_, static_cast<double>(in_use_) / (1 << 20),
-        static_cast<double>(free_b) / (1 << 20), static_cast<double>(total_b) / (1 << 20));
-  }
+  if (e != cudaSuccess) out_of_memory(e, bytes, "");
   in_use_ += bytes;
   if (in_use_ > peak_) peak_ = in_use_;
   if (in_use_ + scratch_ > peak_all_) peak_all_ = in_use_ + scratch_;
   memory_timeline::on_alloc(Device::CUDA, p, bytes);
   return p;
+}
+
+void CudaAllocator::out_of_memory(cudaError_t e, size_t bytes, const char* what) const {
+  cudaGetLastError();
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  const double mib = 1 << 20;
+  fail("out of GPU memory allocating {:.1f} MiB{} on device {} ({}; {:.1f} MiB in use by tensors, {:.1f} MiB by "
+       "kernel workspaces, {:.1f} of {:.1f} MiB free): reduce --micro-batch-size or --seq-length, or enable "
+       "activation recomputation",
+       static_cast<double>(bytes) / mib, what, device_, cudaGetErrorName(e), static_cast<double>(in_use_) / mib,
+       static_cast<double>(scratch_) / mib, static_cast<double>(free_b) / mib, static_cast<double>(total_b) / mib);
 }
 
 void CudaAllocator::note_scratch(int64_t delta) {
@@ -106,15 +109,9 @@ void note_scratch_bytes(const void* p, int64_t delta) {
 }
 
 void scratch_out_of_memory(cudaError_t e, size_t bytes) {
-  cudaGetLastError();
-  size_t free_b = 0, total_b = 0;
-  cudaMemGetInfo(&free_b, &total_b);
-  const double mib = 1 << 20;
-  fail("out of GPU memory allocating {:.1f} MiB of kernel workspace ({}; {:.1f} MiB in use by tensors, {:.1f} of "
-       "{:.1f} MiB free): reduce --micro-batch-size or --seq-length, or enable activation recomputation",
-       static_cast<double>(bytes) / mib, cudaGetErrorName(e),
-       g_alloc ? static_cast<double>(g_alloc->bytes_in_use()) / mib : 0.0, static_cast<double>(free_b) / mib,
-       static_cast<double>(total_b) / mib);
+  if (g_alloc) g_alloc->out_of_memory(e, bytes, " of kernel workspace");
+  check_cuda(e, "cudaMallocAsync (kernel workspace)", __FILE__, __LINE__);  // no allocator installed
+  fail("cudaMallocAsync (kernel workspace) failed");
 }
 
 }  // namespace mt::cuda

@@ -56,6 +56,9 @@ class CudaAllocator final : public Allocator {
   size_t peak_with_scratch_bytes() const { return peak_all_; }
   void reset_peak() { peak_ = in_use_; peak_all_ = in_use_ + scratch_; }
   void note_scratch(int64_t delta);
+  // Fails naming the request (`what`: "" for a tensor) and what the pool holds: the one
+  // out-of-memory message for tensors and kernel workspaces.
+  [[noreturn]] void out_of_memory(cudaError_t e, size_t bytes, const char* what) const;
   // Returns cached, unused pool memory to the driver, keeping at most `keep_bytes`.
   void trim(size_t keep_bytes = 0);
 
