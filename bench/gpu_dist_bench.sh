@@ -11,6 +11,8 @@
 # Knobs: MT_COMMIT, MT_BENCH_ITERS, MT_ONE_GPU_TOKS (a one-GPU rate to reuse), MT_RUN_TIMEOUT,
 # MT_CTEST_TIMEOUT/MT_CTEST_ARGS, MT_PP_M (micro-batch counts), MT_PP_SPLITS (even balanced),
 # MT_PP_EXTRA (flags added to the PP runs, e.g. --log-op-breakdown for per-stage times),
+# MT_CP_SEQS / MT_CP_COMMS / MT_CP_ONE_GPU=0 (the cp part's sequences, comm types, and whether to
+# rerun the one-GPU reference), MT_SKIP_LLAMA8=1 (the fp8 part without llama-8b),
 # MT_LLAMA8_ITERS, MT_TP_TIMED=1 (adds a timed TP run), MT_RUN_EXTRA (flags added to every training run, e.g. --attention-backend flash).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -168,8 +170,8 @@ if has cp; then  # #23 item 2: context parallelism over NCCL at long sequences (
         --recompute-granularity full --recompute-method uniform --recompute-num-layers 1)
   for seq in ${MT_CP_SEQS:-32768 65536}; do
     SEQ=(--seq-length "$seq" --max-position-embeddings "$seq")
-    run "llama-1.5b-seq$seq-1gpu" 1 "${LONG[@]}" "${SEQ[@]}" --global-batch-size 1
-    for comm in p2p a2a; do
+    [ "${MT_CP_ONE_GPU:-1}" = 1 ] && run "llama-1.5b-seq$seq-1gpu" 1 "${LONG[@]}" "${SEQ[@]}" --global-batch-size 1
+    for comm in ${MT_CP_COMMS:-p2p a2a}; do
       run "llama-1.5b-seq$seq-cp2-$comm" 2 "${LONG[@]}" "${SEQ[@]}" --context-parallel-size 2 --cp-comm-type "$comm"
     done
   done
@@ -178,9 +180,14 @@ if has fp8; then  # #23 item 3: FP8 with data and tensor parallelism, bf16 in th
   FP8=(--fp8-format hybrid --fp8-recipe tensorwise)
   run llama-1.5b-dp2-distopt-bf16 2 "${LLAMA[@]}" --global-batch-size 64 --use-distributed-optimizer --overlap-grad-reduce
   run llama-1.5b-dp2-distopt-fp8 2 "${LLAMA[@]}" --global-batch-size 64 --use-distributed-optimizer --overlap-grad-reduce \
-    "${FP8[@]}" --fp8-param-gather
-  run llama-8b-tp2-sp-bf16 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel
-  run llama-8b-tp2-sp-fp8 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel "${FP8[@]}"
+    "${FP8[@]}"
+  run llama-1.5b-dp2-distopt-fp8-param-gather 2 "${LLAMA[@]}" --global-batch-size 64 --use-distributed-optimizer \
+    --overlap-grad-reduce "${FP8[@]}" --fp8-param-gather
+  if [ "${MT_SKIP_LLAMA8:-0}" != 1 ]; then
+    run llama-8b-tp2-sp-bf16 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel
+    run llama-8b-tp2-sp-fp8 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel \
+      "${FP8[@]}"
+  fi
 fi
 if has pp8b; then
   # A model that needs the pipeline: llama-8b's bf16 weights, fp32 main params, grads and Adam

@@ -207,6 +207,20 @@ Hierarchy hierarchy(const ContextParallel& cp) {
   return h;
 }
 
+}  // namespace
+
+void prepare_cp_transfers(const ContextParallel& cp) {
+  if (!cp.on() || cp.comm_type == "a2a" || cp.comm_type == "allgather") return;
+  const Hierarchy h = hierarchy(cp);
+  if (!h.ring) return;
+  const int p = h.ring->size(), j = h.ring->rank();
+  std::vector<int> peers{(j + 1) % p};
+  if ((j + p - 1) % p != peers[0]) peers.push_back((j + p - 1) % p);
+  h.ring->prepare_p2p(peers);
+}
+
+namespace {
+
 Chunked engine(const ops::AttentionShape& p, int64_t cp, std::vector<int64_t> q_ids, int64_t heads_div) {
   Chunked c;
   c.base = p;

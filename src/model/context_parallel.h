@@ -36,6 +36,11 @@ struct ContextParallel {
   bool on() const { return size() > 1; }
 };
 
+// Collective over the ring group (p2p and a2a+p2p): connects each rank to its ring neighbours
+// before the first transfer. NCCL's point-to-point channels must exist before any send (their
+// setup synchronises the device); the CPU communicators need nothing and return at once.
+void prepare_cp_transfers(const ContextParallel& cp);
+
 // The chunks (of 2n) that rank r of a CP group of n holds, in the order it stores them.
 std::vector<int64_t> cp_chunks(int64_t n, int64_t r);
 // Positions in the whole sequence of a rank's S / n tokens, in its storage order.

@@ -61,6 +61,7 @@ void Trainer::setup_model() {
       args_.model, model::ModelOptions{pg_.tp.get(), args_.sequence_parallel, ddp_->layout_fn(), std::move(part),
                                        args_.tp_comm_overlap, {pg_.ep.get(), pg_.etp.get(), pg_.tp_ep.get()},
                                        context_parallel()});
+  model::prepare_cp_transfers(context_parallel());
 }
 
 model::ContextParallel Trainer::context_parallel() const {

@@ -76,6 +76,7 @@ Result run(Case& c, const std::vector<double>& x, const std::vector<double>& w, 
            const std::vector<double>& g, Device d, int64_t rows = kRows, int64_t dim = kDim) {
   c.norm.weight->main.copy_from(Tensor::from_vector(to_f(w), {dim}));
   if (c.norm.bias) c.norm.bias->main.copy_from(Tensor::from_vector(to_f(b), {dim}));
+  c.ps.sync_model_from_main();  // the bias is read from the compute copy
   c.ps.zero_grad();
   if (d == Device::CUDA) c.ps.to_device(d);
   PassContext ctx;

@@ -204,8 +204,12 @@ TEST(GpuEquivalence, CP2AllGather) {
 // all-to-all (or all-gather); the dense part is DP=2. The routing is the single GPU's (the same
 // weights and tokens at step 1), so the bounds are DP's.
 TEST(GpuEquivalence, EP2AllToAll) { expect_same_as_one_gpu({.world = 2, .experts = 4, .ep = 2}); }
+// The all-gather dispatcher combines each rank's partial expert outputs with a bf16
+// reduce-scatter (Megatron does the same), one more bf16 rounding of every token's output than
+// the single GPU's combine: TP's bounds (measured on 2 H200s: 1.4% of the largest gradient).
 TEST(GpuEquivalence, EP2AllGather) {
-  expect_same_as_one_gpu({.world = 2, .experts = 4, .ep = 2, .dispatcher = "allgather"});
+  expect_same_as_one_gpu(
+      {.world = 2, .experts = 4, .ep = 2, .dispatcher = "allgather", .grad_tol = 5e-2, .loss_tol = 1e-2});
 }
 TEST(GpuEquivalence, EP1DP2) { expect_same_as_one_gpu({.world = 2, .experts = 4}); }
 

@@ -98,6 +98,10 @@ def main():
     ap.add_argument("--expect", help="ITER LOSS lines megatron.cpp printed resuming from the checkpoint")
     ap.add_argument("--rtol", type=float, default=1e-4)
     a = ap.parse_args()
+    if a.megatron:
+        # The checkpoint's pickled objects name Megatron's classes (as Megatron's own do), so the
+        # reader needs its source importable too.
+        sys.path.insert(0, os.path.abspath(a.megatron))
     ok, iteration = load_with_dcp(a.checkpoint)
     if not ok:
         return 1

@@ -473,6 +473,10 @@ Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets, const Te
 
 void add_inplace(Tensor& y, const Tensor& x) {
   MT_CHECK(y.numel() == x.numel(), "add_inplace: {} vs {}", y.shape_str(), x.shape_str());
+  if (y.dtype() == DType::F32 && x.dtype() == DType::F32) {  // fp32 parameters (e.g. a norm's 1 + w)
+    cuda::add_inplace(f(y), f(x), y.numel(), st());
+    return;
+  }
   with_half(y, [&]<typename T>(T*) {
     cuda::add_inplace(h<T>(y), h<T>(x), y.numel(), st());
   });
