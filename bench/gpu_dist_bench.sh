@@ -170,9 +170,14 @@ if has cp; then  # #23 item 2: context parallelism over NCCL at long sequences (
         --recompute-granularity full --recompute-method uniform --recompute-num-layers 1)
   for seq in ${MT_CP_SEQS:-32768 65536}; do
     SEQ=(--seq-length "$seq" --max-position-embeddings "$seq")
-    [ "${MT_CP_ONE_GPU:-1}" = 1 ] && run "llama-1.5b-seq$seq-1gpu" 1 "${LONG[@]}" "${SEQ[@]}" --global-batch-size 1
+    # The one-GPU reference takes the same global batch (2 micro-batches accumulated) so that
+    # its loss trajectory is the one CP=2 must reproduce.
+    [ "${MT_CP_ONE_GPU:-1}" = 1 ] && run "llama-1.5b-seq$seq-1gpu" 1 "${LONG[@]}" "${SEQ[@]}"
     for comm in ${MT_CP_COMMS:-p2p a2a}; do
       run "llama-1.5b-seq$seq-cp2-$comm" 2 "${LONG[@]}" "${SEQ[@]}" --context-parallel-size 2 --cp-comm-type "$comm"
+    done
+    for f in "$OUT"/llama-1.5b-seq"$seq"-*.txt; do
+      echo "$(basename "$f" .txt) losses: $(grep -oE 'lm loss: [0-9.E+-]+' "$f" | awk '{printf "%.4f ", $3}')"
     done
   done
 fi

@@ -12,6 +12,8 @@
 #   profile   #26: bench/gpu_profile_demo.sh (nsys where present, else ncu over the --profile window)
 #   conv      #18: bench/gpu_fp8_convergence.sh (4 x 1,000 steps; needs data/brown carried)
 #   dist      #23: bench/gpu_dist_bench.sh ep,cp,fp8 (2 GPUs)
+#   cp32      #23: CP=2 at 32k only (p2p, or MT_CP_COMMS), with its one-GPU reference at the same batch
+#   fp8pg     #23: llama-1.5b DP=2 dist-opt bf16 / FP8 / FP8 with --fp8-param-gather (2 GPUs)
 # Every part's log stays in /tmp/mt_logs; $OUT gets summary.txt and logs.tar.gz (two files: the
 # device tool returns at most 8). Run: bash bench/gpu_issue_checks.sh build,tests,longseq,...
 set -uo pipefail
@@ -50,6 +52,8 @@ for p in ${PARTS//,/ }; do
     profile) MT_BIN=$B/bin/megatron part profile 300 bash bench/gpu_profile_demo.sh ;;
     conv) part conv 1500 bash bench/gpu_fp8_convergence.sh ;;
     dist) MT_RUN_TIMEOUT=300 part dist 1500 bash bench/gpu_dist_bench.sh ep,cp,fp8 ;;
+    cp32) MT_CP_SEQS=32768 MT_CP_COMMS=${MT_CP_COMMS:-p2p} MT_RUN_TIMEOUT=200 part cp32 400 bash bench/gpu_dist_bench.sh cp ;;
+    fp8pg) MT_SKIP_LLAMA8=1 MT_RUN_TIMEOUT=200 part fp8pg 400 bash bench/gpu_dist_bench.sh fp8 ;;
     *) say "unknown part $p" ;;
   esac
 done
