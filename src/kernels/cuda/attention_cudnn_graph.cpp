@@ -613,15 +613,19 @@ class Registry {
     // at S = 32k with 32 heads, more than the card holds beside the model. Above a limit that
     // depends only on the shape and the device (never on free memory, so every run of a config
     // picks the same kernels and keeps its bits), the plan is refused: `auto` runs our flash
-    // kernels, which need no S x S buffer, and `fused` says so by name.
+    // kernels, which need no S x S buffer, and `fused` says so by name. A ragged graph asks the
+    // same over its buckets (documents x Hq x longest² x 2 bytes, whatever the real lengths), so
+    // packed documents keep the deterministic cuDNN backward only while their buckets fit.
     if (backward && deterministic) {
       const int64_t limit = attention_workspace_limit(device);
       if (pl.total_ws > limit)
         pl.error = fmt::format(
-            "the deterministic cuDNN backward for {} needs {:.1f} GiB of workspace (about B*Hq*S*S*2 bytes), above "
+            "the deterministic cuDNN backward for {} needs {:.1f} GiB of workspace (about B*Hq*S*S*2 bytes{}), above "
             "the {:.1f} GiB limit (a quarter of the device's memory, or MT_CUDNN_ATTN_WORKSPACE_LIMIT bytes); use "
             "--attention-backend flash or auto, or --nondeterministic-attention",
-            shape_str(p, layout), static_cast<double>(pl.total_ws) / (1 << 30), static_cast<double>(limit) / (1 << 30));
+            shape_str(p, layout), static_cast<double>(pl.total_ws) / (1 << 30),
+            ragged == VarlenLayout::None ? "" : ", B and S the document buckets",
+            static_cast<double>(limit) / (1 << 30));
     }
   }
 
