@@ -91,11 +91,15 @@ namespace {
 constexpr long kVarlenMinCudnn = 90600;
 
 // --attention-backend auto for packed documents: cuDNN's ragged graph when the documents are
-// long enough on average and the sample long enough, else the ranged tensor-core kernels.
-// To be set from `cuda_ops_bench --only=varlen` (llama-1.5b heads on an H100: ranged vs cuDNN
-// TFLOP/s per sample length and document mix); until measured, auto keeps the ranged kernels
-// (156 TFLOP/s fwd+bwd for 4096-token documents in 32k samples, BENCHMARKS.md).
-constexpr int64_t kVarlenCudnnMinMeanDoc = std::numeric_limits<int64_t>::max();
+// long enough on average (one threshold for the deterministic backward, training's default,
+// one for --nondeterministic-attention) and the sample long enough, else the ranged
+// tensor-core kernels. To be set from `cuda_ops_bench --quick --only=varlen` (llama-1.5b heads
+// on an H100: ranged_tflops against heads_/tokens_tflops and their _nondet_ forms per sample
+// length and document mix); until measured, auto keeps the ranged kernels (156 TFLOP/s fwd+bwd
+// for 4096-token documents in 32k samples, BENCHMARKS.md).
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+constexpr int64_t kVarlenCudnnMinMeanDoc = kNever;
+constexpr int64_t kVarlenCudnnMinMeanDocNondet = kNever;
 constexpr int64_t kVarlenCudnnMinSample = 0;
 
 int64_t pow2_at_least(int64_t x) {
@@ -162,14 +166,17 @@ bool cudnn_varlen_supported(const ops::AttentionShape& p, std::string* why) {
 }
 
 bool varlen_auto_prefers_cudnn(const ops::AttentionShape& p) {
-  const VarlenBuckets vb = varlen_buckets(p);
-  return vb.mean_len >= static_cast<double>(kVarlenCudnnMinMeanDoc) && p.S >= kVarlenCudnnMinSample;
+  const int64_t min_mean = attention_deterministic() ? kVarlenCudnnMinMeanDoc : kVarlenCudnnMinMeanDocNondet;
+  if (min_mean == kNever || p.S < kVarlenCudnnMinSample) return false;
+  return varlen_buckets(p).mean_len >= static_cast<double>(min_mean);
 }
 
 bool attention_use_cudnn_varlen(const ops::AttentionShape& p, bool backward, const void* const* ptrs, int nptrs) {
   const AttentionBackend b = attention_backend();
-  if (b == AttentionBackend::Flash || !cudnn_varlen_supported(p) || !all_aligned16(ptrs, nptrs)) return false;
+  if (b == AttentionBackend::Flash || !p.cu_seqlens_host || p.num_segments <= 0) return false;
+  // The rule first: it is cheap, and under auto's default it says no to every call.
   if (b == AttentionBackend::Auto && !varlen_auto_prefers_cudnn(p)) return false;
+  if (!cudnn_varlen_supported(p) || !all_aligned16(ptrs, nptrs)) return false;
   const std::string err = cudnn_attention_varlen_prepare(p, backward, attention_deterministic());
   if (err.empty()) return true;
   if (b == AttentionBackend::Fused)
