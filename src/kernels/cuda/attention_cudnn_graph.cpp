@@ -31,10 +31,10 @@
 // matmul gets the per-document lengths as its M/N/K extents (GEMM_*_OVERRIDE), the scores get a
 // padding mask (row < seq_q && col < seq_kv, selected before the causal mask, and once more
 // after the stats in the backward), and Q, K, V, O, dO, dQ, dK, dV and Stats carry ragged
-// offset tensors (CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, element offsets, [b+1,1,1,1]) into our
-// own [B,h,S,d] memory, whose heads stride over whole samples: the "partially packed" ragged
-// layout of cuDNN's SDPA docs, with no copy into a padded layout. softmax_sum and dQ_accum are
-// workspace tensors over the padded [b,h,s,*] extents.
+// offset tensors (CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, element offsets, [b+1,1,1,1]): into our
+// own [B,h,S,d] memory, whose heads stride over whole samples (VarlenLayout::Heads, no copy),
+// or into token-major copies (Tokens: the packed THD layout of cuDNN's docs). Never a padded
+// layout. softmax_sum and dQ_accum are workspace tensors over the padded [b,h,s,*] extents.
 // Layout: Q, K, V, dQ, dK, dV and Stats are always [b,h,s,d] contiguous; O and dO either too
 // (AttnLayout::Heads) or Megatron's sequence-first rows (AttnLayout::Rows): the same dims with
 // strides {h*d, d, b*h*d, 1}, so the core writes and reads linear_proj's input in place.
