@@ -214,7 +214,7 @@ void cudnn_attention_backward(const ops::AttentionShape& p, const bf16*, const b
   fail("cuDNN attention backward ({}): {}", shape_str(p), cudnn_attention_prepare(p, true, true));
 }
 
-std::string cudnn_attention_varlen_prepare(const ops::AttentionShape&, bool, bool) {
+std::string cudnn_attention_varlen_prepare(const ops::AttentionShape&, bool, bool, VarlenLayout*) {
   return "this build has no cuDNN (cudnn.h / libcudnn were not found when configuring CMake)";
 }
 
