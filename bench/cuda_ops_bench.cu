@@ -8,7 +8,7 @@
 // GEMMs are timed with cuBLASLt autotuning off (the heuristic's choice) and on (ops *_tuned);
 // MT_GEMM_TUNE=verbose also prints each tuned shape's choice to stderr.
 //
-//   cuda_ops_bench [--quick] [--only=gemm|attn|mem|longattn|varlen] [--seq=N]
+//   cuda_ops_bench [--quick] [--only=gemm|attn|mem|longattn|varlen] [--seq=N] [--varlen-layouts=tokens,heads]
 //
 // longattn (bench/gpu_longseq_bench.sh): llama-1.5b's heads (32 query, 8 key/value, dim 64) at
 // one sequence of --seq tokens (default 32768), causal, then the same sequence packed with
@@ -35,6 +35,7 @@ using namespace mt::cuda;
 namespace {
 
 bool g_quick = false;
+std::string g_varlen_layouts = "tokens,heads";  // --varlen-layouts: the cuDNN layouts --only=varlen times
 
 template <typename T>
 DeviceBuffer<T> random_buffer(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
@@ -338,8 +339,9 @@ void bench_varlen_attention(int64_t S, const std::string& mix, int64_t lo, int64
   const VarlenLayout saved = varlen_layout();
   // Tokens first: the THD layout cuDNN documents; Heads (in place) after it.
   for (const VarlenLayout layout : {VarlenLayout::Tokens, VarlenLayout::Heads}) {
-    set_varlen_layout(layout);
     const std::string tag = varlen_layout_name(layout);
+    if (g_varlen_layouts.find(tag) == std::string::npos) continue;
+    set_varlen_layout(layout);
     if (const std::string e = cudnn_attention_varlen_prepare(p, false); !e.empty()) {
       appendf(line, ",\"%s_tflops\":null,\"%s_error\":\"%s\"", tag.c_str(), tag.c_str(), quoted(e).c_str());
       continue;
@@ -502,6 +504,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--quick") == 0) g_quick = true;
     if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
     if (std::strncmp(argv[i], "--seq=", 6) == 0) seq = std::atoll(argv[i] + 6);
+    if (std::strncmp(argv[i], "--varlen-layouts=", 17) == 0) g_varlen_layouts = argv[i] + 17;
   }
   if (seq < 64 || seq > (int64_t{1} << 20)) {
     std::fprintf(stderr, "cuda_ops_bench: --seq must be between 64 and 1048576\n");
