@@ -8,13 +8,14 @@
 // GEMMs are timed with cuBLASLt autotuning off (the heuristic's choice) and on (ops *_tuned);
 // MT_GEMM_TUNE=verbose also prints each tuned shape's choice to stderr.
 //
-//   cuda_ops_bench [--quick] [--only=gemm|attn|mem|longattn] [--seq=N]
+//   cuda_ops_bench [--quick] [--only=gemm|attn|mem|longattn|varlen] [--seq=N] [--varlen-layouts=tokens,heads]
 //
 // longattn (bench/gpu_longseq_bench.sh): llama-1.5b's heads (32 query, 8 key/value, dim 64) at
 // one sequence of --seq tokens (default 32768), causal, then the same sequence packed with
 // documents of 4096 tokens (the ranged kernels; FLOPs counted over the documents' triangles).
 #include <algorithm>
 #include <chrono>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +35,7 @@ using namespace mt::cuda;
 namespace {
 
 bool g_quick = false;
+std::string g_varlen_layouts = "tokens,heads";  // --varlen-layouts: the cuDNN layouts --only=varlen times
 
 template <typename T>
 DeviceBuffer<T> random_buffer(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
@@ -257,6 +259,116 @@ void bench_packed_attention(int64_t H, int64_t Hkv, int64_t S, int64_t D, int64_
   report("attn_fwd_bwd_packed", shape, f + b, (fwd_flop + bwd_flop) / (f + b) * 1e-9, "TFLOP/s");
 }
 
+// Packed documents, both GPU paths (--only=varlen): the ranged tensor-core kernels
+// (--attention-backend flash) and cuDNN's ragged graph (attention_cudnn.h), fwd+bwd, at
+// llama-1.5b's heads, 16384 tokens per batch or more (B = 16384 / S samples of S tokens). FLOPs are
+// only the documents' causal triangles. One JSON line per case with both rates; the numbers
+// behind auto's rule (varlen_auto_prefers_cudnn in kernels/cuda/attention_cudnn.cpp).
+// Document lengths within a sample, by mix: "uniform" draws from [lo, hi] (the last one cut to
+// fit), "long" is S/2, S/4, S/8, S/8.
+std::vector<int32_t> doc_lengths(const std::string& mix, int64_t S, int64_t lo, int64_t hi, std::mt19937_64& gen) {
+  std::vector<int32_t> d;
+  if (mix == "long") {
+    for (int64_t n : {S / 2, S / 4, S / 8, S / 8}) d.push_back(static_cast<int32_t>(n));
+    return d;
+  }
+  std::uniform_int_distribution<int64_t> u(lo, hi);
+  for (int64_t t = 0; t < S;) {
+    const int64_t n = std::min<int64_t>(S - t, u(gen));
+    d.push_back(static_cast<int32_t>(n));
+    t += n;
+  }
+  return d;
+}
+
+// printf into a growing JSON line.
+void appendf(std::string& out, const char* f, ...) __attribute__((format(printf, 2, 3)));
+void appendf(std::string& out, const char* f, ...) {
+  char buf[1024];
+  va_list a;
+  va_start(a, f);
+  std::vsnprintf(buf, sizeof buf, f, a);
+  va_end(a);
+  out += buf;
+}
+
+void bench_varlen_attention(int64_t S, const std::string& mix, int64_t lo, int64_t hi) {
+  const int64_t H = 32, Hkv = 8, D = 64, B = std::max<int64_t>(1, 16384 / S);
+  std::mt19937_64 gen(static_cast<uint64_t>(S * 131 + lo));
+  std::vector<int32_t> cu{0};
+  double tri = 0;  // sum of the documents' squared lengths
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int32_t n : doc_lengths(mix, S, lo, hi, gen)) {
+      cu.push_back(cu.back() + n);
+      tri += static_cast<double>(n) * n;
+      longest = std::max<int64_t>(longest, n);
+    }
+  DeviceBuffer<int32_t> dcu(cu);
+  mt::ops::AttentionShape p{B, H, Hkv, S, D, 1.f / std::sqrt(static_cast<float>(D))};
+  p.cu_seqlens = dcu.get();
+  p.cu_seqlens_host = cu.data();
+  p.num_segments = static_cast<int64_t>(cu.size()) - 1;
+  const size_t nq = B * H * S * D, nk = B * Hkv * S * D;
+  auto q = random_buffer<bf16>(nq, 31, -2, 2), k = random_buffer<bf16>(nk, 32, -2, 2), v = random_buffer<bf16>(nk, 33);
+  auto dout = random_buffer<bf16>(nq, 34);
+  DeviceBuffer<bf16> out(nq), dq(nq), dk(nk), dv(nk);
+  DeviceBuffer<float> lse(B * H * S);
+  const double fwd_flop = 4.0 * H * tri * D / 2.0, flop = 3.5 * fwd_flop;  // backward: 2.5 x forward
+  const int it = g_quick ? 3 : 10;
+  set_attention_backend(AttentionBackend::Flash);
+  const double rf = time_ms([&](int) { attention_forward(p, q.get(), k, v, out, lse, nullptr); }, it);
+  const double rb = time_ms([&](int) { attention_backward(p, q.get(), k, v, out, lse, dout, dq, dk, dv, nullptr); }, it);
+  set_attention_backend(AttentionBackend::Auto);
+  std::string line;
+  appendf(line,
+          "{\"op\":\"attn_varlen\",\"S\":%lld,\"B\":%lld,\"mix\":\"%s\",\"docs\":%lld,\"mean_doc\":%.0f,\"max_doc\":%lld,"
+          "\"ranged_fwd_ms\":%.4f,\"ranged_bwd_ms\":%.4f,\"ranged_tflops\":%.1f",
+          static_cast<long long>(S), static_cast<long long>(B), mix.c_str(), static_cast<long long>(p.num_segments),
+          static_cast<double>(B * S) / p.num_segments, static_cast<long long>(longest), rf, rb, flop / (rf + rb) * 1e-9);
+  // cuDNN, per layout (Heads: in place; Tokens: token-major copies, timed with them): the
+  // deterministic backward (training's default) and the dQ-atomics one
+  // (--nondeterministic-attention), which needs no docs x Hq x S x S workspace.
+  auto quoted = [](const std::string& e) {
+    std::string r;
+    for (char c : e.substr(0, 200)) r += (c == '"' || c == '\\') ? '\'' : c;
+    return r;
+  };
+  const VarlenBuckets vb = varlen_buckets(p);
+  appendf(line, ",\"cudnn_buckets\":\"%lldx%lld\"", static_cast<long long>(vb.docs), static_cast<long long>(vb.max_len));
+  const VarlenLayout saved = varlen_layout();
+  // Tokens first: the THD layout cuDNN documents; Heads (in place) after it.
+  for (const VarlenLayout layout : {VarlenLayout::Tokens, VarlenLayout::Heads}) {
+    const std::string tag = varlen_layout_name(layout);
+    if (g_varlen_layouts.find(tag) == std::string::npos) continue;
+    set_varlen_layout(layout);
+    if (const std::string e = cudnn_attention_varlen_prepare(p, false); !e.empty()) {
+      appendf(line, ",\"%s_tflops\":null,\"%s_error\":\"%s\"", tag.c_str(), tag.c_str(), quoted(e).c_str());
+      continue;
+    }
+    const auto t0 = std::chrono::steady_clock::now();  // the first call builds the forward graph
+    cudnn_attention_varlen_forward(p, q.get(), k, v, out, lse, nullptr);
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    const double build = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double cf = time_ms([&](int) { cudnn_attention_varlen_forward(p, q.get(), k, v, out, lse, nullptr); }, it);
+    appendf(line, ",\"%s_fwd_build_ms\":%.0f,\"%s_fwd_ms\":%.4f", tag.c_str(), build, tag.c_str(), cf);
+    for (const bool det : {true, false}) {
+      const std::string t = tag + (det ? "" : "_nondet");
+      if (const std::string e = cudnn_attention_varlen_prepare(p, true, det); !e.empty()) {
+        appendf(line, ",\"%s_tflops\":null,\"%s_error\":\"%s\"", t.c_str(), t.c_str(), quoted(e).c_str());
+        continue;
+      }
+      const double cb = time_ms(
+          [&](int) { cudnn_attention_varlen_backward(p, q.get(), k, v, out, lse, dout, dq, dk, dv, nullptr, det); },
+          it);
+      appendf(line, ",\"%s_bwd_ms\":%.4f,\"%s_tflops\":%.1f", t.c_str(), cb, t.c_str(), flop / (cf + cb) * 1e-9);
+    }
+  }
+  set_varlen_layout(saved);
+  std::printf("%s}\n", line.c_str());
+  std::fflush(stdout);
+}
+
 void bench_memory_bound() {
   constexpr int kSets = 3;  // rotating input sets: 3 x >= 32 MB does not fit the L2
   const int64_t rows = 8192, dim = 2048;
@@ -386,12 +498,13 @@ void bench_memory_bound() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string only;  // --only=gemm|attn|mem|longattn runs one group (longattn only when named)
+  std::string only;  // --only=gemm|attn|mem|longattn|varlen runs one group (the last two only when named)
   int64_t seq = 32768;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) g_quick = true;
     if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
     if (std::strncmp(argv[i], "--seq=", 6) == 0) seq = std::atoll(argv[i] + 6);
+    if (std::strncmp(argv[i], "--varlen-layouts=", 17) == 0) g_varlen_layouts = argv[i] + 17;
   }
   if (seq < 64 || seq > (int64_t{1} << 20)) {
     std::fprintf(stderr, "cuda_ops_bench: --seq must be between 64 and 1048576\n");
@@ -410,6 +523,13 @@ int main(int argc, char** argv) {
       bench_attention(2, 16, 16, 2048, 128);
     }
     if (want("mem")) bench_memory_bound();
+    if (only == "varlen") {
+      for (int64_t S : {4096, 8192, 32768}) {
+        bench_varlen_attention(S, "uniform", 256, 4096);
+        bench_varlen_attention(S, "long", 0, 0);
+      }
+      bench_varlen_attention(32768, "uniform", 64, 1024);  // many short documents
+    }
     if (only == "longattn") {
       bench_attention(1, 32, 8, seq, 64);  // llama-1.5b's heads, one long sequence
       bench_packed_attention(32, 8, seq, 64, 4096);

@@ -36,6 +36,10 @@ struct AttentionShape {
   int64_t seq_total = 0;                // the whole sequence's length; 0: S
   const int32_t* cu_seqlens = nullptr;  // packed documents (see above); null: one per sample
   int64_t num_segments = 0;
+  // The same cu_seqlens on the host, where the caller has them (the model's SequenceLayout
+  // does): the GPU's cuDNN path for packed documents sizes its graph from the document count
+  // and the longest document without a device-to-host copy. Null: that path is not taken.
+  const int32_t* cu_seqlens_host = nullptr;
 
   MT_HOST_DEVICE int64_t keys() const { return Sk > 0 ? Sk : S; }
   MT_HOST_DEVICE int64_t total() const { return seq_total > 0 ? seq_total : S; }

@@ -34,6 +34,7 @@ struct SequenceLayout {
     if (!cu_host.empty()) {
       p.cu_seqlens = cu_seqlens.data<int32_t>();
       p.num_segments = static_cast<int64_t>(cu_host.size()) - 1;
+      p.cu_seqlens_host = cu_host.data();
     }
   }
 };

@@ -404,6 +404,10 @@ void attention_backward(const ops::AttentionShape& p, const T* q, const nd<T>* k
       cudnn_attention_backward(p, q, k, v, out, lse, dout, dq, dk, dv, s, attention_deterministic());
       return;
     }
+    if (ranged && attention_use_cudnn_varlen(p, true, ptrs, 9)) {  // packed documents on cuDNN
+      cudnn_attention_varlen_backward(p, q, k, v, out, lse, dout, dq, dk, dv, s, attention_deterministic());
+      return;
+    }
     if ((ranged && p.dropout_p > 0.f) || !attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) ||
         !aligned16(v) || !aligned16(dout) || !aligned16(dq)) {
       attention_backward_generic(p, q, k, v, out, lse, dout, dq, dk, dv, s);

@@ -27,6 +27,14 @@
 //   then identity -> dQ. Its absence is how the backend is asked for the deterministic
 //   ("dP workspace") algorithm; that is what the frontend's set_deterministic_algorithm does
 //   on Hopper. Engine configs whose numerical notes say NONDETERMINISTIC are skipped as well.
+// Packed documents (the ragged graph, Dims::ragged): b = documents, s = the longest; every
+// matmul gets the per-document lengths as its M/N/K extents (GEMM_*_OVERRIDE), the scores get a
+// padding mask (row < seq_q && col < seq_kv, selected before the causal mask, and once more
+// after the stats in the backward), and Q, K, V, O, dO, dQ, dK, dV and Stats carry ragged
+// offset tensors (CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, element offsets, [b+1,1,1,1]): into our
+// own [B,h,S,d] memory, whose heads stride over whole samples (VarlenLayout::Heads, no copy),
+// or into token-major copies (Tokens: the packed THD layout of cuDNN's docs). Never a padded
+// layout. softmax_sum and dQ_accum are workspace tensors over the padded [b,h,s,*] extents.
 // Layout: Q, K, V, dQ, dK, dV and Stats are always [b,h,s,d] contiguous; O and dO either too
 // (AttnLayout::Heads) or Megatron's sequence-first rows (AttnLayout::Rows): the same dims with
 // strides {h*d, d, b*h*d, 1}, so the core writes and reads linear_proj's input in place.
@@ -42,6 +50,8 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include "core/error.h"
 #include "kernels/cuda/attention_cudnn.h"
@@ -70,6 +80,13 @@ enum Uid : int64_t {
   kDV,
   kSoftmaxSum,
   kDQAccum,
+  // Packed documents (ragged): per-document lengths and element offsets (see Dims::ragged).
+  kSeqQ,
+  kSeqKV,
+  kQOff,
+  kKOff,
+  kStatsOff,
+  kPadVal,
   kFirstVirtual = 100,
 };
 
@@ -90,7 +107,7 @@ class GraphBuilder {
   explicit GraphBuilder(std::deque<Desc>& keep) : keep_(keep) {}
 
   Tensor tensor(int64_t uid, cudnnDataType_t dt, const std::vector<int64_t>& dims, const std::vector<int64_t>& strides,
-                bool is_virtual, bool by_value = false) {
+                bool is_virtual, bool by_value = false, const Tensor* ragged_offset = nullptr) {
     Desc& t = add(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
     t.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
         .set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, dt)
@@ -99,13 +116,17 @@ class GraphBuilder {
         .set_i64s(CUDNN_ATTR_TENSOR_STRIDES, strides)
         .set_bool(CUDNN_ATTR_TENSOR_IS_VIRTUAL, is_virtual);
     if (by_value) t.set_bool(CUDNN_ATTR_TENSOR_IS_BY_VALUE, true);
+    if (ragged_offset && ragged_offset->d) t.set_desc(CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, *ragged_offset->d);
     t.finalize(fmt::format("tensor uid {}", uid).c_str());
     return {&t};
   }
   Tensor virt(cudnnDataType_t dt, const std::vector<int64_t>& dims, const std::vector<int64_t>& strides) {
     return tensor(next_uid_++, dt, dims, strides, true);
   }
+  int64_t next_uid() { return next_uid_++; }
   Tensor scalar(int64_t uid) { return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
+  // An int32 device vector [n, 1, 1, 1] (document lengths, ragged offsets).
+  Tensor ints(int64_t uid, int64_t n) { return tensor(uid, CUDNN_DATA_INT32, {n, 1, 1, 1}, {1, 1, 1, 1}, false); }
 
   // y = mode(x[, b[, t]]); axis for GEN_INDEX.
   void pointwise(const char* name, cudnnPointwiseMode_t mode, cudnnDataType_t prec, Tensor x, const Tensor* b,
@@ -133,7 +154,9 @@ class GraphBuilder {
         .set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd);
     finish(op, name);
   }
-  void matmul(const char* name, Tensor a, Tensor b, Tensor c) {
+  // C = A B; m/n/k (optional): per-batch GEMM extents (the document lengths of a ragged graph).
+  void matmul(const char* name, Tensor a, Tensor b, Tensor c, const Tensor* m = nullptr, const Tensor* n = nullptr,
+              const Tensor* k = nullptr) {
     Desc& mm = add(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
     mm.set_dtype(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
     mm.finalize(name);
@@ -142,6 +165,9 @@ class GraphBuilder {
         .set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, *b.d)
         .set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, *c.d)
         .set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
+    if (m && m->d) op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, *m->d);
+    if (n && n->d) op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, *n->d);
+    if (k && k->d) op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, *k->d);
     finish(op, name);
   }
   void reshape(const char* name, Tensor x, Tensor y) {
@@ -170,21 +196,76 @@ class GraphBuilder {
 struct Dims {
   int64_t b, h, hk, s, d;
   bool o_rows = false;  // O and dO in the sequence-first rows (AttnLayout::Rows)
+  // Packed documents: b counts documents (a bucket, unused ones of length 0) and s is the
+  // longest one (a bucket); each document's first element comes from a ragged offset tensor.
+  // Heads: Q, K, V, O, their gradients and Stats stay in our [B, h, len, d] memory (heads step
+  // over whole samples of `len` tokens), no copy. Tokens: token-major copies [B*len, h, d]
+  // (Stats [B*len, h]), the packed THD layout of cuDNN's docs.
+  VarlenLayout ragged = VarlenLayout::None;
+  int64_t len = 0;
+  // [b, heads, s, d] strides of a graph input or output with `heads` heads.
+  std::vector<int64_t> io_str(int64_t heads) const {
+    switch (ragged) {
+      case VarlenLayout::Heads: return {heads * len * d, len * d, d, 1};
+      case VarlenLayout::Tokens: return {s * heads * d, d, heads * d, 1};
+      default: return {heads * s * d, s * d, d, 1};
+    }
+  }
   std::vector<int64_t> bhsd() const { return {b, h, s, d}; }
-  std::vector<int64_t> bhsd_str() const { return {h * s * d, s * d, d, 1}; }
+  std::vector<int64_t> bhsd_str() const { return io_str(h); }
+  std::vector<int64_t> dense_str() const { return {h * s * d, s * d, d, 1}; }  // workspace / virtual
   // O and dO [b, h, s, d]. Rows: [s*b, h*d] in (s, b) order, O[i,j,t,e] at ((t*b + i)*h + j)*d + e.
   std::vector<int64_t> o_str() const { return o_rows ? std::vector<int64_t>{h * d, d, b * h * d, 1} : bhsd_str(); }
   std::vector<int64_t> kv() const { return {b, hk, s, d}; }
-  std::vector<int64_t> kv_str() const { return {hk * s * d, s * d, d, 1}; }
+  std::vector<int64_t> kv_str() const { return io_str(hk); }
   // K or V memory seen transposed: [b, hk, d, s].
   std::vector<int64_t> kvT() const { return {b, hk, d, s}; }
-  std::vector<int64_t> kvT_str() const { return {hk * s * d, s * d, 1, d}; }
+  std::vector<int64_t> kvT_str() const {
+    const std::vector<int64_t> t = io_str(hk);
+    return {t[0], t[1], t[3], t[2]};
+  }
   std::vector<int64_t> ss() const { return {b, h, s, s}; }
   std::vector<int64_t> ss_str() const { return {h * s * s, s * s, s, 1}; }
   std::vector<int64_t> ssT_str() const { return {h * s * s, s * s, 1, s}; }
   std::vector<int64_t> row() const { return {b, h, s, 1}; }
-  std::vector<int64_t> row_str() const { return {h * s, s, 1, 1}; }
+  std::vector<int64_t> row_str() const {  // Stats
+    switch (ragged) {
+      case VarlenLayout::Heads: return {h * len, len, 1, 1};
+      case VarlenLayout::Tokens: return {s * h, 1, h, 1};
+      default: return {h * s, s, 1, 1};
+    }
+  }
+  std::vector<int64_t> dense_row_str() const { return {h * s, s, 1, 1}; }
 };
+
+// The ragged graph's extra inputs (empty tensors for a plain graph): document lengths (the
+// matmuls' per-batch extents and the padding mask) and ragged offsets in elements.
+struct Varlen {
+  Tensor seq_q, seq_kv, q_off, k_off, stats_off, pad_val;
+  bool on() const { return seq_q.d != nullptr; }
+};
+
+Varlen varlen_inputs(GraphBuilder& g, const Dims& n) {
+  if (n.ragged == VarlenLayout::None) return {};
+  return {g.ints(kSeqQ, n.b),       g.ints(kSeqKV, n.b),         g.ints(kQOff, n.b + 1),
+          g.ints(kKOff, n.b + 1),   g.ints(kStatsOff, n.b + 1), g.scalar(kPadVal)};
+}
+
+// S = select(S, pad value, row < seq_q && col < seq_kv): the padding mask of a ragged graph,
+// as the fusion engines expect it (before the causal mask).
+Tensor padding_mask(GraphBuilder& g, const Dims& n, Tensor s, const Varlen& vl, const char* tag) {
+  const Tensor row = g.virt(CUDNN_DATA_INT32, n.ss(), n.ss_str()), col = g.virt(CUDNN_DATA_INT32, n.ss(), n.ss_str());
+  g.pointwise(tag, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, nullptr, nullptr, row, 2);
+  g.pointwise(tag, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, nullptr, nullptr, col, 3);
+  const Tensor rk = g.virt(CUDNN_DATA_BOOLEAN, n.ss(), n.ss_str()), ck = g.virt(CUDNN_DATA_BOOLEAN, n.ss(), n.ss_str());
+  g.pointwise(tag, CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, row, &vl.seq_q, nullptr, rk);
+  g.pointwise(tag, CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, col, &vl.seq_kv, nullptr, ck);
+  const Tensor keep = g.virt(CUDNN_DATA_BOOLEAN, n.ss(), n.ss_str());
+  g.pointwise(tag, CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, rk, &ck, nullptr, keep);
+  const Tensor out = g.virt(CUDNN_DATA_FLOAT, n.ss(), n.ss_str());
+  g.pointwise(tag, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s, &vl.pad_val, &keep, out);
+  return out;
+}
 
 // S = select(S, mask value, row >= col): the causal mask as the fusion engines expect it.
 Tensor causal_mask(GraphBuilder& g, const Dims& n, Tensor s, Tensor mask_val) {
@@ -198,23 +279,26 @@ Tensor causal_mask(GraphBuilder& g, const Dims& n, Tensor s, Tensor mask_val) {
   return out;
 }
 
-// scale * Q Kᵀ, causally masked: shared by both directions.
-Tensor scores(GraphBuilder& g, const Dims& n, bool causal, Tensor q, Tensor kT, Tensor scale, Tensor mask_val) {
+// scale * Q Kᵀ, padding-masked (ragged) and causally masked: shared by both directions.
+Tensor scores(GraphBuilder& g, const Dims& n, bool causal, Tensor q, Tensor kT, Tensor scale, Tensor mask_val,
+              const Varlen& vl) {
   const Tensor s0 = g.virt(CUDNN_DATA_FLOAT, n.ss(), n.ss_str()), s1 = g.virt(CUDNN_DATA_FLOAT, n.ss(), n.ss_str());
-  g.matmul("matmul_Q_KT", q, kT, s0);
+  g.matmul("matmul_Q_KT", q, kT, s0, vl.on() ? &vl.seq_q : nullptr, vl.on() ? &vl.seq_kv : nullptr);
   g.pointwise("mul_scale", CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s0, &scale, nullptr, s1);
-  return causal ? causal_mask(g, n, s1, mask_val) : s1;
+  const Tensor s2 = vl.on() ? padding_mask(g, n, s1, vl, "padding_mask") : s1;
+  return causal ? causal_mask(g, n, s2, mask_val) : s2;
 }
 
 void build_forward(GraphBuilder& g, const Dims& n, bool causal, cudnnDataType_t p_type) {
-  const Tensor q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
-  const Tensor kT = g.tensor(kK, CUDNN_DATA_BFLOAT16, n.kvT(), n.kvT_str(), false);
-  const Tensor v = g.tensor(kV, CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str(), false);
-  const Tensor o = g.tensor(kO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.o_str(), false);
-  const Tensor stats = g.tensor(kStats, CUDNN_DATA_FLOAT, n.row(), n.row_str(), false);
+  const Varlen vl = varlen_inputs(g, n);
+  const Tensor q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false, false, &vl.q_off);
+  const Tensor kT = g.tensor(kK, CUDNN_DATA_BFLOAT16, n.kvT(), n.kvT_str(), false, false, &vl.k_off);
+  const Tensor v = g.tensor(kV, CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str(), false, false, &vl.k_off);
+  const Tensor o = g.tensor(kO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.o_str(), false, false, &vl.q_off);
+  const Tensor stats = g.tensor(kStats, CUDNN_DATA_FLOAT, n.row(), n.row_str(), false, false, &vl.stats_off);
   const Tensor scale = g.scalar(kScale);
   const Tensor mask_val = causal ? g.scalar(kMaskVal) : Tensor{};
-  const Tensor s = scores(g, n, causal, q, kT, scale, mask_val);
+  const Tensor s = scores(g, n, causal, q, kT, scale, mask_val, vl);
   auto full = [&] { return g.virt(CUDNN_DATA_FLOAT, n.ss(), n.ss_str()); };
   auto rows = [&] { return g.virt(CUDNN_DATA_FLOAT, n.row(), n.row_str()); };
   const Tensor m = rows(), z = full(), e = full(), sum = rows(), lg = rows();
@@ -226,31 +310,37 @@ void build_forward(GraphBuilder& g, const Dims& n, bool causal, cudnnDataType_t 
   g.pointwise("log", CUDNN_POINTWISE_LOG, CUDNN_DATA_FLOAT, sum, nullptr, nullptr, lg);
   g.pointwise("stats", CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, m, &lg, nullptr, stats);
   g.pointwise("div_sum", CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, e, &sum, nullptr, p);
-  g.matmul("matmul_P_V", p, v, o);
+  g.matmul("matmul_P_V", p, v, o, vl.on() ? &vl.seq_q : nullptr, nullptr, vl.on() ? &vl.seq_kv : nullptr);
 }
 
 // dX = matmul(a, b) written to `out` [b, hk, s, d]; with GQA through a per-query-head [b, hq,
 // s, d] virtual product summed over each group.
-void grad_kv(GraphBuilder& g, const Dims& n, const char* name, Tensor a, Tensor b, Tensor out) {
+// Ragged: m = the key lengths, k = the query lengths.
+void grad_kv(GraphBuilder& g, const Dims& n, const char* name, Tensor a, Tensor b, Tensor out, const Varlen& vl) {
+  const Tensor* m = vl.on() ? &vl.seq_kv : nullptr;
+  const Tensor* k = vl.on() ? &vl.seq_q : nullptr;
   if (n.h == n.hk) {
-    g.matmul(name, a, b, out);
+    g.matmul(name, a, b, out, m, nullptr, k);
     return;
   }
-  const Tensor full = g.virt(CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str());
-  g.matmul(name, a, b, full);
+  const Tensor full = g.virt(CUDNN_DATA_BFLOAT16, n.bhsd(), n.dense_str());
+  g.matmul(name, a, b, full, m, nullptr, k);
   g.reduction("sum_group_heads", CUDNN_REDUCE_TENSOR_ADD, full, out);
 }
 
 void build_backward(GraphBuilder& g, const Dims& n, bool causal, bool deterministic, bool sum_in_workspace) {
-  const Tensor q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
-  const Tensor kT = g.tensor(kK, CUDNN_DATA_BFLOAT16, n.kvT(), n.kvT_str(), false);
-  const Tensor vT = g.tensor(kV, CUDNN_DATA_BFLOAT16, n.kvT(), n.kvT_str(), false);
-  const Tensor o = g.tensor(kO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.o_str(), false);
-  const Tensor dO = g.tensor(kDO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.o_str(), false);
-  const Tensor stats = g.tensor(kStats, CUDNN_DATA_FLOAT, n.row(), n.row_str(), false);
-  const Tensor dQ = g.tensor(kDQ, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false);
-  const Tensor dK = g.tensor(kDK, CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str(), false);
-  const Tensor dV = g.tensor(kDV, CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str(), false);
+  const Varlen vl = varlen_inputs(g, n);
+  const Tensor* qo = &vl.q_off;
+  const Tensor* ko = &vl.k_off;
+  const Tensor q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false, false, qo);
+  const Tensor kT = g.tensor(kK, CUDNN_DATA_BFLOAT16, n.kvT(), n.kvT_str(), false, false, ko);
+  const Tensor vT = g.tensor(kV, CUDNN_DATA_BFLOAT16, n.kvT(), n.kvT_str(), false, false, ko);
+  const Tensor o = g.tensor(kO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.o_str(), false, false, qo);
+  const Tensor dO = g.tensor(kDO, CUDNN_DATA_BFLOAT16, n.bhsd(), n.o_str(), false, false, qo);
+  const Tensor stats = g.tensor(kStats, CUDNN_DATA_FLOAT, n.row(), n.row_str(), false, false, &vl.stats_off);
+  const Tensor dQ = g.tensor(kDQ, CUDNN_DATA_BFLOAT16, n.bhsd(), n.bhsd_str(), false, false, qo);
+  const Tensor dK = g.tensor(kDK, CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str(), false, false, ko);
+  const Tensor dV = g.tensor(kDV, CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str(), false, false, ko);
   const Tensor scale = g.scalar(kScale), one = g.scalar(kOne);
   const Tensor mask_val = causal ? g.scalar(kMaskVal) : Tensor{};
   auto full = [&] { return g.virt(CUDNN_DATA_FLOAT, n.ss(), n.ss_str()); };
@@ -258,38 +348,45 @@ void build_backward(GraphBuilder& g, const Dims& n, bool causal, bool determinis
   // softmax_sum = rowsum(dO * O): the delta term of dS = P * (dP - delta). The product takes
   // dO's strides, as the frontend infers them.
   const Tensor dOO = g.virt(CUDNN_DATA_FLOAT, n.bhsd(), n.o_str());
-  const Tensor rsum = g.virt(CUDNN_DATA_FLOAT, n.row(), n.row_str());
-  const Tensor softmax_sum = sum_in_workspace ? g.tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, n.row(), n.row_str(), false)
-                                              : g.virt(CUDNN_DATA_FLOAT, n.row(), n.row_str());
+  const Tensor rsum = g.virt(CUDNN_DATA_FLOAT, n.row(), n.dense_row_str());
+  const Tensor softmax_sum = sum_in_workspace
+                                 ? g.tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, n.row(), n.dense_row_str(), false)
+                                 : g.virt(CUDNN_DATA_FLOAT, n.row(), n.dense_row_str());
   g.pointwise("mul_dO_O", CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dO, &o, nullptr, dOO);
   g.reduction("sum_dO_O", CUDNN_REDUCE_TENSOR_ADD, dOO, rsum);
   g.pointwise("softmax_sum", CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, rsum, &one, nullptr, softmax_sum);
 
   // P = exp(S - lse); dV = Pᵀ dO.
-  const Tensor s = scores(g, n, causal, q, kT, scale, mask_val);
+  const Tensor s = scores(g, n, causal, q, kT, scale, mask_val, vl);
   const Tensor z = full(), p = full();
   g.pointwise("sub_stats", CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, s, &stats, nullptr, z);
-  g.pointwise("exp_s", CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, z, nullptr, nullptr, p);
+  // Ragged: the padding mask again after the stats are subtracted (cudnn-frontend does the same
+  // for cuDNN 9, where the padded rows' stats would otherwise leak into P).
+  const Tensor zm = vl.on() ? padding_mask(g, n, z, vl, "padding_mask_2") : z;
+  g.pointwise("exp_s", CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, zm, nullptr, nullptr, p);
   const Tensor pT = g.virt(CUDNN_DATA_BFLOAT16, n.ss(), n.ssT_str());
   g.reshape("reshape_P_T", p, pT);
-  grad_kv(g, n, "matmul_PT_dO", pT, dO, dV);
+  grad_kv(g, n, "matmul_PT_dO", pT, dO, dV, vl);
 
   // dS = P * (dO Vᵀ - softmax_sum) * scale; dK = dSᵀ Q; dQ = dS K.
   const Tensor dP = full(), dS0 = full(), dS1 = full(), dS = full();
-  g.matmul("matmul_dO_VT", dO, vT, dP);
+  g.matmul("matmul_dO_VT", dO, vT, dP, vl.on() ? &vl.seq_q : nullptr, vl.on() ? &vl.seq_kv : nullptr);
   g.pointwise("sub_softmax_sum", CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, dP, &softmax_sum, nullptr, dS0);
   g.pointwise("mul_P", CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dS0, &p, nullptr, dS1);
   g.pointwise("mul_dS_scale", CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dS1, &scale, nullptr, dS);
   const Tensor dST = g.virt(CUDNN_DATA_BFLOAT16, n.ss(), n.ssT_str());
   g.reshape("reshape_dS_T", dS, dST);
-  grad_kv(g, n, "matmul_dST_Q", dST, q, dK);
-  const Tensor k = g.virt(CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str());
+  grad_kv(g, n, "matmul_dST_Q", dST, q, dK, vl);
+  // K seen untransposed: a virtual tensor that keeps K's ragged offsets.
+  const Tensor k = g.tensor(g.next_uid(), CUDNN_DATA_BFLOAT16, n.kv(), n.kv_str(), true, false, ko);
   g.reshape("reshape_KT_K", kT, k);
+  const Tensor* mq = vl.on() ? &vl.seq_q : nullptr;
+  const Tensor* kk = vl.on() ? &vl.seq_kv : nullptr;
   if (deterministic) {
-    g.matmul("matmul_dS_K", dS, k, dQ);
+    g.matmul("matmul_dS_K", dS, k, dQ, mq, nullptr, kk);
   } else {
-    const Tensor acc = g.tensor(kDQAccum, CUDNN_DATA_FLOAT, n.bhsd(), n.bhsd_str(), false);
-    g.matmul("matmul_dS_K", dS, k, acc);
+    const Tensor acc = g.tensor(kDQAccum, CUDNN_DATA_FLOAT, n.bhsd(), n.dense_str(), false);
+    g.matmul("matmul_dS_K", dS, k, acc, mq, nullptr, kk);
     g.pointwise("identity_dQ", CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, acc, nullptr, nullptr, dQ);
   }
 }
@@ -301,7 +398,11 @@ struct Key {
   uint32_t scale_bits;
   bool causal, backward, deterministic;
   AttnLayout layout;  // O/dO strides differ, and so may the engine and plan
-  auto tie() const { return std::tie(device, B, Hq, Hkv, S, D, scale_bits, causal, backward, deterministic, layout); }
+  VarlenLayout ragged;  // packed documents: which memory the ragged graph reads (Dims::ragged)
+  int64_t ragged_len;   // and the sample length its strides step over
+  auto tie() const {
+    return std::tie(device, B, Hq, Hkv, S, D, scale_bits, causal, backward, deterministic, layout, ragged, ragged_len);
+  }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -437,27 +538,32 @@ class Registry {
     return handles_[device] = h;
   }
 
-  Plan& plan(const ops::AttentionShape& p, bool backward, bool deterministic, AttnLayout layout) {
+  // ragged != None: p is the ragged graph's view (B documents, S the longest; see Dims::ragged)
+  // of samples of ragged_len tokens.
+  Plan& plan(const ops::AttentionShape& p, bool backward, bool deterministic, AttnLayout layout,
+             VarlenLayout ragged = VarlenLayout::None, int64_t ragged_len = 0) {
     int device = 0;
     MT_CUDA_CHECK(cudaGetDevice(&device));
     uint32_t bits = 0;
     std::memcpy(&bits, &p.scale, sizeof bits);
-    const Key key{device, p.B, p.Hq, p.Hkv, p.S, p.D, bits, p.causal, backward, backward && deterministic, layout};
+    const Key key{device,   p.B,      p.Hq,     p.Hkv,  p.S, p.D, bits, p.causal, backward, backward && deterministic,
+                  layout, ragged, ragged_len};
     auto it = plans_.find(key);
     if (it != plans_.end()) return *it->second;
     auto pl = std::make_unique<Plan>();
-    build(*pl, p, device, backward, key.deterministic, layout);
+    build(*pl, p, device, backward, key.deterministic, layout, ragged, ragged_len);
     return *(plans_[key] = std::move(pl));
   }
 
  private:
-  void build(Plan& pl, const ops::AttentionShape& p, int device, bool backward, bool deterministic, AttnLayout layout) {
+  void build(Plan& pl, const ops::AttentionShape& p, int device, bool backward, bool deterministic, AttnLayout layout,
+             VarlenLayout ragged, int64_t ragged_len) {
     std::string why;
     if (!cudnn_attention_supported(p, &why)) {
       pl.error = why;
       return;
     }
-    const Dims n{p.B, p.Hq, p.Hkv, p.S, p.D, layout == AttnLayout::Rows};
+    const Dims n{p.B, p.Hq, p.Hkv, p.S, p.D, layout == AttnLayout::Rows, ragged, ragged_len};
     // Variant 0 is the graph current cudnn-frontend emits. Variant 1 is its older form (forward:
     // P rounded to bf16 before the PV matmul; backward: softmax_sum virtual), tried when the first
     // is rejected, so that one GPU run covers both and the error lists the reasons for each.
@@ -485,9 +591,10 @@ class Registry {
       }
     }
     if (!errors.empty()) {
-      pl.error = fmt::format("cuDNN {}{} graph for {} (cuDNN {}) cannot be built:{}", backward ? "backward" : "forward",
-                             (deterministic || !backward) ? "" : " (nondeterministic)", shape_str(p, layout), version(),
-                             errors);
+      pl.error = fmt::format("cuDNN {}{}{} graph for {} (cuDNN {}) cannot be built:{}",
+                             ragged == VarlenLayout::None ? "" : fmt::format("ragged ({}) ", varlen_layout_name(ragged)),
+                             backward ? "backward" : "forward", (deterministic || !backward) ? "" : " (nondeterministic)",
+                             shape_str(p, layout), version(), errors);
       return;
     }
     // Workspace: the engine's, then the graph's own non-virtual intermediates (256-aligned).
@@ -506,15 +613,19 @@ class Registry {
     // at S = 32k with 32 heads, more than the card holds beside the model. Above a limit that
     // depends only on the shape and the device (never on free memory, so every run of a config
     // picks the same kernels and keeps its bits), the plan is refused: `auto` runs our flash
-    // kernels, which need no S x S buffer, and `fused` says so by name.
+    // kernels, which need no S x S buffer, and `fused` says so by name. A ragged graph asks the
+    // same over its buckets (documents x Hq x longest² x 2 bytes, whatever the real lengths), so
+    // packed documents keep the deterministic cuDNN backward only while their buckets fit.
     if (backward && deterministic) {
       const int64_t limit = attention_workspace_limit(device);
       if (pl.total_ws > limit)
         pl.error = fmt::format(
-            "the deterministic cuDNN backward for {} needs {:.1f} GiB of workspace (about B*Hq*S*S*2 bytes), above "
+            "the deterministic cuDNN backward for {} needs {:.1f} GiB of workspace (about B*Hq*S*S*2 bytes{}), above "
             "the {:.1f} GiB limit (a quarter of the device's memory, or MT_CUDNN_ATTN_WORKSPACE_LIMIT bytes); use "
             "--attention-backend flash or auto, or --nondeterministic-attention",
-            shape_str(p, layout), static_cast<double>(pl.total_ws) / (1 << 30), static_cast<double>(limit) / (1 << 30));
+            shape_str(p, layout), static_cast<double>(pl.total_ws) / (1 << 30),
+            ragged == VarlenLayout::None ? "" : ", B and S the document buckets",
+            static_cast<double>(limit) / (1 << 30));
     }
   }
 
@@ -576,32 +687,48 @@ std::string cudnn_attention_prepare(const ops::AttentionShape& p, bool backward,
   return r.plan(p, backward, deterministic, layout).error;
 }
 
-void cudnn_attention_forward(const ops::AttentionShape& p, const bf16* q, const bf16* k, const bf16* v, bf16* out,
-                             float* lse, cudaStream_t s, AttnLayout layout) {
-  Registry& r = Registry::get();
-  std::lock_guard<std::mutex> lock(r.mu);
-  const Plan& pl = r.plan(p, false, true, layout);
-  if (!pl.error.empty()) fail("cuDNN attention forward unavailable: {}", pl.error);
+namespace {
+
+// The ragged graph's device inputs for one call: document lengths and offsets (attention_varlen.cu
+// derives them from the device cu_seqlens, in stream order), in a scratch block.
+struct VarlenArgs {
+  Scratch buf;
+  VarlenArgs(const ops::AttentionShape& p, const VarlenBuckets& vb, VarlenLayout layout, cudaStream_t s)
+      : buf(static_cast<size_t>(varlen_descriptor_ints(vb.docs)) * sizeof(int32_t), s) {
+    varlen_descriptors(p, vb.docs, layout, buf.as<int32_t>(), s);
+  }
+  void add(std::vector<int64_t>& uids, std::vector<void*>& ptrs, int64_t docs, float* pad) {
+    int32_t* b = buf.as<int32_t>();
+    // Layout of varlen_descriptors: lengths [docs], q, k and stats offsets [docs + 1] each.
+    for (auto [uid, ptr] : {std::pair<int64_t, void*>{kSeqQ, b}, {kSeqKV, b}, {kQOff, b + docs},
+                            {kKOff, b + 2 * docs + 1}, {kStatsOff, b + 3 * docs + 2}, {kPadVal, pad}})
+      uids.push_back(uid), ptrs.push_back(ptr);
+  }
+};
+
+// The value padded scores take (cudnn-frontend's choice for the padding mask).
+float pad_value() { return std::numeric_limits<float>::lowest(); }
+
+// One forward or backward launch on an already built plan; `ragged` adds the documents' inputs.
+void run_forward(Registry& r, const Plan& pl, const ops::AttentionShape& p, const bf16* q, const bf16* k,
+                 const bf16* v, bf16* out, float* lse, cudaStream_t s, VarlenArgs* ragged, int64_t docs) {
   int device = 0;
   MT_CUDA_CHECK(cudaGetDevice(&device));
-  float scale = p.scale, mask = mask_value();
+  float scale = p.scale, mask = mask_value(), pad = pad_value();
   Scratch ws(static_cast<size_t>(pl.total_ws), s);
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
   std::vector<void*> ptrs{const_cast<bf16*>(q), const_cast<bf16*>(k), const_cast<bf16*>(v), out, lse, &scale};
   if (p.causal) uids.push_back(kMaskVal), ptrs.push_back(&mask);
+  if (ragged) ragged->add(uids, ptrs, docs, &pad);
   execute(pl, r.handle(device), std::move(uids), std::move(ptrs), ws.as<char>(), s, "attention forward execute");
 }
 
-void cudnn_attention_backward(const ops::AttentionShape& p, const bf16* q, const bf16* k, const bf16* v,
-                              const bf16* out, const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv,
-                              cudaStream_t s, bool deterministic, AttnLayout layout) {
-  Registry& r = Registry::get();
-  std::lock_guard<std::mutex> lock(r.mu);
-  const Plan& pl = r.plan(p, true, deterministic, layout);
-  if (!pl.error.empty()) fail("cuDNN attention backward unavailable: {}", pl.error);
+void run_backward(Registry& r, const Plan& pl, const ops::AttentionShape& p, const bf16* q, const bf16* k,
+                  const bf16* v, const bf16* out, const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv,
+                  cudaStream_t s, VarlenArgs* ragged, int64_t docs) {
   int device = 0;
   MT_CUDA_CHECK(cudaGetDevice(&device));
-  float scale = p.scale, one = 1.f, mask = mask_value();
+  float scale = p.scale, one = 1.f, mask = mask_value(), pad = pad_value();
   Scratch ws(static_cast<size_t>(pl.total_ws), s);
   std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne};
   std::vector<void*> ptrs{const_cast<bf16*>(q),
@@ -623,7 +750,144 @@ void cudnn_attention_backward(const ops::AttentionShape& p, const bf16* q, const
       MT_CUDA_CHECK(cudaMemsetAsync(ws.as<char>() + pl.dq_accum_off, 0, static_cast<size_t>(pl.dq_accum_bytes), s));
     uids.push_back(kDQAccum), ptrs.push_back(ws.as<char>() + pl.dq_accum_off);
   }
+  if (ragged) ragged->add(uids, ptrs, docs, &pad);
   execute(pl, r.handle(device), std::move(uids), std::move(ptrs), ws.as<char>(), s, "attention backward execute");
+}
+
+}  // namespace
+
+void cudnn_attention_forward(const ops::AttentionShape& p, const bf16* q, const bf16* k, const bf16* v, bf16* out,
+                             float* lse, cudaStream_t s, AttnLayout layout) {
+  Registry& r = Registry::get();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const Plan& pl = r.plan(p, false, true, layout);
+  if (!pl.error.empty()) fail("cuDNN attention forward unavailable: {}", pl.error);
+  run_forward(r, pl, p, q, k, v, out, lse, s, nullptr, 0);
+}
+
+void cudnn_attention_backward(const ops::AttentionShape& p, const bf16* q, const bf16* k, const bf16* v,
+                              const bf16* out, const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv,
+                              cudaStream_t s, bool deterministic, AttnLayout layout) {
+  Registry& r = Registry::get();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const Plan& pl = r.plan(p, true, deterministic, layout);
+  if (!pl.error.empty()) fail("cuDNN attention backward unavailable: {}", pl.error);
+  run_backward(r, pl, p, q, k, v, out, lse, dout, dq, dk, dv, s, nullptr, 0);
+}
+
+namespace {
+
+// The ragged plan of one call and direction: the forced layout (set_varlen_layout), else Heads
+// where it builds, else Tokens. Null with `err` set when none builds. Caller holds r.mu.
+Plan* varlen_plan(Registry& r, const ops::AttentionShape& p, bool backward, bool deterministic, VarlenLayout* chosen,
+                  std::string* err) {
+  std::string why;
+  if (!cudnn_varlen_supported(p, &why)) {
+    *err = why;
+    return nullptr;
+  }
+  const ops::AttentionShape c = varlen_view(p, varlen_buckets(p));
+  const VarlenLayout forced = varlen_layout();
+  err->clear();
+  for (VarlenLayout l : {VarlenLayout::Heads, VarlenLayout::Tokens}) {
+    if (forced != VarlenLayout::None && l != forced) continue;
+    Plan& pl = r.plan(c, backward, deterministic, AttnLayout::Heads, l, p.S);
+    if (pl.error.empty()) {
+      if (chosen) *chosen = l;
+      return &pl;
+    }
+    *err += (err->empty() ? "" : " / ") + pl.error;
+  }
+  return nullptr;
+}
+
+// One packed-document call: the registry lock, the chosen layout's plan, the ragged inputs, and
+// (Tokens) the token-major copies of its tensors in stream-ordered scratch.
+class VarlenCall {
+ public:
+  VarlenCall(const ops::AttentionShape& p, bool backward, bool deterministic, cudaStream_t s)
+      : p_(p),
+        s_(s),
+        lock_(r_.mu),
+        pl_(find(backward, deterministic)),
+        vb_(varlen_buckets(p)),
+        view_(varlen_view(p, vb_)),
+        args_(p, vb_, layout_, s) {}
+  bool tokens() const { return layout_ == VarlenLayout::Tokens; }
+  // Heads: x itself. Tokens: a token-major copy of x (bf16 [B,H,S,D], or fp32 lse [B,H,S]),
+  // filled from x when it is an input.
+  template <typename T>
+  T* in(const T* x, int64_t heads, bool input = true) {
+    if (!tokens()) return const_cast<T*>(x);
+    T* t = copies_.emplace_back(static_cast<size_t>(p_.B * heads * p_.S * row<T>()), s_).template as<T>();
+    if (input) varlen_transpose(x, t, p_.B, heads, p_.S, row<T>(), true, s_);
+    return t;
+  }
+  // Tokens: the result `t` back into our layout at x.
+  template <typename T>
+  void out(const T* t, T* x, int64_t heads) {
+    if (tokens()) varlen_transpose(t, x, p_.B, heads, p_.S, row<T>(), false, s_);
+  }
+  Registry& r() { return r_; }
+  const Plan& plan() const { return *pl_; }
+  const ops::AttentionShape& view() const { return view_; }
+  VarlenArgs* args() { return &args_; }
+  int64_t docs() const { return vb_.docs; }
+
+ private:
+  template <typename T>
+  int64_t row() const {
+    return std::is_same_v<T, float> ? 4 : p_.D * static_cast<int64_t>(sizeof(T));
+  }
+  const Plan* find(bool backward, bool deterministic) {
+    std::string err;
+    const Plan* pl = varlen_plan(r_, p_, backward, deterministic, &layout_, &err);
+    if (!pl) fail("cuDNN packed-document attention {} unavailable: {}", backward ? "backward" : "forward", err);
+    return pl;
+  }
+  const ops::AttentionShape& p_;
+  cudaStream_t s_;
+  Registry& r_ = Registry::get();
+  std::lock_guard<std::mutex> lock_;
+  VarlenLayout layout_ = VarlenLayout::None;
+  const Plan* pl_;
+  VarlenBuckets vb_;
+  ops::AttentionShape view_;
+  VarlenArgs args_;
+  std::deque<Scratch> copies_;
+};
+
+}  // namespace
+
+std::string cudnn_attention_varlen_prepare(const ops::AttentionShape& p, bool backward, bool deterministic,
+                                           VarlenLayout* chosen) {
+  Registry& r = Registry::get();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::string err;
+  varlen_plan(r, p, backward, deterministic, chosen, &err);
+  return err;
+}
+
+void cudnn_attention_varlen_forward(const ops::AttentionShape& p, const bf16* q, const bf16* k, const bf16* v,
+                                    bf16* out, float* lse, cudaStream_t s) {
+  VarlenCall c(p, false, true, s);
+  bf16* o = c.in<bf16>(out, p.Hq, false);
+  float* l = c.in<float>(lse, p.Hq, false);
+  run_forward(c.r(), c.plan(), c.view(), c.in(q, p.Hq), c.in(k, p.Hkv), c.in(v, p.Hkv), o, l, s, c.args(), c.docs());
+  c.out(o, out, p.Hq);
+  c.out(l, lse, p.Hq);
+}
+
+void cudnn_attention_varlen_backward(const ops::AttentionShape& p, const bf16* q, const bf16* k, const bf16* v,
+                                     const bf16* out, const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv,
+                                     cudaStream_t s, bool deterministic) {
+  VarlenCall c(p, true, deterministic, s);
+  bf16 *gq = c.in<bf16>(dq, p.Hq, false), *gk = c.in<bf16>(dk, p.Hkv, false), *gv = c.in<bf16>(dv, p.Hkv, false);
+  run_backward(c.r(), c.plan(), c.view(), c.in(q, p.Hq), c.in(k, p.Hkv), c.in(v, p.Hkv), c.in(out, p.Hq),
+               c.in(lse, p.Hq), c.in(dout, p.Hq), gq, gk, gv, s, c.args(), c.docs());
+  c.out(gq, dq, p.Hq);
+  c.out(gk, dk, p.Hkv);
+  c.out(gv, dv, p.Hkv);
 }
 
 }  // namespace mt::cuda

@@ -246,6 +246,10 @@ void attention_forward(const ops::AttentionShape& p, const T* q, const nd<T>* k,
       cudnn_attention_forward(p, q, k, v, out, lse, s);
       return;
     }
+    if (ranged && attention_use_cudnn_varlen(p, false, ptrs, 5)) {  // packed documents on cuDNN
+      cudnn_attention_varlen_forward(p, q, k, v, out, lse, s);
+      return;
+    }
     if ((ranged && p.dropout_p > 0.f) || !attention_uses_tensor_cores(p) || !aligned16(q) || !aligned16(k) ||
         !aligned16(v) || !aligned16(out)) {
       attention_forward_generic(p, q, k, v, out, lse, s);
