@@ -227,16 +227,28 @@ __global__ void __launch_bounds__(kVecThreads)
   const int tc = (threadIdx.x % 8) * 8;  // this thread's 8 columns in the tile
   float m = 0.f;
   unsigned clipped = 0;
-  for (int i = threadIdx.x / 8; i < kVecTile; i += kVecThreads / 8) {
+  // All of this thread's loads first (its rows of the tile), then the codes: the loads stay in
+  // flight together whatever the compiler assumes about the loader's pointers and q aliasing.
+  constexpr int kPasses = kVecTile / (kVecThreads / 8);
+  float v[kPasses][8];
+  bool inside[kPasses];
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int64_t r = r0 + threadIdx.x / 8 + p * (kVecThreads / 8), c = c0 + tc;
+    inside[p] = r < R && c < C;  // C % 8 == 0: a vector is wholly inside or outside
+    if (inside[p]) load(r, c, v[p]);
+  }
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    if (!inside[p]) continue;
+    const int i = threadIdx.x / 8 + p * (kVecThreads / 8);
     const int64_t r = r0 + i, c = c0 + tc;
-    if (r >= R || c >= C) continue;  // C % 8 == 0: a vector is wholly inside or outside
-    float v[8];
-    load(r, c, v);
     uint32_t lo = 0, hi = 0;
+#pragma unroll
     for (int k = 0; k < 8; ++k) {
-      m = fmaxf(m, fabsf(v[k]));
-      clipped += fabsf(v[k] * s) > fp8_max;
-      const uint32_t code = __nv_cvt_float_to_fp8(v[k] * s, __NV_SATFINITE, kind);
+      m = fmaxf(m, fabsf(v[p][k]));
+      clipped += fabsf(v[p][k] * s) > fp8_max;
+      const uint32_t code = __nv_cvt_float_to_fp8(v[p][k] * s, __NV_SATFINITE, kind);
       if (k < 4) lo |= code << (8 * k);
       else hi |= code << (8 * (k - 4));
     }
