@@ -256,14 +256,28 @@ __global__ void __launch_bounds__(kVecThreads)
     *reinterpret_cast<uint32_t*>(&tile[i][tc]) = lo;
     *reinterpret_cast<uint32_t*>(&tile[i][tc + 4]) = hi;
   }
+  // One atomic per block, not per warp: a 256 MB gradient is 32768 tiles, and same-address
+  // atomics queue at one L2 slice.
+  __shared__ float block_max[kVecThreads / 32];
+  __shared__ unsigned block_clipped[kVecThreads / 32];
   m = warp_max(m);
   for (int o = 16; o > 0; o >>= 1) clipped += __shfl_xor_sync(0xffffffffu, clipped, o);
   if ((threadIdx.x & 31) == 0) {
-    atomic_max_nonneg(amax, m);
-    if (clipped) atomicAdd(saturated, static_cast<unsigned long long>(clipped));
+    block_max[threadIdx.x / 32] = m;
+    block_clipped[threadIdx.x / 32] = clipped;
+  }
+  __syncthreads();  // also completes the tile for the transposed writes
+  if (threadIdx.x == 0) {
+    float bm = 0.f;
+    unsigned long long bc = 0;
+    for (int w = 0; w < kVecThreads / 32; ++w) {
+      bm = fmaxf(bm, block_max[w]);
+      bc += block_clipped[w];
+    }
+    atomic_max_nonneg(amax, bm);
+    if (bc) atomicAdd(saturated, bc);
   }
   if (!qt) return;
-  __syncthreads();
   // qt [C, R]: tile column cc is a row of qt; each thread writes 8 consecutive rows of x there.
   for (int j = threadIdx.x; j < kVecTile * 8; j += kVecThreads) {
     const int cc = j / 8, rv = (j % 8) * 8;
