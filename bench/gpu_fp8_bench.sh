@@ -7,6 +7,8 @@
 # Expects the build of bench/gpu_bench.sh in $MT_DEVICE_BUILD (or builds megatron there).
 #   MT_BENCH_ITERS   iterations per run (default 20; the median of those after the first 5)
 #   MT_FP8_RECIPES   recipes to run (default "delayed tensorwise"; blockwise runs emulated)
+#   MT_FP8_AB=1      each recipe also with MT_FP8_UNFUSED=1 (the casts without the producer
+#                    fusion, model/fp8.h): the fusion's gain measured on the same machine
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 source bench/llama_1_5b.sh
@@ -61,6 +63,8 @@ for recipe in ${MT_FP8_RECIPES:-delayed tensorwise}; do
   # shellcheck disable=SC2046
   run "fp8-$recipe" $(fp8_args "$recipe")
   if [ "${TOK:-0}" -gt "$best_tok" ]; then best=$recipe; best_tok=$TOK; fi
+  # shellcheck disable=SC2046
+  [ "${MT_FP8_AB:-0}" = 1 ] && MT_FP8_UNFUSED=1 run "fp8-$recipe-unfused" $(fp8_args "$recipe")
 done
 # Where the time goes, bf16 and the faster FP8 recipe (CUDA events cost a few percent: own runs).
 ITERS=$(( ITERS < 12 ? ITERS : 12 ))

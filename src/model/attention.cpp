@@ -241,10 +241,10 @@ void SelfAttention::rotate(Tensor& q, Tensor& k, bool backward, const SequenceLa
 }
 
 Tensor SelfAttention::forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx,
-                              const Tensor* residual) const {
+                              const Tensor* residual, const Tensor* x_amax) const {
   s.x = qkv.keeps_input(x, ctx) ? Tensor() : x;  // else linear_qkv keeps its FP8 codes
   s.seq = ctx.seq;
-  split_qkv(qkv.forward(x, ctx), S, B, s, ctx);
+  split_qkv(qkv.forward(x, ctx, nullptr, x_amax), S, B, s, ctx);
   if (cfg.qk_layernorm) {
     s.q = head_norm_forward(q_norm, s.q, s.qn, ctx);
     s.k = head_norm_forward(k_norm, s.k, s.kn, ctx);

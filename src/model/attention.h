@@ -61,9 +61,10 @@ struct SelfAttention {
   void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const RopeTables* r,
              const TensorParallel* tp = nullptr);
   // x: [S*B, H] with rows in (s, b) order. residual (optional, shaped as the output): added to
-  // linear_proj's output, inside its GEMM where Linear::fuses_residual.
-  Tensor forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx,
-                 const Tensor* residual = nullptr) const;
+  // linear_proj's output, inside its GEMM where Linear::fuses_residual. x_amax: max |x| from x's
+  // producer, for linear_qkv's FP8 cast (Linear::wants_input_amax).
+  Tensor forward(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx, const Tensor* residual = nullptr,
+                 const Tensor* x_amax = nullptr) const;
   Tensor backward(const Tensor& dy, int64_t S, int64_t B, Saved& s, PassContext& ctx) const;
   // RoPE done inside the QKV split and merge (one pass over q and k instead of three) where
   // nothing runs between them and the rotation: no --qk-layernorm, whole groups per rank.

@@ -108,21 +108,65 @@ struct Fp8Linear {
   // outputs in the activation type. Used for x on the GPU under the per-tensor recipes, with every
   // GEMM dimension (rows, in, out) a multiple of 16 (cuBLASLt's FP8 rule); else the emulation.
   bool real_gemms(const Tensor& x, const Tensor& w) const;
+  // Whether the real-GEMM path will cast an operand of `rows` rows on device `d` under current
+  // scaling with a fresh amax, which the operand's producer can then compute in its own pass
+  // (fp8_producer_amax): the forward's input (not in a recomputation, which reuses the first
+  // run's scale), or with `grad` the output gradient of the backward that is due.
+  bool takes_producer_amax(int64_t rows, Device d, const Tensor& w, const PassContext& ctx, bool grad) const;
+  // Delayed scaling's producer fusion: the operand's producer writes its FP8 codes itself (the
+  // scale comes from the amax history, known before the tensor exists), joining its amax and
+  // clipped count into the state, and the operand is never stored in the activation type.
+  struct ProducerCast {
+    Tensor scale, amax, saturated;  // the state's: the producer reads, max-joins (zeroed), adds to
+    Fp8Format format = Fp8Format::E4M3;
+    DType dtype = DType::BF16;      // the activation type (of the GEMMs' outputs)
+    Tensor q, qt;                   // U8 [rows, cols] and, where a GEMM reads it, [cols, rows]
+  };
+  // Whether the producer casts: the forward's input (a first training forward that keeps the
+  // transposed codes: nothing else reads the tensor), or with `grad` the due backward's output
+  // gradient (with FP8 wgrad).
+  bool producer_casts(int64_t rows, Device d, const Tensor& w, const PassContext& ctx, bool grad) const;
+  // Where the producer writes, and with which scale: an operand [rows, cols].
+  ProducerCast producer_cast(int64_t rows, int64_t cols, DType dtype, bool grad) const;
   // y = x w^T (+ residual, in the GEMM's epilogue). x is cast once, row-major for this GEMM and,
-  // with keep_x_t, transposed for the weight gradient (kept instead of the caller's x).
-  Tensor gemm_forward(const Tensor& x, const Tensor& w, const Tensor* residual, bool keep_x_t,
-                      PassContext& ctx) const;
+  // with keep_x_t, transposed for the weight gradient (kept instead of the caller's x). x_amax:
+  // max |x| from x's producer (takes_producer_amax), consumed; else the cast finds it itself.
+  // pc: x's codes as its producer wrote them (producer_cast; x is then not read).
+  Tensor gemm_forward(const Tensor& x, const Tensor& w, const Tensor* residual, bool keep_x_t, PassContext& ctx,
+                      const Tensor* x_amax = nullptr, const ProducerCast* pc = nullptr) const;
   // Whether the oldest forward whose backward is due ran gemm_forward.
   bool backward_is_real() const { return state && !state->saved.empty(); }
   // dx = dy w and dw (+)= dy^T x (fp32, accumulate_dw: beta 1). x: the forward's input, read only
   // where the forward kept no transposed codes (or with --no-fp8-wgrad).
+  // dy_amax, pc: dy's amax or codes from its producer, as gemm_forward's.
   Tensor gemm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, bool accumulate_dw,
-                       PassContext& ctx) const;
+                       PassContext& ctx, const Tensor* dy_amax = nullptr, const ProducerCast* pc = nullptr) const;
 
  private:
   // The weight's codes for this pass (cached per optimizer step in training) and their scales.
   void weight_codes(const Tensor& w, const PassContext& ctx, Tensor& codes, Tensor& scale, Tensor& scale_inv) const;
 };
+
+// The FP8 producer fusion: the kernels that produce an FP8 linear's operand (RMSNorm for
+// linear_qkv's and linear_fc1's inputs, SwiGLU for linear_fc2's, SwiGLU's backward for
+// linear_fc1's output gradient) do the cast's work in their own pass.
+// - Delayed scaling knows the scale before the tensor exists (from the amax history): SwiGLU and
+//   its backward write the FP8 codes, row-major and transposed, and the amax and clipped count,
+//   and the tensor is never stored in bf16 (Fp8Linear::producer_cast). RMSNorm does not: its
+//   one-warp-per-row kernel has no tile of rows to transpose.
+// - Current (tensorwise) scaling needs the amax of the whole tensor before its first code, which
+//   cost a pass of its own over the bf16 tensor: the producers compute it in the pass that writes
+//   the tensor (a max per warp, one atomicMax on a device float) and the cast reads the tensor
+//   once (Fp8Linear::takes_producer_amax). Why not the codes too: the scale depends on every
+//   element, known only when the whole grid is done; the codes would have to wait on chip for a
+//   grid-wide barrier (a cooperative launch holding the whole tensor in registers and shared
+//   memory: not for tensors of hundreds of MB), so the second read stays.
+// The codes, amaxes and scales are the unfused path's bit for bit. On by default; MT_FP8_UNFUSED=1
+// in the environment or set_fp8_producer_amax(false) (tests) runs every cast unfused.
+bool fp8_producer_amax();
+void set_fp8_producer_amax(bool on);
+// The casts that took their amax or their codes from a producer, since the process started (tests).
+int64_t fp8_producer_fusions();
 
 // FP8's health over a log interval: the elements clipped to the formats' max (scales too large:
 // a saturating recipe) and the range of the per-tensor scales (a huge one: FP8's range wasted on

@@ -7,11 +7,16 @@
 //   wgrad    dw [out, in]   = dy^T [out, rows] . x^T [in, rows]^T (both transposed)
 // The scales follow the emulation's rules exactly (same ops on the same state): delayed casts with
 // the state's scale and updates history and scale afterwards from the amax the cast computed;
-// tensorwise takes the amax first (a pass of its own), then its scale, then casts. Everything stays
-// on the device: scales, inverses and amaxes are [1] tensors read by the kernels and cuBLASLt.
+// tensorwise takes the amax first (a pass of its own, or from the tensor's producer: model/fp8.h,
+// fp8_producer_amax), then its scale, then casts. Everything stays on the device: scales,
+// inverses and amaxes are [1] tensors read by the kernels and cuBLASLt.
 // Memory: the weight's codes (1 byte a parameter) are cached for the optimizer step; its transpose
 // is cast again in each backward (a pass over the weight, freed after the data gradient); the input
 // is kept as transposed codes (1 byte an element) where the caller can drop its own copy.
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "model/fp8.h"
@@ -24,27 +29,49 @@ Tensor scalar(Device d) { return Tensor::empty({1}, DType::F32, d); }
 Tensor codes(int64_t r, int64_t c, Device d) { return Tensor::empty({r, c}, DType::U8, d); }
 Tensor rows2d(const Tensor& x) { return x.view({x.numel() / x.dim(-1), x.dim(-1)}); }
 
+std::atomic<int64_t> producer_fusions{0};
+
+// What follows a cast's kernel: delayed scaling reduces the amax the cast found over TP (and the
+// amax group) and, for a training use, moves history and scale on; `used` / `used_inv` receive
+// the scale the cast used and its inverse.
+void finish_cast(Fp8TensorState& s, Fp8Format fmt, const Fp8Store& store, const Fp8LinearState& l,
+                 const TensorParallel* tp, bool update, Tensor& used, Tensor& used_inv) {
+  const Fp8Config& c = store.config();
+  const bool current = c.recipe == Fp8Recipe::Tensorwise;
+  if (!current) store.reduce_amax(s.amax, tp, l);
+  used = scalar(s.scale.device());
+  used_inv = scalar(s.scale.device());
+  ops::fp8_snapshot_scale(s.scale, used, used_inv);
+  if (!current && update)
+    ops::fp8_delayed_update(s.history, s.scale, s.amax, fp8_max(fmt), static_cast<int>(c.margin), c.amax_max);
+}
+
 // x cast with the recipe's per-tensor scale into q (row-major, skipped if undefined) and qt
 // (transposed, if given); `used` / `used_inv` receive the scale the cast used and its inverse.
 // `update`: a training use, whose amax joins the delayed history (the emulation's per_tensor).
+// given_amax: max |x| already computed by x's producer (current scaling only): it becomes the
+// state's amax (the producer's [1] tensor, not copied), and the cast skips its own amax pass.
 void cast(const Tensor& x, Fp8TensorState& s, Fp8Format fmt, const Fp8Store& store, const Fp8LinearState& l,
-          const TensorParallel* tp, bool update, Tensor& q, Tensor* qt, Tensor& used, Tensor& used_inv) {
+          const TensorParallel* tp, bool update, Tensor& q, Tensor* qt, Tensor& used, Tensor& used_inv,
+          const Tensor* given_amax = nullptr) {
   const Fp8Config& c = store.config();
   const bool current = c.recipe == Fp8Recipe::Tensorwise;
   if (current) {
-    ops::fp8_amax(x, s.amax);
+    if (given_amax) {
+      MT_CHECK(given_amax->numel() == 1 && given_amax->device() == x.device(), "{}: a producer amax of shape {}",
+               l.name, given_amax->shape_str());
+      s.amax = *given_amax;
+      producer_fusions.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      ops::fp8_amax(x, s.amax);
+    }
     store.reduce_amax(s.amax, tp, l);
     ops::fp8_current_scale(s.amax, s.scale, fp8_max(fmt));
   } else {
     s.amax.zero_();  // the cast max-reduces into it
   }
   ops::fp8_cast_transpose(x, s.scale, fmt, q, qt, s.amax, s.saturated);
-  if (!current) store.reduce_amax(s.amax, tp, l);
-  used = scalar(x.device());
-  used_inv = scalar(x.device());
-  ops::fp8_snapshot_scale(s.scale, used, used_inv);
-  if (!current && update)
-    ops::fp8_delayed_update(s.history, s.scale, s.amax, fp8_max(fmt), static_cast<int>(c.margin), c.amax_max);
+  finish_cast(s, fmt, store, l, tp, update, used, used_inv);
 }
 
 // x cast again with a scale already used (a recomputed forward, the backward's transposes): the
@@ -59,13 +86,57 @@ void recast(Fp8LinearState& l, const Tensor& x, const Tensor& scale, Fp8Format f
 
 bool mult16(int64_t v) { return v > 0 && v % 16 == 0; }
 
+// MT_FP8_UNFUSED=1: every cast finds its amax itself (the A/B switch of the producer fusion).
+std::atomic<bool> producer_amax_on{[] {
+  const char* e = std::getenv("MT_FP8_UNFUSED");
+  return !(e && *e && std::string(e) != "0");
+}()};
+
 }  // namespace
+
+bool fp8_producer_amax() { return producer_amax_on.load(std::memory_order_relaxed); }
+void set_fp8_producer_amax(bool on) { producer_amax_on.store(on, std::memory_order_relaxed); }
+int64_t fp8_producer_fusions() { return producer_fusions.load(std::memory_order_relaxed); }
 
 bool Fp8Linear::real_gemms(const Tensor& x, const Tensor& w) const {
   if (!on() || store->config().recipe == Fp8Recipe::Blockwise) return false;
   if (x.device() != Device::CUDA && !store->real_gemms_on_cpu) return false;
   return w.ndim() == 2 && mult16(w.dim(0)) && mult16(w.dim(1)) && x.dim(-1) == w.dim(1) &&
          mult16(x.numel() / x.dim(-1));
+}
+
+bool Fp8Linear::takes_producer_amax(int64_t rows, Device d, const Tensor& w, const PassContext& ctx, bool grad) const {
+  if (!on() || !fp8_producer_amax() || store->config().recipe != Fp8Recipe::Tensorwise) return false;
+  if (grad) return backward_is_real();  // the forward ran the real GEMMs: so does its backward
+  if (ctx.recomputing || (d != Device::CUDA && !store->real_gemms_on_cpu)) return false;
+  return w.ndim() == 2 && mult16(w.dim(0)) && mult16(w.dim(1)) && mult16(rows);
+}
+
+bool Fp8Linear::producer_casts(int64_t rows, Device d, const Tensor& w, const PassContext& ctx, bool grad) const {
+  // Without FP8 wgrad the weight gradient reads the operands in the activation type: no codes only.
+  if (!on() || !fp8_producer_amax() || store->config().recipe != Fp8Recipe::Delayed || !store->config().wgrad)
+    return false;
+  if (grad) return backward_is_real();
+  if (!ctx.training || ctx.recomputing || (d != Device::CUDA && !store->real_gemms_on_cpu)) return false;
+  return w.ndim() == 2 && mult16(w.dim(0)) && mult16(w.dim(1)) && mult16(rows);
+}
+
+Fp8Linear::ProducerCast Fp8Linear::producer_cast(int64_t rows, int64_t cols, DType dtype, bool grad) const {
+  const Fp8Config& c = store->config();
+  Fp8TensorState& s = grad ? state->grad : state->input;
+  s.amax.zero_();  // the producer max-reduces into it
+  const Device d = s.scale.device();
+  ProducerCast pc;
+  pc.scale = s.scale;
+  pc.amax = s.amax;
+  pc.saturated = s.saturated;
+  pc.format = grad ? c.grad_format() : c.forward_format();
+  pc.dtype = dtype;
+  pc.q = codes(rows, cols, d);
+  // The forward's input is kept as transposed codes for the weight gradient; the output
+  // gradient's transpose is that GEMM's other operand.
+  if (!grad || c.wgrad) pc.qt = codes(cols, rows, d);
+  return pc;
 }
 
 void Fp8Linear::weight_codes(const Tensor& w, const PassContext& ctx, Tensor& q, Tensor& scale,
@@ -89,18 +160,27 @@ void Fp8Linear::weight_codes(const Tensor& w, const PassContext& ctx, Tensor& q,
 }
 
 Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* residual, bool keep_x_t,
-                               PassContext& ctx) const {
+                               PassContext& ctx, const Tensor* x_amax, const ProducerCast* pc) const {
   const Fp8Config& c = store->config();
   const Fp8Format ff = c.forward_format();
-  const Tensor x2 = rows2d(x);
-  const int64_t rows = x2.dim(0), in = x2.dim(1), out = w.dim(0);
-  MT_CHECK(w.dim(1) == in, "{}: an FP8 GEMM of input {} and weight {}", state->name, x.shape_str(), w.shape_str());
-  const Device dev = x.device();
-  Tensor q = codes(rows, in, dev), x_t = keep_x_t ? codes(in, rows, dev) : Tensor();
+  MT_CHECK(!pc || (ctx.training && !ctx.recomputing && keep_x_t && pc->qt.defined()),
+           "{}: producer codes outside a first training forward that keeps them", state->name);
+  const Tensor x2 = pc ? Tensor() : rows2d(x);
+  const int64_t rows = pc ? pc->q.dim(0) : x2.dim(0), in = pc ? pc->q.dim(1) : x2.dim(1), out = w.dim(0);
+  MT_CHECK(w.dim(1) == in, "{}: an FP8 GEMM of input [{}, {}] and weight {}", state->name, rows, in, w.shape_str());
+  const Device dev = pc ? pc->q.device() : x.device();
+  Tensor q = pc ? pc->q : codes(rows, in, dev);
+  Tensor x_t = pc ? pc->qt : keep_x_t ? codes(in, rows, dev) : Tensor();
   Tensor x_scale_inv, wq, w_scale, w_scale_inv;
   {
     ScopedOpTimer t(ctx.times, &OpTimes::fp8_cast);
-    if (ctx.recomputing) {
+    if (pc) {
+      // The producer cast with the state's scale: what cast() does after its kernel.
+      Tensor used;
+      finish_cast(state->input, ff, *store, *state, tp, true, used, x_scale_inv);
+      state->saved.push_back(Fp8Saved{used, x_scale_inv, x_t});
+      producer_fusions.fetch_add(1, std::memory_order_relaxed);
+    } else if (ctx.recomputing) {
       // The re-run of a forward whose backward comes next: the first run's scale, and now (if
       // asked) the transposed codes that the first run, inside a recomputed group, did not keep.
       MT_CHECK(!state->saved.empty(), "{}: an FP8 recomputation without its first forward", state->name);
@@ -110,13 +190,14 @@ Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* r
       x_scale_inv = e.scale_inv;
     } else {
       Tensor used;
-      cast(x2, state->input, ff, *store, *state, tp, ctx.training, q, keep_x_t ? &x_t : nullptr, used, x_scale_inv);
+      cast(x2, state->input, ff, *store, *state, tp, ctx.training, q, keep_x_t ? &x_t : nullptr, used, x_scale_inv,
+           x_amax);
       if (ctx.training) state->saved.push_back(Fp8Saved{used, x_scale_inv, x_t});
     }
     weight_codes(w, ctx, wq, w_scale, w_scale_inv);
   }
   ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-  Tensor y = Tensor::empty({rows, out}, x.dtype(), dev);
+  Tensor y = Tensor::empty({rows, out}, pc ? pc->dtype : x.dtype(), dev);
   // Fast accumulation in the forward only, as Transformer Engine's recipes (the gradients'
   // GEMMs promote their partial sums to fp32).
   ops::fp8_gemm_into(q, ff, x_scale_inv, wq, ff, w_scale_inv, residual, y, true);
@@ -124,27 +205,36 @@ Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* r
 }
 
 Tensor Fp8Linear::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, bool accumulate_dw,
-                                PassContext& ctx) const {
+                                PassContext& ctx, const Tensor* dy_amax, const ProducerCast* pc) const {
   const Fp8Config& c = store->config();
   const Fp8Format ff = c.forward_format(), gf = c.grad_format();
   MT_CHECK(!state->saved.empty(), "{}: an FP8 backward without its forward", state->name);
   const Fp8Saved e = std::move(state->saved.front());
   state->saved.pop_front();
-  const Tensor dy2 = rows2d(dy);
-  const int64_t rows = dy2.dim(0), out = dy2.dim(1), in = w.dim(1);
-  MT_CHECK(w.dim(0) == out, "{}: an FP8 backward of gradient {} and weight {}", state->name, dy.shape_str(),
+  MT_CHECK(!pc || (c.wgrad && pc->qt.defined()), "{}: producer codes of the gradient without FP8 wgrad",
+           state->name);
+  const Tensor dy2 = pc ? Tensor() : rows2d(dy);
+  const int64_t rows = pc ? pc->q.dim(0) : dy2.dim(0), out = pc ? pc->q.dim(1) : dy2.dim(1), in = w.dim(1);
+  MT_CHECK(w.dim(0) == out, "{}: an FP8 backward of gradient [{}, {}] and weight {}", state->name, rows, out,
            w.shape_str());
-  const Device dev = dy.device();
-  Tensor dq = codes(rows, out, dev), dq_t = c.wgrad ? codes(out, rows, dev) : Tensor();
+  const Device dev = pc ? pc->q.device() : dy.device();
+  Tensor dq = pc ? pc->q : codes(rows, out, dev);
+  Tensor dq_t = pc ? pc->qt : c.wgrad ? codes(out, rows, dev) : Tensor();
   Tensor g_scale, g_scale_inv, wq, w_scale, w_scale_inv, w_t = codes(in, out, dev);
   {
     ScopedOpTimer t(ctx.times, &OpTimes::fp8_cast);
-    cast(dy2, state->grad, gf, *store, *state, tp, true, dq, c.wgrad ? &dq_t : nullptr, g_scale, g_scale_inv);
+    if (pc) {
+      finish_cast(state->grad, gf, *store, *state, tp, true, g_scale, g_scale_inv);
+      producer_fusions.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      cast(dy2, state->grad, gf, *store, *state, tp, true, dq, c.wgrad ? &dq_t : nullptr, g_scale, g_scale_inv,
+           dy_amax);
+    }
     weight_codes(w, ctx, wq, w_scale, w_scale_inv);
     Tensor none;
     recast(*state, w, w_scale, ff, none, &w_t);
   }
-  Tensor dx = Tensor::empty({rows, in}, dy.dtype(), dev);
+  Tensor dx = Tensor::empty({rows, in}, pc ? pc->dtype : dy.dtype(), dev);
   {
     ScopedOpTimer t(ctx.times, &OpTimes::gemm);
     ops::fp8_gemm_into(dq, gf, g_scale_inv, w_t, ff, w_scale_inv, nullptr, dx);

@@ -31,14 +31,14 @@ const Tensor* Linear::forward_bias() const {
   return &bias->value;
 }
 
-Tensor Linear::forward(const Tensor& x, PassContext& ctx, const Tensor* residual) const {
+Tensor Linear::forward(const Tensor& x, PassContext& ctx, const Tensor* residual, const Tensor* x_amax) const {
   MT_CHECK(!residual || fuses_residual(), "Linear::forward: a residual is added only inside a bias-free GEMM without TP");
   ctx.before_use(weight);
   ctx.before_use(bias);
   if (overlaps_comm()) return forward_column_overlapped(x, ctx);
   Tensor xf = input_region().forward(x, ctx.times);
   if (fp8_gemms(x)) {
-    const Tensor y = fp8.gemm_forward(xf, weight->value, residual, keeps_input(x, ctx), ctx);
+    const Tensor y = fp8.gemm_forward(xf, weight->value, residual, keeps_input(x, ctx), ctx, x_amax);
     return output_region().forward(y, ctx.times);
   }
   Tensor w = weight->value;
@@ -53,7 +53,7 @@ Tensor Linear::forward(const Tensor& x, PassContext& ctx, const Tensor* residual
   return output_region().forward(y, ctx.times);
 }
 
-Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx) const {
+Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx, const Tensor* dy_amax) const {
   Tensor dx;
   if (overlaps_comm()) {
     dx = backward_column_overlapped(dy, x, ctx);
@@ -65,7 +65,7 @@ Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx) con
     const Tensor xf = x.defined() ? input_region().forward(x, ctx.times) : Tensor();
     const Tensor dyf = output_region().backward(dy, ctx.times);
     if (fp8.backward_is_real()) {
-      dx = fp8.gemm_backward(dyf, xf, weight->value, weight->grad, weight->take_accumulate(), ctx);
+      dx = fp8.gemm_backward(dyf, xf, weight->value, weight->grad, weight->take_accumulate(), ctx, dy_amax);
       return finish_backward(input_region().backward(dx, ctx.times), ctx);
     }
     MT_CHECK(xf.defined(), "Linear::backward of {} without its input", weight->name);
@@ -83,6 +83,46 @@ Tensor Linear::finish_backward(const Tensor& dx, PassContext& ctx) const {
   if (report_weight_grad) ctx.grad_ready(weight);
   ctx.grad_ready(bias);
   return dx;
+}
+
+bool Linear::wants_input_amax(int64_t rows, Device d, const PassContext& ctx) const {
+  const bool gathered = mode == ParallelMode::Column && tp && tp->sp();
+  return bias == nullptr && !gathered && fp8.takes_producer_amax(rows, d, weight->value, ctx, false);
+}
+
+bool Linear::wants_grad_amax(const PassContext& ctx) const {
+  const bool gathered = mode == ParallelMode::Row && tp && tp->sp();
+  return bias == nullptr && !gathered && !overlaps_comm() &&
+         fp8.takes_producer_amax(0, Device::CPU, weight->value, ctx, true);
+}
+
+bool Linear::wants_input_codes(int64_t rows, Device d, const PassContext& ctx) const {
+  // keeps_input's conditions: the codes replace the input for the weight gradient too.
+  const bool gathered = mode == ParallelMode::Column && tp && tp->sp();
+  return bias == nullptr && !gathered && !ctx.recompute_group && !input_kept_by_caller &&
+         fp8.producer_casts(rows, d, weight->value, ctx, false);
+}
+
+bool Linear::wants_grad_codes(const PassContext& ctx) const {
+  const bool gathered = mode == ParallelMode::Row && tp && tp->sp();
+  return bias == nullptr && !gathered && !overlaps_comm() && fp8.producer_casts(0, Device::CPU, weight->value, ctx, true);
+}
+
+// The input's way in (input_region) is the identity here: wants_input_codes excludes the
+// gathered one. As forward's GPU FP8 path otherwise.
+Tensor Linear::forward_codes(const Fp8Linear::ProducerCast& pc, PassContext& ctx, const Tensor* residual) const {
+  MT_CHECK(!residual || fuses_residual(), "Linear::forward: a residual is added only inside a bias-free GEMM without TP");
+  ctx.before_use(weight);
+  const Tensor y = fp8.gemm_forward(Tensor(), weight->value, residual, true, ctx, nullptr, &pc);
+  return output_region().forward(y, ctx.times);
+}
+
+// The output gradient's way in (output_region's backward) is the identity here (wants_grad_codes).
+Tensor Linear::backward_codes(const Fp8Linear::ProducerCast& pc, const Tensor& x, PassContext& ctx) const {
+  const Tensor xf = x.defined() ? input_region().forward(x, ctx.times) : Tensor();
+  const Tensor dx =
+      fp8.gemm_backward(Tensor(), xf, weight->value, weight->grad, weight->take_accumulate(), ctx, nullptr, &pc);
+  return finish_backward(input_region().backward(dx, ctx.times), ctx);
 }
 
 bool Linear::keeps_input(const Tensor& x, const PassContext& ctx) const {
@@ -156,14 +196,16 @@ void Norm::build(ParamStore& ps, const std::string& prefix, const TransformerCon
   if (bias) bias->sequence_parallel = sp;
 }
 
-Tensor Norm::forward(const Tensor& x, Saved& s, PassContext& ctx) const {
+Tensor Norm::forward(const Tensor& x, Saved& s, PassContext& ctx, Tensor* amax) const {
   ctx.before_use(weight);
   ctx.before_use(bias);
   ScopedOpTimer t(ctx.times, &OpTimes::norm);
   s.x = x;
   s.scale = scale();
-  return rms ? ops::rmsnorm_forward(x, s.scale, eps, s.rstd)
-             : ops::layernorm_forward(x, s.scale, bias->value, eps, s.mean, s.rstd);
+  if (rms) return ops::rmsnorm_forward(x, s.scale, eps, s.rstd, amax);
+  Tensor y = ops::layernorm_forward(x, s.scale, bias->value, eps, s.mean, s.rstd);
+  if (amax) ops::fp8_amax(y, *amax);
+  return y;
 }
 
 Tensor Norm::scale() const {
@@ -184,7 +226,7 @@ Tensor Norm::scale() const {
 }
 
 Tensor Norm::forward_residual(const Tensor& x, const Tensor& residual, Tensor& sum, Half half, Saved& s,
-                              PassContext& ctx) const {
+                              PassContext& ctx, Tensor* amax) const {
   if (emulates_half(x, half)) {
     // CPU emulation of half storage: the sum is rounded to the half type before the norm sees
     // it, as the GPU kernel stores and normalises it.
@@ -194,14 +236,15 @@ Tensor Norm::forward_residual(const Tensor& x, const Tensor& residual, Tensor& s
       ops::add_inplace(sum, residual);
       round_to_half_inplace(sum, half);
     }
-    return forward(sum, s, ctx);
+    return forward(sum, s, ctx, amax);
   }
   ctx.before_use(weight);
   ctx.before_use(bias);
   ScopedOpTimer t(ctx.times, &OpTimes::norm);
   s.scale = scale();
-  Tensor y = rms ? ops::add_rmsnorm_forward(x, residual, s.scale, eps, s.rstd, sum)
+  Tensor y = rms ? ops::add_rmsnorm_forward(x, residual, s.scale, eps, s.rstd, sum, amax)
                  : ops::add_layernorm_forward(x, residual, s.scale, bias->value, eps, s.mean, s.rstd, sum);
+  if (amax && !rms) ops::fp8_amax(y, *amax);
   s.x = sum;
   return y;
 }

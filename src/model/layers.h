@@ -30,13 +30,29 @@ struct Linear {
              ParallelMode mode = ParallelMode::None, const TensorParallel* tp = nullptr, int blocks = 1);
   // y = x w^T (+ b). x saved by caller. With a residual (shaped as y; only where
   // fuses_residual): y = x w^T + residual in one GEMM.
-  Tensor forward(const Tensor& x, PassContext& ctx, const Tensor* residual = nullptr) const;
+  // x_amax: max |x| (f32 [1]) from x's producer, where wants_input_amax said so (consumed).
+  Tensor forward(const Tensor& x, PassContext& ctx, const Tensor* residual = nullptr,
+                 const Tensor* x_amax = nullptr) const;
   // Whether forward can add a residual inside the GEMM (cuBLASLt's epilogue, no add kernel):
   // without TP, where the GEMM's output is the final value (a row-parallel GEMM gives partial
   // sums), and without a bias (with the bias epilogue too, bf16 outputs measured more than one
   // ulp from the fp32 sum on an H100: not the single rounding the fusion is for).
   bool fuses_residual() const { return mode == ParallelMode::None && bias == nullptr; }
-  Tensor backward(const Tensor& dy, const Tensor& x, PassContext& ctx) const;  // returns dx
+  // Returns dx. dy_amax: max |dy| from dy's producer, where wants_grad_amax said so (consumed).
+  Tensor backward(const Tensor& dy, const Tensor& x, PassContext& ctx, const Tensor* dy_amax = nullptr) const;
+  // The FP8 producer fusion (model/fp8.h, fp8_producer_amax): whether forward's FP8 cast of an
+  // input of `rows` rows on `d` (backward's of the output gradient that is due) takes its amax
+  // from the tensor's producer. Not where the tensor is gathered over TP first (sequence
+  // parallelism): the producer sees a shard.
+  bool wants_input_amax(int64_t rows, Device d, const PassContext& ctx) const;
+  bool wants_grad_amax(const PassContext& ctx) const;
+  // Delayed scaling's: whether the producer of forward's input (backward's output gradient)
+  // writes its FP8 codes (Fp8Linear::producer_cast), which forward_codes (backward_codes) then
+  // take in place of the tensor. Where forward would keep the input as codes anyway.
+  bool wants_input_codes(int64_t rows, Device d, const PassContext& ctx) const;
+  bool wants_grad_codes(const PassContext& ctx) const;
+  Tensor forward_codes(const Fp8Linear::ProducerCast& pc, PassContext& ctx, const Tensor* residual = nullptr) const;
+  Tensor backward_codes(const Fp8Linear::ProducerCast& pc, const Tensor& x, PassContext& ctx) const;
   // Whether forward(x, ctx) keeps what backward needs of x itself (the GPU FP8 path's transposed
   // codes, half a bf16 copy): the caller then saves no x and passes an undefined one to backward.
   bool keeps_input(const Tensor& x, const PassContext& ctx) const;
@@ -85,11 +101,13 @@ struct Norm {
   // their partial gradients are summed over TP.
   void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& cfg,
              const TensorParallel* tp = nullptr);
-  Tensor forward(const Tensor& x, Saved& s, PassContext& ctx) const;
+  // amax (f32 [1], optional): set to max |y| as stored, for the FP8 cast of the linear that reads
+  // y (Linear::wants_input_amax); RMSNorm finds it in its own pass, LayerNorm in a pass after.
+  Tensor forward(const Tensor& x, Saved& s, PassContext& ctx, Tensor* amax = nullptr) const;
   // The residual add before the norm, fused with it: sum = x + residual, stored at activation
   // precision `half` (the residual stream the caller keeps), returns norm(sum).
-  Tensor forward_residual(const Tensor& x, const Tensor& residual, Tensor& sum, Half half, Saved& s,
-                          PassContext& ctx) const;
+  Tensor forward_residual(const Tensor& x, const Tensor& residual, Tensor& sum, Half half, Saved& s, PassContext& ctx,
+                          Tensor* amax = nullptr) const;
   // dx (+ dx_add, the residual branch's gradient, in the same pass on the GPU).
   Tensor backward(const Tensor& dy, Saved& s, PassContext& ctx, const Tensor* dx_add = nullptr) const;
   // The scale the kernels multiply by: the weight's compute copy, or under one_plus 1 + w formed

@@ -13,8 +13,10 @@ struct MLP {
   };
   void build(ParamStore& ps, const std::string& prefix, const TransformerConfig& c, const TensorParallel* tp = nullptr);
   // residual (optional, shaped as the output): added to linear_fc2's output, inside its GEMM where
-  // Linear::fuses_residual.
-  Tensor forward(const Tensor& x, Saved& s, PassContext& ctx, const Tensor* residual = nullptr) const;
+  // Linear::fuses_residual. x_amax: max |x| from x's producer, for linear_fc1's FP8 cast
+  // (Linear::wants_input_amax).
+  Tensor forward(const Tensor& x, Saved& s, PassContext& ctx, const Tensor* residual = nullptr,
+                 const Tensor* x_amax = nullptr) const;
   Tensor backward(const Tensor& dy, Saved& s, PassContext& ctx) const;
 };
 

@@ -131,24 +131,32 @@ Tensor TransformerLayer::backward(const Tensor& dy, int64_t S, int64_t B, Saved&
 // kernel. Both ways save the same tensors (pre_mlp_norm keeps h): backward and recomputation
 // are the same.
 Tensor TransformerLayer::forward_layer(const Tensor& x, int64_t S, int64_t B, Saved& s, PassContext& ctx) const {
-  const Tensor xn = input_norm.forward(x, s.n1, ctx);
+  // FP8 current scaling: the norms find the amax of linear_qkv's and linear_fc1's inputs in their
+  // own passes (model/fp8.h, fp8_producer_amax). Undefined where the linear would not take it.
+  const int64_t rows = x.numel() / x.dim(-1);
+  auto amax_for = [&](const Linear& l) {
+    return l.wants_input_amax(rows, x.device(), ctx) ? Tensor::empty({1}, DType::F32, x.device()) : Tensor();
+  };
+  auto opt = [](Tensor& t) { return t.defined() ? &t : nullptr; };
+  Tensor xn_amax = amax_for(attn.qkv), hn_amax = is_moe ? Tensor() : amax_for(mlp.fc1);
+  const Tensor xn = input_norm.forward(x, s.n1, ctx, opt(xn_amax));
   Tensor h;   // the residual stream after attention: x + dropout(a)
   Tensor hn;  // its norm, the MLP's input
   if (residual_in_gemm(attn_drop, attn.proj, x, cfg.half(), ctx)) {
     s.d1 = {};  // the identity: no mask drawn
-    h = attn.forward(xn, S, B, s.attn, ctx, &x);
-    hn = pre_mlp_norm.forward(h, s.n2, ctx);
+    h = attn.forward(xn, S, B, s.attn, ctx, &x, opt(xn_amax));
+    hn = pre_mlp_norm.forward(h, s.n2, ctx, opt(hn_amax));
   } else {
-    const Tensor a = attn.forward(xn, S, B, s.attn, ctx);
-    hn = pre_mlp_norm.forward_residual(attn_drop.forward(a, s.d1, ctx), x, h, cfg.half(), s.n2, ctx);
+    const Tensor a = attn.forward(xn, S, B, s.attn, ctx, nullptr, opt(xn_amax));
+    hn = pre_mlp_norm.forward_residual(attn_drop.forward(a, s.d1, ctx), x, h, cfg.half(), s.n2, ctx, opt(hn_amax));
   }
   if (!is_moe && residual_in_gemm(mlp_drop, mlp.fc2, h, cfg.half(), ctx)) {
     s.d2 = {};
-    return mlp.forward(hn, s.mlp, ctx, &h);
+    return mlp.forward(hn, s.mlp, ctx, &h, opt(hn_amax));
   }
   Tensor m;
   if (!is_moe) {
-    m = mlp.forward(hn, s.mlp, ctx);
+    m = mlp.forward(hn, s.mlp, ctx, nullptr, opt(hn_amax));
   } else if (cfg.recomputes("moe")) {
     MoELayer::Saved scratch;  // freed here: backward re-runs the layer from its input
     m = moe.forward(hn, B, scratch, ctx);

@@ -379,6 +379,28 @@ std::vector<Case> cases() {
                  const Tensor h = act(d, {rows, 256}, 44, -3, 3);
                  return Outputs{swiglu_forward(h), swiglu_backward(act(d, {rows, 128}, 45), h)};
                }});
+  // The FP8 producer fusion: SwiGLU (both ways) and RMSNorm (plain and after the residual add)
+  // writing their output's amax in the same pass, and SwiGLU (both ways) writing FP8 codes; the
+  // CPU composes each op with fp8_amax or fp8_cast_transpose.
+  c.push_back({"fp8_producer", 2e-2, [=](Device d) {
+                 const Tensor h = act(d, {rows, 256}, 48, -3, 3), dy = act(d, {rows, 128}, 49);
+                 const Tensor x = act(d, {rows, in}, 50, -2, 2), res = act(d, {rows, in}, 51), w = act(d, {in}, 52);
+                 auto scalar = [&] { return Tensor::zeros({1}, DType::F32, d); };
+                 Tensor a_fwd = scalar(), a_bwd = scalar(), a_norm = scalar(), a_add = scalar(), rstd, rstd2, sum;
+                 const Tensor y = swiglu_forward(h, &a_fwd), dh = swiglu_backward(dy, h, &a_bwd);
+                 const Tensor n = rmsnorm_forward(x, w, 1e-5f, rstd, &a_norm);
+                 const Tensor n2 = add_rmsnorm_forward(x, res, w, 1e-5f, rstd2, sum, &a_add);
+                 // Delayed scaling's fused casts (codes compared as their values).
+                 const Tensor sc = f32(d, std::vector<float>{100.f}, {1});
+                 Tensor q = Tensor::empty({rows, 128}, DType::U8, d), qt = Tensor::empty({128, rows}, DType::U8, d);
+                 Tensor gq = Tensor::empty({rows, 256}, DType::U8, d), gqt = Tensor::empty({256, rows}, DType::U8, d);
+                 Tensor c_amax = scalar(), g_amax = scalar(), sat = Tensor::zeros({1}, DType::I64, d);
+                 swiglu_forward_fp8(h, sc, Fp8Format::E4M3, q, &qt, c_amax, sat);
+                 swiglu_backward_fp8(dy, h, sc, Fp8Format::E5M2, gq, &gqt, g_amax, sat);
+                 return Outputs{y, a_fwd, dh, a_bwd, n, a_norm, n2, sum, a_add, decoded(q, Fp8Format::E4M3),
+                                decoded(qt, Fp8Format::E4M3), c_amax, decoded(gq, Fp8Format::E5M2),
+                                decoded(gqt, Fp8Format::E5M2), g_amax};
+               }});
   c.push_back({"gelu", 2e-2, [=](Device d) {
                  const Tensor h = act(d, {rows, 128}, 46, -3, 3), dy = act(d, {rows, 128}, 47);
                  return Outputs{gelu_forward(h, false), gelu_backward(dy, h, false), gelu_forward(h, true),

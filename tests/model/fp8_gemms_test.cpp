@@ -178,6 +178,119 @@ TEST(Fp8Gemms, EligibilityNeedsMultiplesOf16AndAPerTensorRecipe) {
   EXPECT_FALSE(b.real_gemms(x, w));
 }
 
+// The producer fusion (model/fp8.h, fp8_producer_amax): the casts handed their operand's amax
+// (as SwiGLU or RMSNorm compute it, here fp8_amax) give the bits of the casts that find it
+// themselves, and the same scaling state, over steps whose magnitudes move the scales. Only
+// current scaling takes it; the eligibility follows the real-GEMM path's.
+void expect_producer_amax_changes_nothing(Device d) {
+  Fp8Store plain(config(Fp8Recipe::Tensorwise)), fused(config(Fp8Recipe::Tensorwise));
+  plain.real_gemms_on_cpu = fused.real_gemms_on_cpu = true;
+  Fp8Linear lp = make_fp8_linear(plain, "l.weight", nullptr), lf = make_fp8_linear(fused, "l.weight", nullptr);
+  if (d != Device::CPU) {
+    plain.to_device(d);
+    fused.to_device(d);
+  }
+  set_fp8_producer_amax(true);  // whatever MT_FP8_UNFUSED says
+  PassContext ctx, re;
+  re.recomputing = true;
+  const int64_t uses = fp8_producer_fusions();
+  const double mags[] = {2000.0, 3.0, 0.05};
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(step);
+    const uint64_t s = 100 * static_cast<uint64_t>(step);
+    const Tensor w = on(data({kOut, kIn}, s + 1, 0.5), d), x = on(data({kRows, kIn}, s + 2, mags[step]), d),
+                 dy = on(data({kRows, kOut}, s + 4, 1e-3 * mags[step]), d);
+    EXPECT_TRUE(lf.takes_producer_amax(kRows, d, w, ctx, false));
+    EXPECT_FALSE(lf.takes_producer_amax(kRows, d, w, re, false));  // a re-run reuses its first scale
+    EXPECT_FALSE(lf.takes_producer_amax(kRows - 1, d, w, ctx, false));
+    EXPECT_FALSE(lf.takes_producer_amax(kRows, d, w, ctx, true));  // no forward waits for its backward
+    auto amax_of = [&](const Tensor& t) {
+      Tensor a = Tensor::zeros({1}, DType::F32, d);
+      ops::fp8_amax(t, a);
+      return a;
+    };
+    const Tensor xa = amax_of(x), dya = amax_of(dy);
+    EXPECT_EQ(host(lf.gemm_forward(x, w, nullptr, true, ctx, &xa)), host(lp.gemm_forward(x, w, nullptr, true, ctx)));
+    EXPECT_TRUE(lf.takes_producer_amax(kRows, d, w, ctx, true));
+    Tensor dw_f = Tensor::zeros({kOut, kIn}, DType::F32, d), dw_p = Tensor::zeros({kOut, kIn}, DType::F32, d);
+    EXPECT_EQ(host(lf.gemm_backward(dy, Tensor(), w, dw_f, false, ctx, &dya)),
+              host(lp.gemm_backward(dy, Tensor(), w, dw_p, false, ctx)));
+    EXPECT_EQ(host(dw_f), host(dw_p));
+    expect_same_state(plain, fused);
+    EXPECT_EQ(host(fused.linears().front().input.amax), host(plain.linears().front().input.amax));
+    EXPECT_EQ(host(fused.linears().front().grad.amax), host(plain.linears().front().grad.amax));
+    plain.weights_changed();
+    fused.weights_changed();
+  }
+  EXPECT_EQ(fp8_producer_fusions(), uses + 6);  // both operands, three steps
+  Fp8Store delayed(config(Fp8Recipe::Delayed));
+  delayed.real_gemms_on_cpu = true;
+  const Fp8Linear ld = make_fp8_linear(delayed, "d.weight", nullptr);
+  EXPECT_FALSE(ld.takes_producer_amax(kRows, Device::CPU, Tensor::zeros({kOut, kIn}), ctx, false));
+  set_fp8_producer_amax(false);  // MT_FP8_UNFUSED's switch
+  EXPECT_FALSE(lf.takes_producer_amax(kRows, d, on(Tensor::zeros({kOut, kIn}), d), ctx, false));
+  set_fp8_producer_amax(true);
+}
+// Delayed scaling's producer fusion: the producer writes the operand's codes with the state's
+// scale (here fp8_cast_transpose stands in for SwiGLU's fused kernels, ops-tested on their own);
+// the GEMMs and the scaling state are those of the casts the linear makes itself, bit for bit.
+void expect_producer_codes_change_nothing(Device d) {
+  Fp8Store plain(config(Fp8Recipe::Delayed)), fused(config(Fp8Recipe::Delayed));
+  plain.real_gemms_on_cpu = fused.real_gemms_on_cpu = true;
+  Fp8Linear lp = make_fp8_linear(plain, "l.weight", nullptr), lf = make_fp8_linear(fused, "l.weight", nullptr);
+  if (d != Device::CPU) {
+    plain.to_device(d);
+    fused.to_device(d);
+  }
+  set_fp8_producer_amax(true);
+  PassContext ctx, eval;
+  eval.training = false;
+  const int64_t uses = fp8_producer_fusions();
+  const double mags[] = {2000.0, 3.0, 0.05};  // the first saturates the initial scale of 1
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(step);
+    const uint64_t s = 100 * static_cast<uint64_t>(step);
+    const Tensor w = on(data({kOut, kIn}, s + 1, 0.5), d), x = on(data({kRows, kIn}, s + 2, mags[step]), d),
+                 dy = on(data({kRows, kOut}, s + 4, 1e-3 * mags[step]), d);
+    EXPECT_TRUE(lf.producer_casts(kRows, d, w, ctx, false));
+    EXPECT_FALSE(lf.producer_casts(kRows, d, w, eval, false));
+    EXPECT_FALSE(lf.producer_casts(kRows, d, w, ctx, true));  // no forward waits for its backward
+    const DType dt = x.dtype();
+    Fp8Linear::ProducerCast px = lf.producer_cast(kRows, kIn, dt, false);
+    ops::fp8_cast_transpose(x, px.scale, px.format, px.q, &px.qt, px.amax, px.saturated);
+    EXPECT_EQ(host(lf.gemm_forward(Tensor(), w, nullptr, true, ctx, nullptr, &px)),
+              host(lp.gemm_forward(x, w, nullptr, true, ctx)));
+    EXPECT_TRUE(lf.producer_casts(kRows, d, w, ctx, true));
+    Fp8Linear::ProducerCast pg = lf.producer_cast(kRows, kOut, dt, true);
+    ops::fp8_cast_transpose(dy, pg.scale, pg.format, pg.q, &pg.qt, pg.amax, pg.saturated);
+    Tensor dw_f = Tensor::zeros({kOut, kIn}, DType::F32, d), dw_p = Tensor::zeros({kOut, kIn}, DType::F32, d);
+    EXPECT_EQ(host(lf.gemm_backward(Tensor(), Tensor(), w, dw_f, false, ctx, nullptr, &pg)),
+              host(lp.gemm_backward(dy, Tensor(), w, dw_p, false, ctx)));
+    EXPECT_EQ(host(dw_f), host(dw_p));
+    expect_same_state(plain, fused);
+    plain.weights_changed();
+    fused.weights_changed();
+  }
+  EXPECT_EQ(fp8_producer_fusions(), uses + 6);
+  Fp8Store nowgrad(config(Fp8Recipe::Delayed, false));
+  nowgrad.real_gemms_on_cpu = true;
+  const Fp8Linear ln = make_fp8_linear(nowgrad, "n.weight", nullptr);
+  EXPECT_FALSE(ln.producer_casts(kRows, Device::CPU, Tensor::zeros({kOut, kIn}), ctx, false));  // wgrad reads x
+}
+
+TEST(Fp8Gemms, ProducerAmaxChangesNoBit) { expect_producer_amax_changes_nothing(Device::CPU); }
+TEST(Fp8Gemms, ProducerCodesChangeNoBit) { expect_producer_codes_change_nothing(Device::CPU); }
+TEST(Fp8GemmsGpu, ProducerCodesChangeNoBit) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
+  expect_producer_codes_change_nothing(Device::CUDA);
+}
+TEST(Fp8GemmsGpu, ProducerAmaxChangesNoBit) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
+  expect_producer_amax_changes_nothing(Device::CUDA);
+}
+
 // GPU against the CPU's emulation: the scaling state exactly (the same bf16 inputs, the same
 // amaxes and fp32 scale rules), the outputs within bf16's rounding.
 TEST(Fp8GemmsGpu, DelayedMatchesTheCpuEmulation) {

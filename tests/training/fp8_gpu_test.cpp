@@ -9,6 +9,7 @@
 
 #include "support/gpu.h"
 #include "support/tiny_training.h"
+#include "model/fp8.h"
 #include "training/trainer.h"
 
 namespace mt {
@@ -34,16 +35,16 @@ Arguments args(const std::string& device, model::Fp8Recipe recipe) {
   return a;
 }
 
-struct Run {
+struct TrainRun {
   std::vector<double> losses;
   std::vector<float> scales;  // every operand's scale at the end, in the store's order
   bool real = true;           // every FP8 linear ran the real-GEMM path
 };
 
-Run train(const Arguments& a) {
+TrainRun train(const Arguments& a) {
   Trainer t(a, nullptr);
   t.set_data(std::make_unique<PatternSource>(a.model.seq_length), nullptr);
-  Run r;
+  TrainRun r;
   for (int64_t i = 0; i < kIters; ++i) {
     auto s = t.train_step();
     r.losses.push_back(s.loss_sum / s.tokens);
@@ -59,7 +60,7 @@ Run train(const Arguments& a) {
 void expect_tracks(model::Fp8Recipe recipe) {
   if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   test::gpu();
-  const Run cpu = train(args("cpu", recipe)), gpu = train(args("cuda", recipe));
+  const TrainRun cpu = train(args("cpu", recipe)), gpu = train(args("cuda", recipe));
   EXPECT_TRUE(gpu.real);
   EXPECT_FALSE(cpu.real);  // the CPU emulates
   ASSERT_EQ(cpu.losses.size(), gpu.losses.size());
@@ -77,6 +78,36 @@ void expect_tracks(model::Fp8Recipe recipe) {
   std::printf("[ fp8 gpu ] %s: max relative loss difference %.2e over %lld steps, scales within %.2e\n",
               model::fp8_recipe_name(recipe), worst, static_cast<long long>(kIters), worst_scale);
 }
+
+// The FP8 producer fusion (model/fp8.h, fp8_producer_amax) changes no bit of training: the same
+// losses and scales as the run whose casts all run unfused (MT_FP8_UNFUSED=1's switch).
+// Tensorwise: RMSNorm and SwiGLU hand their outputs' amaxes to the casts (linear_qkv's, fc1's and
+// fc2's inputs, fc1's output gradient); delayed: SwiGLU and its backward write fc2's input and
+// fc1's output gradient as FP8 codes themselves.
+void expect_fusion_changes_nothing(model::Fp8Recipe recipe, int64_t fusions_per_layer) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
+  const Arguments a = args("cuda", recipe);
+  model::set_fp8_producer_amax(true);
+  const int64_t before = model::fp8_producer_fusions();
+  const TrainRun fused = train(a);
+  const int64_t fusions = model::fp8_producer_fusions() - before;
+  model::set_fp8_producer_amax(false);
+  const TrainRun plain = train(a);
+  model::set_fp8_producer_amax(true);
+  EXPECT_EQ(model::fp8_producer_fusions() - before, fusions);  // none while off
+  const int64_t micro_batches = kIters * (a.global_batch_size / a.micro_batch_size);
+  EXPECT_GE(fusions, fusions_per_layer * a.model.num_layers * micro_batches);
+  EXPECT_TRUE(fused.real && plain.real);
+  EXPECT_EQ(fused.losses, plain.losses);
+  EXPECT_EQ(fused.scales, plain.scales);
+  std::printf("[ fp8 gpu ] %s producer fusion: %lld casts fused; losses and scales equal over %lld steps\n",
+              model::fp8_recipe_name(recipe), static_cast<long long>(fusions), static_cast<long long>(kIters));
+}
+TEST(Fp8TrainingGpu, TensorwiseProducerFusionChangesNoBit) {
+  expect_fusion_changes_nothing(model::Fp8Recipe::Tensorwise, 4);
+}
+TEST(Fp8TrainingGpu, DelayedProducerFusionChangesNoBit) { expect_fusion_changes_nothing(model::Fp8Recipe::Delayed, 2); }
 
 TEST(Fp8TrainingGpu, DelayedTracksTheCpuEmulation) { expect_tracks(model::Fp8Recipe::Delayed); }
 TEST(Fp8TrainingGpu, TensorwiseTracksTheCpuEmulation) { expect_tracks(model::Fp8Recipe::Tensorwise); }

@@ -127,6 +127,17 @@ void fp8_cast_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, 
   *saturated.data<int64_t>() += clipped;
 }
 
+// The fused casts' references: the unfused pair.
+void swiglu_forward_fp8(const Tensor& h, const Tensor& scale, Fp8Format format, Tensor& q, Tensor* qt, Tensor& amax,
+                        Tensor& saturated) {
+  fp8_cast_transpose(swiglu_forward(h, nullptr), scale, format, q, qt, amax, saturated);
+}
+
+void swiglu_backward_fp8(const Tensor& dy, const Tensor& h, const Tensor& scale, Fp8Format format, Tensor& q,
+                         Tensor* qt, Tensor& amax, Tensor& saturated) {
+  fp8_cast_transpose(swiglu_backward(dy, h, nullptr), scale, format, q, qt, amax, saturated);
+}
+
 Tensor fp8_gemm(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b, Fp8Format b_format,
                 const Tensor& b_scale_inv, DType out_dtype) {
   MT_CHECK(out_dtype == DType::F32, "fp8_gemm: the CPU writes f32, asked for {}", dtype_name(out_dtype));

@@ -124,12 +124,13 @@ void position_embedding_backward(const Tensor& dx, Tensor& dpe, int64_t S, int64
     for (int64_t b = 0; b < B; ++b) cpu::add_inplace(f(dpe) + s * h, f(dx) + (s * B + b) * h, h);
 }
 
-Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd) {
+Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd, Tensor* amax) {
   require_cpu_f32(x, "rmsnorm_forward");
   const int64_t dim = w.numel(), rows = x.numel() / dim;
   Tensor y = Tensor::empty({rows, dim});
   rstd = Tensor::empty({rows});
   cpu::rmsnorm_forward(f(x), f(w), f(y), f(rstd), rows, dim, eps);
+  if (amax) fp8_amax(y, *amax);  // the GPU's fused amax, composed
   return y;
 }
 
@@ -164,10 +165,10 @@ Tensor layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, co
 // CPU: the add, then the norm of the (fp32) sum; the model rounds the sum itself where it
 // emulates half storage on the CPU, and then calls the unfused pair.
 Tensor add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps, Tensor& rstd,
-                           Tensor& sum) {
+                           Tensor& sum, Tensor* amax) {
   sum = x.clone();
   add_inplace(sum, residual);
-  return rmsnorm_forward(sum, w, eps, rstd);
+  return rmsnorm_forward(sum, w, eps, rstd, amax);
 }
 
 Tensor add_layernorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, float eps,
@@ -309,16 +310,19 @@ void copy_into(Tensor& dst, const Tensor& src) {
   dst.copy_from(src);
 }
 
-Tensor swiglu_forward(const Tensor& h) {
+// With amax: the reference of the GPU's fused pass, the op then fp8_amax of its output.
+Tensor swiglu_forward(const Tensor& h, Tensor* amax) {
   const int64_t rows = h.dim(0), F = h.dim(1) / 2;
   Tensor y = Tensor::empty({rows, F});
   cpu::swiglu_forward(f(h), f(y), rows, F);
+  if (amax) fp8_amax(y, *amax);
   return y;
 }
 
-Tensor swiglu_backward(const Tensor& dy, const Tensor& h) {
+Tensor swiglu_backward(const Tensor& dy, const Tensor& h, Tensor* amax) {
   Tensor dh = Tensor::empty(h.shape());
   cpu::swiglu_backward(f(dy), f(h), f(dh), h.dim(0), h.dim(1) / 2);
+  if (amax) fp8_amax(dh, *amax);
   return dh;
 }
 

@@ -171,6 +171,17 @@ __device__ __forceinline__ void rope_pair(float x1, float x2, float c, float si,
   o2 = __fmaf_rn(x2, c, __fmul_rn(x1, si));
 }
 
+// ---- SwiGLU's math in fp32, shared by its kernels (elementwise.cu) and the FP8 casts that fuse
+// it (fp8.cu): one definition, so both compute the same bits. g: the gate, u: the up half.
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float swiglu_value(float g, float u) { return g * sigmoidf_(g) * u; }
+// The gradients of the gate and up halves from the output's gradient d.
+__device__ __forceinline__ void swiglu_grads(float d, float g, float u, float& dg, float& du) {
+  const float sg = sigmoidf_(g);
+  du = d * g * sg;
+  dg = d * u * sg * (1.f + g * (1.f - sg));
+}
+
 // ---- reductions (fixed butterfly order: deterministic)
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -186,6 +197,27 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// Non-negative floats order as their bit patterns: an integer atomicMax is a float max (and, max
+// being order-free, the result does not depend on the launch).
+__device__ __forceinline__ void atomic_max_nonneg(float* p, float v) {
+  atomicMax(reinterpret_cast<int*>(p), __float_as_int(v));
+}
+// m joined with max |v[e]| over the first cnt of N values as stored in T (rounded from fp32: the
+// amax of the tensor its consumer reads). fmaxf drops NaN, as the CPU's std::fmax.
+template <typename T, int N>
+__device__ __forceinline__ float stored_amax(float m, const float* v, int cnt) {
+#pragma unroll
+  for (int e = 0; e < N; ++e)
+    if (e < cnt) m = fmaxf(m, fabsf(to_f(from_f<T>(v[e]))));
+  return m;
+}
+// Joins each thread's running max |x| into *amax (an FP8 amax, zeroed before the launch): the
+// warp's max, one atomic per warp. Every lane of the warp must call it.
+__device__ __forceinline__ void commit_amax(float m, float* amax) {
+  m = warp_max(m);
+  if ((threadIdx.x & 31) == 0) atomic_max_nonneg(amax, m);
 }
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.

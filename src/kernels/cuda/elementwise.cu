@@ -25,13 +25,16 @@ __device__ __forceinline__ void for_groups(int64_t n, F f) {
   }
 }
 
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 
 // ---- SwiGLU: grid y walks rows, grid x the 16-byte groups of a row (F % N == 0 for the
-// vector path), so there is no per-element division.
+// vector path), so there is no per-element division. With `amax` (an FP8 linear's input under
+// current scaling, zeroed before): max |output| as stored (after the rounding to T) joins it, in
+// the same pass, so that the linear casts without a pass of its own to find the amax.
 template <typename T>
-__global__ void swiglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t F, bool vec) {
+__global__ void swiglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t F, bool vec,
+                                  float* amax) {
   constexpr int N = Vec<T>::N;
+  float m = 0.f;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     for (int64_t j = gtid() * N; j < F; j += gstride() * N) {
       const int cnt = F - j < N ? static_cast<int>(F - j) : N;
@@ -39,14 +42,17 @@ __global__ void swiglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, in
       load_group(x + r * 2 * F + j, cnt, vec, gt);
       load_group(x + r * 2 * F + F + j, cnt, vec, up);
 #pragma unroll
-      for (int e = 0; e < N; ++e) out[e] = gt[e] * sigmoidf_(gt[e]) * up[e];
+      for (int e = 0; e < N; ++e) out[e] = swiglu_value(gt[e], up[e]);
       store_group(y + r * F + j, cnt, vec, out);
+      if (amax) m = stored_amax<T, N>(m, out, cnt);
     }
+  if (amax) commit_amax(m, amax);
 }
 template <typename T>
 __global__ void swiglu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, int64_t rows,
-                                  int64_t F, bool vec) {
+                                  int64_t F, bool vec, float* amax) {
   constexpr int N = Vec<T>::N;
+  float m = 0.f;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     for (int64_t j = gtid() * N; j < F; j += gstride() * N) {
       const int cnt = F - j < N ? static_cast<int>(F - j) : N;
@@ -55,14 +61,12 @@ __global__ void swiglu_bwd_kernel(const T* __restrict__ dy, const T* __restrict_
       load_group(x + r * 2 * F + F + j, cnt, vec, up);
       load_group(dy + r * F + j, cnt, vec, d);
 #pragma unroll
-      for (int e = 0; e < N; ++e) {
-        const float sg = sigmoidf_(gt[e]);
-        du[e] = d[e] * gt[e] * sg;
-        dg[e] = d[e] * up[e] * sg * (1.f + gt[e] * (1.f - sg));
-      }
+      for (int e = 0; e < N; ++e) swiglu_grads(d[e], gt[e], up[e], dg[e], du[e]);
       store_group(dx + r * 2 * F + j, cnt, vec, dg);
       store_group(dx + r * 2 * F + F + j, cnt, vec, du);
+      if (amax) m = stored_amax<T, N>(stored_amax<T, N>(m, dg, cnt), du, cnt);
     }
+  if (amax) commit_amax(m, amax);
 }
 
 // ---- GELU
@@ -242,9 +246,13 @@ bool vec_ok(std::initializer_list<const void*> ptrs, int64_t stride_elems) {
   return true;
 }
 
+// With an FP8 amax to find, at most 512 rows of blocks (the blocks walk the rest): each warp
+// joins its max with one same-address atomic, and a block per row (8192 x 4 blocks for
+// llama-1.5b's SwiGLU) would queue a quarter million of them at one L2 slice.
 template <typename T>
-dim3 row_grid(int64_t rows, int64_t F) {
-  return dim3(grid_for(ceil_div(F, Vec<T>::N), kThreads, 1024), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+dim3 row_grid(int64_t rows, int64_t F, bool amax = false) {
+  return dim3(grid_for(ceil_div(F, Vec<T>::N), kThreads, 1024),
+              static_cast<unsigned>(std::min<int64_t>(rows, amax ? 512 : 65535)));
 }
 template <typename T>
 void rope(T* x, const float* cs, const float* sn, int64_t B, int64_t H, int64_t S, int64_t D, int64_t rot_dim,
@@ -277,17 +285,19 @@ void rope(T* x, const float* cs, const float* sn, int64_t B, int64_t H, int64_t 
 }  // namespace
 
 template <typename T>
-void swiglu_forward(const T* x, nd<T>* y, int64_t rows, int64_t F, cudaStream_t s) {
+void swiglu_forward(const T* x, nd<T>* y, int64_t rows, int64_t F, cudaStream_t s, float* amax) {
+  if (amax) MT_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), s));
   if (rows * F == 0) return;
   const bool vec = vec_ok<T>({x, y}, F);
-  swiglu_fwd_kernel<<<row_grid<T>(rows, F), kThreads, 0, s>>>(x, y, rows, F, vec);
+  swiglu_fwd_kernel<<<row_grid<T>(rows, F, amax != nullptr), kThreads, 0, s>>>(x, y, rows, F, vec, amax);
   MT_CUDA_LAUNCH_CHECK();
 }
 template <typename T>
-void swiglu_backward(const T* dy, const nd<T>* x, nd<T>* dx, int64_t rows, int64_t F, cudaStream_t s) {
+void swiglu_backward(const T* dy, const nd<T>* x, nd<T>* dx, int64_t rows, int64_t F, cudaStream_t s, float* amax) {
+  if (amax) MT_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), s));
   if (rows * F == 0) return;
   const bool vec = vec_ok<T>({dy, x, dx}, F);
-  swiglu_bwd_kernel<<<row_grid<T>(rows, F), kThreads, 0, s>>>(dy, x, dx, rows, F, vec);
+  swiglu_bwd_kernel<<<row_grid<T>(rows, F, amax != nullptr), kThreads, 0, s>>>(dy, x, dx, rows, F, vec, amax);
   MT_CUDA_LAUNCH_CHECK();
 }
 template <typename T>

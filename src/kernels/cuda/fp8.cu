@@ -6,6 +6,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -18,16 +19,6 @@ namespace mt::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Non-negative floats order as their bit patterns: an integer atomicMax is a float max.
-__device__ __forceinline__ void atomic_max_nonneg(float* p, float v) {
-  atomicMax(reinterpret_cast<int*>(p), __float_as_int(v));
-}
 
 // 8 consecutive elements (16-byte aligned) as floats, in one or two vector loads.
 template <typename T>
@@ -47,8 +38,7 @@ __global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* amax) {
   float m = 0.f;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     m = fmaxf(m, fabsf(to_f(x[i])));  // fmaxf drops NaN, as the CPU's std::fmax
-  m = warp_max(m);
-  if ((threadIdx.x & 31) == 0) atomic_max_nonneg(amax, m);
+  commit_amax(m, amax);
 }
 
 // The same over 8-element vectors (16 bytes of bf16 per load): tensorwise scaling runs this pass
@@ -61,8 +51,7 @@ __global__ void amax_vec_kernel(const T* __restrict__ x, int64_t n8, float* amax
     load8(x + 8 * i, v);
     for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
   }
-  m = warp_max(m);
-  if ((threadIdx.x & 31) == 0) atomic_max_nonneg(amax, m);
+  commit_amax(m, amax);
 }
 
 __global__ void delayed_update_kernel(float* h, int64_t L, float* scale, const float* amax, float scaled_max,
@@ -175,12 +164,61 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_
 // their 8 codes row-major in one 8-byte store, and later 8 codes of one column transposed, so
 // every global access is a vector and a warp's stores cover whole 64-byte row pieces. This pass is
 // the FP8 step's overhead over bf16: it has to run near memory bandwidth.
+//
+// The elements come from a loader: load(r, c, v) writes the 8 values of row r, columns c..c+7, as
+// fp32. A plain cast loads them from x; the fused casts (FP8 producer fusion, ops.def) compute them
+// from the producer's inputs (SwiGLU's h, its backward's dy and h) and round them to the storage
+// type exactly as the producer's own kernel stores them, so the codes are those of the unfused
+// path bit for bit, without the tensor ever written in bf16 or read back.
 constexpr int kVecTile = 64, kVecThreads = 256, kVecPitch = kVecTile + 4;  // pitch: 17 words, fewer conflicts
 
 template <typename T>
+struct PlainLoad {
+  const T* __restrict__ x;
+  int64_t C;
+  __device__ __forceinline__ void operator()(int64_t r, int64_t c, float* v) const { load8(x + r * C + c, v); }
+};
+
+// SwiGLU's output a [R, F] = silu(gate) * up from h [R, 2F] = [gate | up], stored as T.
+template <typename T>
+struct SwigluLoad {
+  const T* __restrict__ h;
+  int64_t F;
+  __device__ __forceinline__ void operator()(int64_t r, int64_t c, float* v) const {
+    float g[8], u[8];
+    load8(h + r * 2 * F + c, g);
+    load8(h + r * 2 * F + F + c, u);
+    for (int k = 0; k < 8; ++k) v[k] = to_f(from_f<T>(swiglu_value(g[k], u[k])));
+  }
+};
+
+// SwiGLU's input gradient dh [R, 2F] = [d gate | d up] from the output's gradient dy [R, F] and h:
+// columns below F are the gate's (F % 8 == 0: a vector never straddles the halves). The other
+// half's tiles re-read dy and the gate, mostly from L2 (the tiles of a row band run together).
+template <typename T>
+struct SwigluGradLoad {
+  const T* __restrict__ dy;
+  const T* __restrict__ h;
+  int64_t F;
+  __device__ __forceinline__ void operator()(int64_t r, int64_t c, float* v) const {
+    const bool gate = c < F;
+    const int64_t j = gate ? c : c - F;
+    float d[8], g[8], u[8];
+    load8(dy + r * F + j, d);
+    load8(h + r * 2 * F + j, g);
+    load8(h + r * 2 * F + F + j, u);
+    for (int k = 0; k < 8; ++k) {
+      float dg, du;
+      swiglu_grads(d[k], g[k], u[k], dg, du);
+      v[k] = to_f(from_f<T>(gate ? dg : du));
+    }
+  }
+};
+
+template <typename Load>
 __global__ void __launch_bounds__(kVecThreads)
-    cast_transpose_vec_kernel(const T* __restrict__ x, int64_t R, int64_t C, const float* scale, bool e5m2,
-                              float fp8_max, uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
+    cast_transpose_vec_kernel(Load load, int64_t R, int64_t C, const float* scale, bool e5m2, float fp8_max,
+                              uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
                               unsigned long long* saturated) {
   __shared__ __align__(8) uint8_t tile[kVecTile][kVecPitch];
   const float s = *scale;
@@ -189,16 +227,28 @@ __global__ void __launch_bounds__(kVecThreads)
   const int tc = (threadIdx.x % 8) * 8;  // this thread's 8 columns in the tile
   float m = 0.f;
   unsigned clipped = 0;
-  for (int i = threadIdx.x / 8; i < kVecTile; i += kVecThreads / 8) {
+  // All of this thread's loads first (its rows of the tile), then the codes: the loads stay in
+  // flight together whatever the compiler assumes about the loader's pointers and q aliasing.
+  constexpr int kPasses = kVecTile / (kVecThreads / 8);
+  float v[kPasses][8];
+  bool inside[kPasses];
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int64_t r = r0 + threadIdx.x / 8 + p * (kVecThreads / 8), c = c0 + tc;
+    inside[p] = r < R && c < C;  // C % 8 == 0: a vector is wholly inside or outside
+    if (inside[p]) load(r, c, v[p]);
+  }
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    if (!inside[p]) continue;
+    const int i = threadIdx.x / 8 + p * (kVecThreads / 8);
     const int64_t r = r0 + i, c = c0 + tc;
-    if (r >= R || c >= C) continue;  // C % 8 == 0: a vector is wholly inside or outside
-    float v[8];
-    load8(x + r * C + c, v);
     uint32_t lo = 0, hi = 0;
+#pragma unroll
     for (int k = 0; k < 8; ++k) {
-      m = fmaxf(m, fabsf(v[k]));
-      clipped += fabsf(v[k] * s) > fp8_max;
-      const uint32_t code = __nv_cvt_float_to_fp8(v[k] * s, __NV_SATFINITE, kind);
+      m = fmaxf(m, fabsf(v[p][k]));
+      clipped += fabsf(v[p][k] * s) > fp8_max;
+      const uint32_t code = __nv_cvt_float_to_fp8(v[p][k] * s, __NV_SATFINITE, kind);
       if (k < 4) lo |= code << (8 * k);
       else hi |= code << (8 * (k - 4));
     }
@@ -206,14 +256,28 @@ __global__ void __launch_bounds__(kVecThreads)
     *reinterpret_cast<uint32_t*>(&tile[i][tc]) = lo;
     *reinterpret_cast<uint32_t*>(&tile[i][tc + 4]) = hi;
   }
+  // One atomic per block, not per warp: a 256 MB gradient is 32768 tiles, and same-address
+  // atomics queue at one L2 slice.
+  __shared__ float block_max[kVecThreads / 32];
+  __shared__ unsigned block_clipped[kVecThreads / 32];
   m = warp_max(m);
   for (int o = 16; o > 0; o >>= 1) clipped += __shfl_xor_sync(0xffffffffu, clipped, o);
   if ((threadIdx.x & 31) == 0) {
-    atomic_max_nonneg(amax, m);
-    if (clipped) atomicAdd(saturated, static_cast<unsigned long long>(clipped));
+    block_max[threadIdx.x / 32] = m;
+    block_clipped[threadIdx.x / 32] = clipped;
+  }
+  __syncthreads();  // also completes the tile for the transposed writes
+  if (threadIdx.x == 0) {
+    float bm = 0.f;
+    unsigned long long bc = 0;
+    for (int w = 0; w < kVecThreads / 32; ++w) {
+      bm = fmaxf(bm, block_max[w]);
+      bc += block_clipped[w];
+    }
+    atomic_max_nonneg(amax, bm);
+    if (bc) atomicAdd(saturated, bc);
   }
   if (!qt) return;
-  __syncthreads();
   // qt [C, R]: tile column cc is a row of qt; each thread writes 8 consecutive rows of x there.
   for (int j = threadIdx.x; j < kVecTile * 8; j += kVecThreads) {
     const int cc = j / 8, rv = (j % 8) * 8;
@@ -307,34 +371,97 @@ Tensor fp8_fake_quantize_blocks(const Tensor& x, Fp8Format format, int64_t tile_
   return y;
 }
 
+namespace {
+
+// The outputs of a cast [R, C] (fp8_cast_transpose's contract), checked, as raw pointers.
+struct CastOut {
+  int64_t R, C;
+  uint8_t *q, *qt;
+  const float* scale;
+  float* amax;
+  unsigned long long* saturated;
+  bool e5m2;
+  float max;
+  const char* what;
+  CastOut(int64_t r, int64_t c, const Tensor& sc, Fp8Format f, Tensor& q_, Tensor* qt_, Tensor& am, Tensor& sat,
+          const char* w)
+      : R(r), C(c), e5m2(f == Fp8Format::E5M2), max(fp8_max(f)), what(w) {
+    q = q_.defined() ? cuda_data<uint8_t>(q_, DType::U8, R * C, w) : nullptr;
+    MT_CHECK(q || qt_, "{}: neither q nor qt asked for", w);
+    qt = qt_ ? cuda_data<uint8_t>(*qt_, DType::U8, R * C, w) : nullptr;
+    scale = cuda_data<float>(sc, DType::F32, 1, w);
+    amax = cuda_data<float>(am, DType::F32, 1, w);
+    saturated = reinterpret_cast<unsigned long long*>(cuda_data<int64_t>(sat, DType::I64, 1, w));
+  }
+  // Whether the vector kernel serves it, its inputs `in` 16-byte aligned (codes are fresh
+  // allocations: 8-byte aligned unless views).
+  bool vec(std::initializer_list<const void*> in) const {
+    bool ok = R % 8 == 0 && C % 8 == 0 && reinterpret_cast<uintptr_t>(q) % 8 == 0 &&
+              reinterpret_cast<uintptr_t>(qt) % 8 == 0 && cuda::ceil_div(R, cuda::kVecTile) < 65536;
+    for (const void* p : in) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+    return ok;
+  }
+  template <typename Load>
+  void launch_vec(const Load& load) const {
+    const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kVecTile)),
+                    static_cast<unsigned>(cuda::ceil_div(R, cuda::kVecTile)));
+    cuda::cast_transpose_vec_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(load, R, C, scale, e5m2, max, q,
+                                                                                      qt, amax, saturated);
+    MT_CUDA_LAUNCH_CHECK();
+  }
+};
+
+}  // namespace
+
 void fp8_cast_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, Tensor& q, Tensor* qt, Tensor& amax,
                         Tensor& saturated) {
   MT_CHECK(x.ndim() == 2, "fp8_cast_transpose: [R, C], got {}", x.shape_str());
-  const int64_t R = x.dim(0), C = x.dim(1);
-  uint8_t* qp = q.defined() ? cuda_data<uint8_t>(q, DType::U8, R * C, "fp8_cast_transpose (q)") : nullptr;
-  MT_CHECK(qp || qt, "fp8_cast_transpose: neither q nor qt asked for");
-  uint8_t* qtp = qt ? cuda_data<uint8_t>(*qt, DType::U8, R * C, "fp8_cast_transpose (qt)") : nullptr;
-  const float* s = cuda_data<float>(scale, DType::F32, 1, "fp8_cast_transpose (scale)");
-  float* a = cuda_data<float>(amax, DType::F32, 1, "fp8_cast_transpose (amax)");
-  auto* sat = reinterpret_cast<unsigned long long*>(
-      cuda_data<int64_t>(saturated, DType::I64, 1, "fp8_cast_transpose (saturated)"));
-  if (R * C == 0) return;
-  // The vector kernel where its 8-element accesses stay aligned (codes are fresh allocations).
-  const bool vec = R % 8 == 0 && C % 8 == 0 && reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(qp) % 8 == 0 && reinterpret_cast<uintptr_t>(qtp) % 8 == 0 &&
-                   cuda::ceil_div(R, cuda::kVecTile) < 65536;
-  const int64_t tile = vec ? cuda::kVecTile : cuda::kTileDim;
-  MT_CHECK(cuda::ceil_div(R, tile) < 65536, "fp8_cast_transpose: {} rows exceed the grid", R);
-  const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, tile)), static_cast<unsigned>(cuda::ceil_div(R, tile)));
+  const CastOut o(x.dim(0), x.dim(1), scale, format, q, qt, amax, saturated, "fp8_cast_transpose");
+  if (o.R * o.C == 0) return;
+  const bool vec = o.vec({x.raw()});
+  MT_CHECK(vec || cuda::ceil_div(o.R, cuda::kTileDim) < 65536, "fp8_cast_transpose: {} rows exceed the grid", o.R);
   with_float_type(x, [&](auto* p) {
-    if (vec)
-      cuda::cast_transpose_vec_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(
-          p, R, C, s, format == Fp8Format::E5M2, fp8_max(format), qp, qtp, a, sat);
-    else
-      cuda::cast_transpose_kernel<<<grid, dim3(cuda::kTileDim, cuda::kTileRows), 0, compute_stream()>>>(
-          p, R, C, s, format == Fp8Format::E5M2, fp8_max(format), qp, qtp, a, sat);
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
+    if (vec) {
+      o.launch_vec(cuda::PlainLoad<T>{p, o.C});
+      return;
+    }
+    const dim3 grid(static_cast<unsigned>(cuda::ceil_div(o.C, cuda::kTileDim)),
+                    static_cast<unsigned>(cuda::ceil_div(o.R, cuda::kTileDim)));
+    cuda::cast_transpose_kernel<<<grid, dim3(cuda::kTileDim, cuda::kTileRows), 0, compute_stream()>>>(
+        p, o.R, o.C, o.scale, o.e5m2, o.max, o.q, o.qt, o.amax, o.saturated);
+    MT_CUDA_LAUNCH_CHECK();
   }, "fp8_cast_transpose");
-  MT_CUDA_LAUNCH_CHECK();
+}
+
+// The fused casts of SwiGLU's output and of its input gradient: one kernel where the vector
+// kernel serves the shape (the model's case), else the unfused pair (the same bits, by the
+// definition of the op).
+void swiglu_forward_fp8(const Tensor& h, const Tensor& scale, Fp8Format format, Tensor& q, Tensor* qt, Tensor& amax,
+                        Tensor& saturated) {
+  MT_CHECK(h.ndim() == 2 && h.dim(1) % 2 == 0, "swiglu_forward_fp8: h [R, 2F], got {}", h.shape_str());
+  const int64_t F = h.dim(1) / 2;
+  const CastOut o(h.dim(0), F, scale, format, q, qt, amax, saturated, "swiglu_forward_fp8");
+  if (o.R * o.C == 0) return;
+  if (h.dtype() == DType::BF16 && o.vec({h.raw()})) {
+    o.launch_vec(cuda::SwigluLoad<cuda::bf16>{h.data<cuda::bf16>(), F});
+    return;
+  }
+  fp8_cast_transpose(swiglu_forward(h, nullptr), scale, format, q, qt, amax, saturated);
+}
+
+void swiglu_backward_fp8(const Tensor& dy, const Tensor& h, const Tensor& scale, Fp8Format format, Tensor& q,
+                         Tensor* qt, Tensor& amax, Tensor& saturated) {
+  MT_CHECK(h.ndim() == 2 && h.dim(1) % 2 == 0 && dy.numel() == h.numel() / 2,
+           "swiglu_backward_fp8: dy [R, F] and h [R, 2F], got {} and {}", dy.shape_str(), h.shape_str());
+  const int64_t F = h.dim(1) / 2;
+  const CastOut o(h.dim(0), 2 * F, scale, format, q, qt, amax, saturated, "swiglu_backward_fp8");
+  if (o.R * o.C == 0) return;
+  if (h.dtype() == DType::BF16 && dy.dtype() == DType::BF16 && F % 8 == 0 && o.vec({h.raw(), dy.raw()})) {
+    o.launch_vec(cuda::SwigluGradLoad<cuda::bf16>{dy.data<cuda::bf16>(), h.data<cuda::bf16>(), F});
+    return;
+  }
+  fp8_cast_transpose(swiglu_backward(dy, h, nullptr), scale, format, q, qt, amax, saturated);
 }
 
 }  // namespace mt::ops::gpu

@@ -7,7 +7,8 @@
 // warps first compute each row's reduction terms, then threads own columns and walk the rows in
 // order. Either way each block
 // writes its dw/db partial sums and partial_rows_sum_add (common.cuh) adds them in a fixed order.
-// Fixed shapes everywhere: deterministic, no atomics.
+// Fixed shapes everywhere: deterministic, no atomics (but the forward's optional FP8 amax, a
+// max joined by atomicMax: order-free, so deterministic as well).
 #include <type_traits>
 
 #include "core/error.h"
@@ -30,11 +31,11 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
     norm_fwd_warp_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ sum_out,
                          const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
                          float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int64_t dim,
-                         float eps) {
+                         float eps, float* amax) {
   constexpr int N = Vec<T>::N;
   const int lane = threadIdx.x & 31;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + (threadIdx.x >> 5);
-  if (r >= rows) return;
+  if (r >= rows) return;  // the whole warp: commit_amax below needs all its lanes
   const int nvec = static_cast<int>(dim / N);
   float v[VPL][N];
 #pragma unroll
@@ -85,6 +86,7 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
     rstd_out[r] = rs;
     if constexpr (LN) mean_out[r] = mu;
   }
+  float m = 0.f;  // max |y| as stored, for amax
 #pragma unroll
   for (int k = 0; k < VPL; ++k) {
     const int vi = k * 32 + lane;
@@ -100,14 +102,16 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
       for (int e = 0; e < N; ++e) o[e] += bv[e];
     }
     Vec<T>::store(y + r * dim + vi * N, o);
+    if (amax) m = stored_amax<T, N>(m, o, N);
   }
+  if (amax) commit_amax(m, amax);
 }
 
 template <typename T, bool LN, bool ADD>
 __global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ sum_out,
                                 const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
                                 float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t dim, float eps,
-                                bool vec) {
+                                bool vec, float* amax) {
   constexpr int N = Vec<T>::N;
   extern __shared__ float row[];
   __shared__ float red[32];
@@ -172,6 +176,7 @@ __global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ r
     rstd_out[r] = rs;
     if constexpr (LN) mean_out[r] = mu;
   }
+  float m = 0.f;  // max |y| as stored, for amax
   for (int64_t j0 = threadIdx.x * N; j0 < dim; j0 += step) {
     const int cnt = dim - j0 < N ? static_cast<int>(dim - j0) : N;
     float wv[N], bv[N], o[N];
@@ -184,7 +189,9 @@ __global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ r
         if constexpr (LN) o[e] += bv[e];
       }
     store_group(y + r * dim + j0, cnt, vec, o);
+    if (amax) m = stored_amax<T, N>(m, o, cnt);
   }
+  if (amax) commit_amax(m, amax);  // blockDim is a multiple of 32
 }
 
 // Phase 1 (warp per row): c[0] = mean(g * xh) for RMS; c[0] = mean(g), c[1] = mean(g * xh) for LN.
@@ -414,7 +421,8 @@ bool vec_rows(int64_t dim, std::initializer_list<const void*> ptrs) {
 
 template <typename T, bool LN, bool ADD>
 void norm_fwd(const T* x, const T* res, T* sum, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t rows,
-              int64_t dim, float eps, cudaStream_t s) {
+              int64_t dim, float eps, cudaStream_t s, float* amax = nullptr) {
+  if (amax) MT_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), s));
   if (rows == 0 || dim == 0) return;
   const bool vec = vec_rows<T>(dim, {x, res, sum, w, b, y});
   const int64_t nvec = ceil_div(dim, Vec<T>::N);
@@ -422,7 +430,7 @@ void norm_fwd(const T* x, const T* res, T* sum, const T* w, const T* b, T* y, fl
     const unsigned blocks = static_cast<unsigned>(ceil_div(rows, kWarpRowsPerBlock));
     auto launch = [&](auto vpl) {
       norm_fwd_warp_kernel<T, LN, ADD, decltype(vpl)::value>
-          <<<blocks, kWarpRowsPerBlock * 32, 0, s>>>(x, res, sum, w, b, y, mean, rstd, rows, dim, eps);
+          <<<blocks, kWarpRowsPerBlock * 32, 0, s>>>(x, res, sum, w, b, y, mean, rstd, rows, dim, eps, amax);
     };
     if (nvec <= 32)
       launch(std::integral_constant<int, 1>{});
@@ -445,7 +453,7 @@ void norm_fwd(const T* x, const T* res, T* sum, const T* w, const T* b, T* y, fl
   // About kUnroll vectors per thread: few threads per row, several loads in flight each.
   const int threads =
       static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, ceil_div(ceil_div(nvec, kUnroll), 32) * 32)));
-  kern<<<static_cast<unsigned>(rows), threads, smem, s>>>(x, res, sum, w, b, y, mean, rstd, dim, eps, vec);
+  kern<<<static_cast<unsigned>(rows), threads, smem, s>>>(x, res, sum, w, b, y, mean, rstd, dim, eps, vec, amax);
   MT_CUDA_LAUNCH_CHECK();
 }
 
@@ -492,13 +500,13 @@ void norm_bwd(const T* dy, const T* x, const T* w, const float* mean, const floa
 
 template <typename T>
 void rmsnorm_forward(const T* x, const nd<T>* w, nd<T>* y, float* rstd, int64_t rows, int64_t dim, float eps,
-                     cudaStream_t s) {
-  norm_fwd<T, false, false>(x, nullptr, nullptr, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
+                     cudaStream_t s, float* amax) {
+  norm_fwd<T, false, false>(x, nullptr, nullptr, w, nullptr, y, nullptr, rstd, rows, dim, eps, s, amax);
 }
 template <typename T>
 void add_rmsnorm_forward(const T* x, const nd<T>* res, nd<T>* sum, const nd<T>* w, nd<T>* y, float* rstd, int64_t rows,
-                         int64_t dim, float eps, cudaStream_t s) {
-  norm_fwd<T, false, true>(x, res, sum, w, nullptr, y, nullptr, rstd, rows, dim, eps, s);
+                         int64_t dim, float eps, cudaStream_t s, float* amax) {
+  norm_fwd<T, false, true>(x, res, sum, w, nullptr, y, nullptr, rstd, rows, dim, eps, s, amax);
 }
 template <typename T>
 void rmsnorm_backward(const T* dy, const nd<T>* x, const nd<T>* w, const float* rstd, nd<T>* dx, float* dw,

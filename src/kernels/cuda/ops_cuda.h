@@ -148,12 +148,13 @@ void embedding_backward(const int32_t* ids, const T* dout, float* dtable, int64_
 // written, it is the next residual stream), y = norm(sum). In backward, `dx_add` (optional) is
 // a gradient added to dx (the residual branch's gradient), so dx = norm_backward(dy) + dx_add.
 // Storage types.
+// amax (f32 [1], may be null): set to max |y| as stored (the FP8 producer fusion, ops.def).
 template <typename T>
 void rmsnorm_forward(const T* x, const nd<T>* w, nd<T>* y, float* rstd, int64_t rows, int64_t dim, float eps,
-                     cudaStream_t s);
+                     cudaStream_t s, float* amax = nullptr);
 template <typename T>
 void add_rmsnorm_forward(const T* x, const nd<T>* residual, nd<T>* sum, const nd<T>* w, nd<T>* y, float* rstd,
-                         int64_t rows, int64_t dim, float eps, cudaStream_t s);
+                         int64_t rows, int64_t dim, float eps, cudaStream_t s, float* amax = nullptr);
 template <typename T>
 void rmsnorm_backward(const T* dy, const nd<T>* x, const nd<T>* w, const float* rstd, nd<T>* dx, float* dw,
                       int64_t rows, int64_t dim, cudaStream_t s, const nd<T>* dx_add = nullptr);
@@ -217,10 +218,12 @@ void set_attention_deterministic(bool deterministic);
 bool attention_deterministic();
 
 // ---- Activations and dropout (elementwise, fp32 math). Storage types.
+// amax (f32 [1], may be null): set to max |output| as stored (the FP8 producer fusion, ops.def).
 template <typename T>
-void swiglu_forward(const T* x, nd<T>* y, int64_t rows, int64_t F, cudaStream_t s);
+void swiglu_forward(const T* x, nd<T>* y, int64_t rows, int64_t F, cudaStream_t s, float* amax = nullptr);
 template <typename T>
-void swiglu_backward(const T* dy, const nd<T>* x, nd<T>* dx, int64_t rows, int64_t F, cudaStream_t s);
+void swiglu_backward(const T* dy, const nd<T>* x, nd<T>* dx, int64_t rows, int64_t F, cudaStream_t s,
+                     float* amax = nullptr);
 template <typename T>
 void gelu_forward(const T* x, nd<T>* y, int64_t n, bool tanh_approx, cudaStream_t s);
 template <typename T>

@@ -51,6 +51,12 @@ decltype(auto) with_half(const Tensor& t, F&& fn) {
 // A half tensor of the same dtype as `like`.
 Tensor act(const Shape& s, const Tensor& like) { return Tensor::empty(s, like.dtype(), Device::CUDA); }
 Tensor stat(const Shape& s) { return Tensor::empty(s, DType::F32, Device::CUDA); }
+// An optional FP8 amax output (f32 [1]) of a producer op, or null.
+float* amax_out(Tensor* a, const char* what) {
+  if (!a) return nullptr;
+  MT_CHECK(a->numel() == 1, "{}: amax must be f32 [1], got {}", what, a->shape_str());
+  return f(*a);
+}
 
 }  // namespace
 
@@ -217,12 +223,13 @@ void position_embedding_backward(const Tensor& dx, Tensor& dpe, int64_t S, int64
   });
 }
 
-Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd) {
+Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd, Tensor* amax) {
   const int64_t dim = w.numel(), rows = x.numel() / dim;
   Tensor y = act({rows, dim}, x);
   rstd = stat({rows});
+  float* a = amax_out(amax, "rmsnorm_forward");
   with_half(x, [&]<typename T>(T*) {
-    cuda::rmsnorm_forward(h<T>(x), h<T>(w), h<T>(y), f(rstd), rows, dim, eps, st());
+    cuda::rmsnorm_forward(h<T>(x), h<T>(w), h<T>(y), f(rstd), rows, dim, eps, st(), a);
   });
   return y;
 }
@@ -239,13 +246,15 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 }
 
 Tensor add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps, Tensor& rstd,
-                           Tensor& sum) {
+                           Tensor& sum, Tensor* amax) {
   const int64_t dim = w.numel(), rows = x.numel() / dim;
   Tensor y = act({rows, dim}, x);
   sum = act({rows, dim}, x);
   rstd = stat({rows});
+  float* a = amax_out(amax, "add_rmsnorm_forward");
   with_half(x, [&]<typename T>(T*) {
-    cuda::add_rmsnorm_forward(h<T>(x), h<T>(residual), h<T>(sum), h<T>(w), h<T>(y), f(rstd), rows, dim, eps, st());
+    cuda::add_rmsnorm_forward(h<T>(x), h<T>(residual), h<T>(sum), h<T>(w), h<T>(y), f(rstd), rows, dim, eps, st(),
+                              a);
   });
   return y;
 }
@@ -389,19 +398,21 @@ void attention_backward(const AttentionShape& p, const Tensor& q, const Tensor& 
                            h<bf16>(dk), h<bf16>(dv), st());
 }
 
-Tensor swiglu_forward(const Tensor& x) {
+Tensor swiglu_forward(const Tensor& x, Tensor* amax) {
   const int64_t rows = x.dim(0), F = x.dim(1) / 2;
   Tensor y = act({rows, F}, x);
+  float* a = amax_out(amax, "swiglu_forward");
   with_half(x, [&]<typename T>(T*) {
-    cuda::swiglu_forward(h<T>(x), h<T>(y), rows, F, st());
+    cuda::swiglu_forward(h<T>(x), h<T>(y), rows, F, st(), a);
   });
   return y;
 }
 
-Tensor swiglu_backward(const Tensor& dy, const Tensor& x) {
+Tensor swiglu_backward(const Tensor& dy, const Tensor& x, Tensor* amax) {
   Tensor dx = act(x.shape(), x);
+  float* a = amax_out(amax, "swiglu_backward");
   with_half(x, [&]<typename T>(T*) {
-    cuda::swiglu_backward(h<T>(dy), h<T>(x), h<T>(dx), x.dim(0), x.dim(1) / 2, st());
+    cuda::swiglu_backward(h<T>(dy), h<T>(x), h<T>(dx), x.dim(0), x.dim(1) / 2, st(), a);
   });
   return dx;
 }
