@@ -28,8 +28,8 @@ namespace {
 
 constexpr int kSteps = 12;
 constexpr int32_t kVocab = 64;
-// Measured (the printed values): 1.4e-3 (double rounding) and 2e-6 (DP against one rank).
-constexpr double kDoubleRoundingTol = 5e-3, kDpTol = 1e-3;
+// Measured (the printed values): up to 2.1e-4 (double rounding) and 2.5e-4 (DP against one rank).
+constexpr double kDoubleRoundingTol = 2e-3, kDpTol = 1e-3;
 
 // Counts what the all-gathers on the wrapped group receive, by element type.
 class CountingComm final : public comm::Communicator {
