@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kernels/fp8_codes.h"
 #include "kernels/ops.h"
 
 namespace mt::model {
@@ -123,7 +124,17 @@ Tensor Fp8Linear::forward_input(const Tensor& x, const PassContext& ctx) const {
   return y;
 }
 
+Tensor Fp8Linear::gathered_weight(const Tensor& w) const {
+  MT_CHECK(state->weight_codes.defined(), "{}: --fp8-param-gather's weight codes were not gathered before this pass",
+           state->name);
+  if (!state->weight_q.defined())
+    state->weight_q = ops::fp8_dequantize(state->weight_codes, state->weight_scale_inv,
+                                          store->config().forward_format(), w.dtype());
+  return state->weight_q;
+}
+
 Tensor Fp8Linear::forward_weight(const Tensor& w, const PassContext& ctx) const {
+  if (state->param_gathered) return gathered_weight(w);
   const Fp8Config& c = store->config();
   const Fp8Format fmt = c.forward_format();
   const bool cached = state->weight_epoch == store->epoch() && state->weight_q.defined();

@@ -52,6 +52,14 @@ struct Fp8LinearState {
   // Where casts with an already-used scale put the amax and clipped count nobody reads (made once:
   // no allocation or zeroing per cast).
   Tensor recast_amax, recast_saturated;
+  // --fp8-param-gather (parallel/fp8_param_gather.h): weight_codes, weight_scale and
+  // weight_scale_inv are the distributed optimizer's all-gathered cast of the fp32 main weight,
+  // used by every pass (training or not) instead of a cast of the model's copy; weight_q is read
+  // back from them on first use after each gather.
+  bool param_gathered = false;
+  // Delayed scaling there: the gathered cast's amax (weight.amax) joins the history right before
+  // the next cast rather than after this one, so that a checkpoint holds the scale this cast used.
+  bool weight_roll_pending = false;
 };
 
 class Fp8Store {
@@ -143,6 +151,8 @@ struct Fp8Linear {
                        PassContext& ctx, const Tensor* dy_amax = nullptr, const ProducerCast* pc = nullptr) const;
 
  private:
+  // --fp8-param-gather: the gathered codes read back (weight_q, made once per gather).
+  Tensor gathered_weight(const Tensor& w) const;
   // The weight's codes for this pass (cached per optimizer step in training) and their scales.
   void weight_codes(const Tensor& w, const PassContext& ctx, Tensor& codes, Tensor& scale, Tensor& scale_inv) const;
 };

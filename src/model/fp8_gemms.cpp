@@ -18,6 +18,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/fp8_codes.h"
 #include "kernels/ops.h"
 #include "model/fp8.h"
 
@@ -141,7 +142,11 @@ Fp8Linear::ProducerCast Fp8Linear::producer_cast(int64_t rows, int64_t cols, DTy
 
 void Fp8Linear::weight_codes(const Tensor& w, const PassContext& ctx, Tensor& q, Tensor& scale,
                              Tensor& scale_inv) const {
-  if (ctx.training && state->weight_epoch == store->epoch() && state->weight_codes.defined()) {
+  // --fp8-param-gather: the distributed optimizer's gathered codes, in every pass.
+  if (state->param_gathered)
+    MT_CHECK(state->weight_codes.defined(), "{}: --fp8-param-gather's weight codes were not gathered before this pass",
+             state->name);
+  if (state->param_gathered || (ctx.training && state->weight_epoch == store->epoch() && state->weight_codes.defined())) {
     q = state->weight_codes;
     scale = state->weight_scale;
     scale_inv = state->weight_scale_inv;
@@ -232,7 +237,8 @@ Tensor Fp8Linear::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor&
     }
     weight_codes(w, ctx, wq, w_scale, w_scale_inv);
     Tensor none;
-    recast(*state, w, w_scale, ff, none, &w_t);
+    if (state->param_gathered) ops::fp8_transpose_codes(wq, w_t);  // the model's copy is not kept
+    else recast(*state, w, w_scale, ff, none, &w_t);
   }
   Tensor dx = Tensor::empty({rows, in}, pc ? pc->dtype : dy.dtype(), dev);
   {

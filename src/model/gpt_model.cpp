@@ -17,7 +17,15 @@ namespace {
 // no others): QKV, projection, fc1 and fc2, or an MoE layer's experts and shared expert. The
 // experts' amaxes are their own rank's (their weights are whole unless expert TP splits them).
 void attach_fp8(TransformerLayer& l, Fp8Store& store) {
-  auto attach = [&](Linear& lin, const TensorParallel* tp) { lin.fp8 = make_fp8_linear(store, lin.weight->name, tp); };
+  // --fp8-param-gather: the dense linears' weights are cast and gathered by the distributed
+  // optimizer (parallel/fp8_param_gather.h); routed experts keep the cast per step (theirs
+  // all-gather over expert DP, beside the dense buckets).
+  auto attach = [&](Linear& lin, const TensorParallel* tp) {
+    lin.fp8 = make_fp8_linear(store, lin.weight->name, tp);
+    if (!store.config().param_gather || lin.weight->expert) return;
+    lin.fp8.state->param_gathered = true;
+    lin.weight->fp8_gathered = &lin.fp8;
+  };
   for (Linear* lin : {&l.attn.qkv, &l.attn.proj}) attach(*lin, lin->tp);
   if (!l.is_moe) {
     for (Linear* lin : {&l.mlp.fc1, &l.mlp.fc2}) attach(*lin, lin->tp);

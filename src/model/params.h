@@ -17,6 +17,8 @@
 
 namespace mt::model {
 
+struct Fp8Linear;
+
 enum class Init { Normal, ScaledNormal, Zeros, Ones };
 
 // How a parameter is split across tensor-parallel ranks. The full tensor's dimension `dim` is
@@ -65,6 +67,10 @@ struct Param {
   // of the grad buffer is written once per step rather than zeroed and then read back.
   bool gemm_only_grad = false;
   bool overwrite_grad = false;
+  // --fp8-param-gather: the FP8 linear whose weight this is. The distributed optimizer casts its
+  // updated fp32 shard to FP8 and all-gathers the codes (parallel/fp8_param_gather.h), so the
+  // model copy (and, off this rank's shard, the fp32 main copy) is not kept current for it.
+  const Fp8Linear* fp8_gathered = nullptr;
   // Whether the next gradient write accumulates (false once after zero_grad, for gemm_only_grad).
   bool take_accumulate() {
     const bool acc = !overwrite_grad;

@@ -24,8 +24,9 @@ bool DataParallel::sharded() const {
   return opts_.use_distributed_optimizer && (dp_->size() > 1 || experts_sharded());
 }
 
-// Buckets of the dense (or the expert) parameters in backward (reverse registration) order.
-void DataParallel::plan_buckets(const std::deque<model::Param>& params, bool expert) {
+// Buckets of the dense (or the expert; or the FP8-gathered) parameters in backward (reverse
+// registration) order.
+void DataParallel::plan_buckets(const std::deque<model::Param>& params, bool expert, bool fp8) {
   const int64_t limit = effective_bucket_size(opts_, (expert ? edp_ : dp_)->size());
   std::vector<size_t> cur;
   int64_t cur_n = 0;
@@ -33,11 +34,12 @@ void DataParallel::plan_buckets(const std::deque<model::Param>& params, bool exp
     if (cur.empty()) return;
     bucket_params_.push_back(std::move(cur));
     bucket_expert_.push_back(expert);
+    bucket_fp8_.push_back(fp8);
     cur.clear();
     cur_n = 0;
   };
   for (size_t i = params.size(); i-- > 0;) {
-    if (params[i].expert != expert) continue;
+    if (params[i].expert != expert || (params[i].fp8_gathered != nullptr) != fp8) continue;
     if (opts_.use_distributed_optimizer && params[i].shared_embedding) {
       // Megatron: a tied embedding split over pipeline stages gets a bucket of its own, so
       // the first and last stage shard it alike over DP and the embedding-group sum of the
@@ -58,9 +60,13 @@ model::LayoutFn DataParallel::layout_fn() {
   return [this](const std::deque<model::Param>& params) {
     bucket_params_.clear();
     bucket_expert_.clear();
-    plan_buckets(params, false);
+    bucket_fp8_.clear();
+    plan_buckets(params, false, false);
+    const size_t plain = bucket_params_.size();
+    plan_buckets(params, false, true);
+    has_fp8_ = bucket_params_.size() > plain;
     const size_t dense = bucket_params_.size();
-    plan_buckets(params, true);
+    plan_buckets(params, true, false);
     has_expert_ = bucket_params_.size() > dense;
     // Offsets: the dense parameters first, then the experts; within each the first-registered
     // first, so a dense model's buffer keeps registration order. Each bucket ends padded to a
@@ -73,6 +79,7 @@ model::LayoutFn DataParallel::layout_fn() {
       for (size_t b = hi; b-- > lo;) {
         Bucket& k = buckets_[b];
         k.expert = bucket_expert_[b];
+        k.fp8 = bucket_fp8_[b];
         k.group = (k.expert ? edp_ : dp_).get();
         const int64_t pad = opts_.use_distributed_optimizer ? k.group->size() : 1;
         k.begin = pos;
@@ -108,6 +115,8 @@ void DataParallel::attach(model::ParamStore& ps) {
   grad_work_.assign(buckets_.size(), nullptr);
   gather_work_.assign(buckets_.size(), nullptr);
   ready_count_.assign(buckets_.size(), 0);
+  fp8_.assign(buckets_.size(), Fp8Bucket{});
+  fp8_stale_ = true;
 }
 
 void DataParallel::start_iteration() {
@@ -145,16 +154,15 @@ void DataParallel::finish_grad_sync() {
     if (w) w->wait();
 }
 
+std::pair<int64_t, int64_t> DataParallel::owned_range(const Bucket& k) const {
+  if (!bucket_sharded(k)) return {k.begin, k.end};
+  const int64_t chunk = (k.end - k.begin) / k.group->size();
+  return {k.begin + chunk * k.group->rank(), k.begin + chunk * (k.group->rank() + 1)};
+}
+
 std::vector<std::pair<int64_t, int64_t>> DataParallel::owned_ranges() const {
   std::vector<std::pair<int64_t, int64_t>> out;
-  for (const Bucket& k : buckets_) {
-    if (!bucket_sharded(k)) {
-      out.emplace_back(k.begin, k.end);
-      continue;
-    }
-    const int64_t chunk = (k.end - k.begin) / k.group->size();
-    out.emplace_back(k.begin + chunk * k.group->rank(), k.begin + chunk * (k.group->rank() + 1));
-  }
+  for (const Bucket& k : buckets_) out.push_back(owned_range(k));
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -218,11 +226,16 @@ std::unique_ptr<optim::Optimizer> DataParallel::make_optimizer(const optim::Opti
 }
 
 void DataParallel::start_param_gather() {
-  if (!sharded()) return;
+  if (!sharded() && !has_fp8_) return;
   float* m = ps_->main_buffer().data<float>();
   // Forward order: the bucket holding the first layers is needed first.
   for (size_t b = buckets_.size(); b-- > 0;) {
     const Bucket& k = buckets_[b];
+    if (k.fp8) {
+      start_fp8_gather(b, true);
+      continue;
+    }
+    if (!sharded()) continue;  // the optimizer's update wrote the compute copy
     if (!bucket_sharded(k)) {  // stepped whole here (DP 1 beside a sharded EDP, or the reverse)
       ps_->sync_model_from_main(k.begin, k.end);
       continue;
@@ -232,14 +245,46 @@ void DataParallel::start_param_gather() {
     gather_work_[b] = c.all_gather_async(m + k.begin + chunk * c.rank(), m + k.begin, static_cast<size_t>(chunk),
                                          comm::DataType::F32);
   }
+  fp8_stale_ = false;
   if (!opts_.overlap_param_gather) finish_param_gather();
+}
+
+void DataParallel::start_fp8_gather(size_t b, bool roll) {
+  const Bucket& k = buckets_[b];
+  const bool shard = bucket_sharded(k);
+  const auto [lo, hi] = owned_range(k);
+  Fp8Bucket& f = fp8_[b];
+  cast_fp8_bucket(f, k, *ps_, lo, hi, shard ? k.group : nullptr, roll);
+  if (!shard) return;
+  uint8_t* codes = f.codes.data<uint8_t>();
+  gather_work_[b] = k.group->all_gather_async(codes + (lo - k.begin), codes, static_cast<size_t>(hi - lo),
+                                              comm::DataType::U8);
+}
+
+void DataParallel::prepare_fp8_params() {
+  if (!has_fp8_ || !fp8_stale_) return;
+  for (size_t b = buckets_.size(); b-- > 0;)
+    if (buckets_[b].fp8) start_fp8_gather(b, false);
+  fp8_stale_ = false;
+  if (!opts_.overlap_param_gather) finish_param_gather();
+}
+
+void DataParallel::gather_main_values() {
+  finish_param_gather();
+  float* m = ps_->main_buffer().data<float>();
+  for (const Bucket& k : buckets_) {
+    if (!k.fp8 || !bucket_sharded(k)) continue;
+    const auto [lo, hi] = owned_range(k);
+    k.group->all_gather(m + lo, m + k.begin, static_cast<size_t>(hi - lo), comm::DataType::F32);
+  }
 }
 
 void DataParallel::wait_gather(size_t b) {
   if (!gather_work_[b]) return;
   gather_work_[b]->wait();
   gather_work_[b] = nullptr;
-  ps_->sync_model_from_main(buckets_[b].begin, buckets_[b].end);
+  // FP8 codes land where the linears read them; the model's copy of those weights is not kept.
+  if (!buckets_[b].fp8) ps_->sync_model_from_main(buckets_[b].begin, buckets_[b].end);
 }
 
 void DataParallel::finish_param_gather() {

@@ -12,6 +12,8 @@
 //    (and its state) covers only the owned slices, and updated parameters are all-gathered
 //    (--overlap-param-gather: the gather of a bucket is waited for when the next forward first
 //    reads one of its parameters).
+//  * --fp8-param-gather: the FP8 linears' weights get buckets of their own, gathered as FP8 codes
+//    cast from the updated fp32 shards (parallel/fp8_param_gather.h).
 //  * MoE experts (Param::expert) differ across expert-parallel ranks: they get buckets of their
 //    own, after the dense ones in the buffer, reduced (and with the distributed optimizer
 //    sharded) over the expert-data-parallel group instead of DP, as Megatron's expert buffers.
@@ -24,6 +26,7 @@
 #include "model/context.h"
 #include "model/params.h"
 #include "optim/optimizer.h"
+#include "parallel/fp8_param_gather.h"
 #include "parallel/process_groups.h"
 
 namespace mt::parallel {
@@ -43,6 +46,7 @@ struct Bucket {
   int64_t begin = 0, end = 0;  // flat range, padded (end - begin divisible by its group's size with the distributed optimizer)
   std::vector<const model::Param*> params;
   bool expert = false;                  // MoE experts' parameters, reduced over EDP
+  bool fp8 = false;                     // FP8 linears' weights under --fp8-param-gather (gathered as FP8)
   comm::Communicator* group = nullptr;  // DP, or EDP for expert buckets
 };
 
@@ -69,9 +73,21 @@ class DataParallel final : public model::ParamHooks {
   // The optimizer over owned_ranges() (with the distributed optimizer; otherwise the full buffer),
   // on the device of the attached parameters.
   std::unique_ptr<optim::Optimizer> make_optimizer(const optim::OptimizerConfig& cfg) const;
-  // After the optimizer step: all-gather updated parameters (distributed optimizer only).
+  // After the optimizer step: all-gather updated parameters (distributed optimizer only), and
+  // under --fp8-param-gather cast the FP8 weights' shards and gather their codes.
   void start_param_gather();
   void finish_param_gather();
+
+  // --fp8-param-gather. Whether some bucket holds FP8-gathered weights.
+  bool fp8_param_gather() const { return has_fp8_; }
+  // Before a pass: the FP8 codes of the weights as they are now, cast and gathered unless an
+  // optimizer step's gather made them already (the first pass, and after invalidate).
+  void prepare_fp8_params();
+  // The weights changed outside the optimizer (a checkpoint load): cast them again before the next pass.
+  void invalidate_fp8_params() { fp8_stale_ = true; }
+  // The fp32 main values of the FP8 buckets gathered whole on every rank (a checkpoint save
+  // reads them; the FP8 gather leaves other ranks' shards stale).
+  void gather_main_values();
 
   void before_use(const model::Param& p) override;
   void grad_ready(const model::Param& p) override;
@@ -87,8 +103,10 @@ class DataParallel final : public model::ParamHooks {
   bool experts_sharded() const { return has_expert_ && opts_.use_distributed_optimizer && edp_->size() > 1; }
 
  private:
-  void plan_buckets(const std::deque<model::Param>& params, bool expert);
+  void plan_buckets(const std::deque<model::Param>& params, bool expert, bool fp8);
   void launch(size_t b);
+  void start_fp8_gather(size_t b, bool roll);
+  std::pair<int64_t, int64_t> owned_range(const Bucket& k) const;
   bool gathers_pending() const;
   void wait_gather(size_t b);
 
@@ -99,6 +117,9 @@ class DataParallel final : public model::ParamHooks {
   std::vector<Bucket> buckets_;
   std::vector<std::vector<size_t>> bucket_params_;  // planned, by registration index
   std::vector<bool> bucket_expert_;                 // planned: an expert bucket
+  std::vector<bool> bucket_fp8_;                    // planned: an FP8-gathered bucket
+  bool has_fp8_ = false, fp8_stale_ = true;
+  std::vector<Fp8Bucket> fp8_;  // per bucket (used for FP8 buckets only)
   std::unordered_map<const model::Param*, size_t> bucket_of_;
   std::vector<int> ready_count_;
   std::vector<comm::WorkHandle> grad_work_, gather_work_;

@@ -53,8 +53,8 @@ void register_fp8_flags(FlagParser& p, model::Fp8Config& f) {
   p.store_false("--no-fp8-wgrad", &f.wgrad, "run the weight-gradient GEMMs in the activation type, not FP8");
   p.store_false("--disable-fp8-wgrad", &f.wgrad, "same as --no-fp8-wgrad");
   p.store_true("--fp8-param-gather", &f.param_gather,
-               "accepted for Megatron's scripts (needs --use-distributed-optimizer), with a warning: parameters are "
-               "all-gathered in bf16 and cast to FP8 once per step; the FP8 all-gather itself is not built yet");
+               "with --use-distributed-optimizer: each rank casts its updated fp32 shard of the FP8 linears' weights "
+               "to FP8 and the codes are all-gathered (1 byte a parameter), then used by the FP8 GEMMs as they are");
   p.store_true("--first-last-layers-bf16", &f.first_last_layers_bf16,
                "keep the first and last transformer layers out of FP8 (not with --fp8-recipe delayed)");
   p.value("--num-layers-at-start-in-bf16", &f.num_layers_at_start_in_bf16,
@@ -83,14 +83,14 @@ void validate_fp8_args(Arguments& a) {
       if (a.was_given(flag))
         fail("{} applies to --fp8-recipe delayed only ({} scaling uses each tensor's own amax)", flag,
              model::fp8_recipe_name(f.recipe));
+  // The FP8 cast runs on the distributed optimizer's fp32 shards (parallel/fp8_param_gather.h).
   if (f.param_gather && !a.use_distributed_optimizer)
-    fail("--fp8-param-gather needs --use-distributed-optimizer (Megatron's rule)");
-  // Said, not silent: the result equals Megatron's up to where the FP8 cast rounds (from the bf16
-  // copy here, from the fp32 main weight there); only the gather's bytes differ (2 per parameter
-  // here against 1).
-  if (f.param_gather)
-    log_warn("--fp8-param-gather: parameters are all-gathered in bf16 and cast to FP8 once per step (the FP8 "
-             "all-gather, half the bytes, is not built yet)");
+    fail("--fp8-param-gather needs --use-distributed-optimizer (Megatron's rule: the optimizer's fp32 shards are "
+         "cast to FP8 and gathered): add --use-distributed-optimizer, or drop --fp8-param-gather");
+  // One scale per weight: blockwise's 128x128 blocks would straddle the optimizer's shards.
+  if (f.param_gather && f.recipe == model::Fp8Recipe::Blockwise)
+    fail("--fp8-param-gather works with the per-tensor recipes (one scale per weight, from its amax over the "
+         "shards): use --fp8-recipe tensorwise or delayed, or drop --fp8-param-gather for blockwise");
   if (!f.first_last_layers_bf16) {
     for (const char* flag : {"--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16"})
       if (a.was_given(flag)) fail("{} needs --first-last-layers-bf16", flag);

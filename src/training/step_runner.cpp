@@ -75,6 +75,7 @@ model::LossSums StepRunner::forward_backward(const std::vector<model::Batch>& ba
   auto& ps = model_.params();
   ps.zero_grad();
   ddp_.start_iteration();
+  ddp_.prepare_fp8_params();  // --fp8-param-gather: the first step's (or a resumed one's) FP8 weights
   // The reported loss and the gradient are the token-weighted mean over the global batch (all
   // DP ranks): each rank scales by 1 / global tokens and the DP reduction sums.
   const float scale = total_tokens > 0 ? static_cast<float>(1.0 / total_tokens) : 0.f;
@@ -260,13 +261,15 @@ void StepRunner::clip_and_step(double grad_norm, checkpoint::TrainingState& stat
   // The update writes the compute copy in the same pass; with the distributed optimizer the
   // parameter all-gather refreshes it instead, bucket by bucket, once the other slices are in.
   const bool gather = ddp_.sharded();
+  // --fp8-param-gather: the FP8 weights are cast from the updated main values, gathered or not.
+  const bool fp8_cast = ddp_.fp8_param_gather();
   {
     TimerScope t(timers_, "optimizer-inner-step", 1);
     const optim::StepRates rates{schedule_.lr(steps), schedule_.decoupled_lr(steps), schedule_.weight_decay(steps),
                                  grad_scale};
     optimizer_->update(ps.main_buffer(), ps.grad_buffer(), rates, gather ? ops::HalfCopy{} : compute_copy(ps));
   }
-  if (gather) {
+  if (gather || fp8_cast) {
     TimerScope t(timers_, "params-all-gather", 1);  // started here; with overlap it completes later
     ddp_.start_param_gather();
   }

@@ -43,7 +43,7 @@ checkpoint::RankInfo Trainer::rank_info() const {
 
 void Trainer::save() {
   const auto t0 = std::chrono::steady_clock::now();
-  ddp_->finish_param_gather();
+  ddp_->gather_main_values();  // --fp8-param-gather gathered only FP8 codes of some weights
   checkpoint::TrainingState st = state_;
   st.has_rng = !args_.no_save_rng;
   st.rng_seed = step_->dropout_rng().seed;
@@ -90,6 +90,7 @@ void Trainer::save_torch_dist(const checkpoint::TrainingState& st, const checkpo
 
 void Trainer::maybe_load() {
   if (args_.load.empty()) return;
+  ddp_->invalidate_fp8_params();  // --fp8-param-gather: cast the loaded weights before the next pass
   if (args_.moe_use_upcycling) return upcycle();
   // Megatron's `--save X --load X` idiom: the first run finds no directory and starts from scratch.
   if (std::error_code ec; !std::filesystem::exists(args_.load, ec)) {

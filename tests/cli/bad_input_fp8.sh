@@ -29,7 +29,9 @@ expect_error "--fp8-recipe needs --fp8-format" pretrain "${BASE[@]}" --fp8-recip
 expect_error "--no-fp8-wgrad needs --fp8-format" pretrain "${BASE[@]}" --no-fp8-wgrad
 expect_error "--fp8-amax-history-len applies to --fp8-recipe delayed only" pretrain "${BASE[@]}" "${FP8[@]}" --fp8-recipe tensorwise --fp8-amax-history-len 16
 expect_error "--fp8-margin applies to --fp8-recipe delayed only" pretrain "${BASE[@]}" "${FP8[@]}" --fp8-recipe blockwise --fp8-margin 1
-expect_error "--fp8-param-gather needs --use-distributed-optimizer" pretrain "${BASE[@]}" "${FP8[@]}" --fp8-param-gather
+expect_error "--fp8-param-gather needs --use-distributed-optimizer (Megatron's rule: the optimizer's fp32 shards are cast to FP8 and gathered): add --use-distributed-optimizer, or drop --fp8-param-gather" pretrain "${BASE[@]}" "${FP8[@]}" --fp8-param-gather
+expect_error "--fp8-param-gather needs --fp8-format" pretrain "${BASE[@]}" --use-distributed-optimizer --fp8-param-gather
+expect_error "--fp8-param-gather works with the per-tensor recipes" pretrain "${BASE[@]}" "${FP8[@]}" --fp8-recipe blockwise --use-distributed-optimizer --fp8-param-gather
 expect_error "--first-last-layers-bf16 does not work with --fp8-recipe delayed" pretrain "${BASE[@]}" "${FP8[@]}" --first-last-layers-bf16
 expect_error "--num-layers-at-start-in-bf16 needs --first-last-layers-bf16" pretrain "${BASE[@]}" "${FP8[@]}" --num-layers-at-start-in-bf16 1
 expect_error "--num-layers-at-end-in-bf16 (3) must be at most the layers per pipeline stage (2)" \
