@@ -62,8 +62,8 @@ bool mult16(int64_t v) { return v > 0 && v % 16 == 0; }
 }  // namespace
 
 bool Fp8Linear::real_gemms(const Tensor& x, const Tensor& w) const {
-  if (!on() || store->config().recipe == Fp8Recipe::Blockwise) return false;
-  if (x.device() != Device::CUDA && !store->real_gemms_on_cpu) return false;
+  if (!on() || store->real_gemms_off || (x.device() != Device::CUDA && !store->real_gemms_on_cpu)) return false;
+  if (store->config().recipe == Fp8Recipe::Blockwise) return block_real_gemms(x, w);
   return w.ndim() == 2 && mult16(w.dim(0)) && mult16(w.dim(1)) && x.dim(-1) == w.dim(1) &&
          mult16(x.numel() / x.dim(-1));
 }
@@ -91,6 +91,7 @@ void Fp8Linear::weight_codes(const Tensor& w, const PassContext& ctx, Tensor& q,
 Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* residual, bool keep_x_t,
                                PassContext& ctx) const {
   const Fp8Config& c = store->config();
+  if (c.recipe == Fp8Recipe::Blockwise) return block_gemm_forward(x, w, residual, keep_x_t, ctx);
   const Fp8Format ff = c.forward_format();
   const Tensor x2 = rows2d(x);
   const int64_t rows = x2.dim(0), in = x2.dim(1), out = w.dim(0);
@@ -111,7 +112,7 @@ Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* r
     } else {
       Tensor used;
       cast(x2, state->input, ff, *store, *state, tp, ctx.training, q, keep_x_t ? &x_t : nullptr, used, x_scale_inv);
-      if (ctx.training) state->saved.push_back(Fp8Saved{used, x_scale_inv, x_t});
+      if (ctx.training) state->saved.push_back(Fp8Saved{used, x_scale_inv, x_t, Tensor()});
     }
     weight_codes(w, ctx, wq, w_scale, w_scale_inv);
   }
@@ -134,6 +135,7 @@ Tensor Fp8Linear::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor&
   const int64_t rows = dy2.dim(0), out = dy2.dim(1), in = w.dim(1);
   MT_CHECK(w.dim(0) == out, "{}: an FP8 backward of gradient {} and weight {}", state->name, dy.shape_str(),
            w.shape_str());
+  if (c.recipe == Fp8Recipe::Blockwise) return block_gemm_backward(e, dy2, x, w, dw, accumulate_dw, ctx);
   const Device dev = dy.device();
   Tensor dq = codes(rows, out, dev), dq_t = c.wgrad ? codes(out, rows, dev) : Tensor();
   Tensor g_scale, g_scale_inv, wq, w_scale, w_scale_inv, w_t = codes(in, out, dev);
