@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/ops.h"
 #include "support/gpu.h"
 #include "test_util.h"
@@ -136,7 +137,7 @@ TEST(Fp8Blocks, GemmIsTheFp32GemmOfTheReadBackOperands) {
   }
   const Operand b = cast(sample(N, K, 4), Fp8Format::E4M3, kBlocks);
   Tensor d = Tensor::empty({M, N});
-  EXPECT_THROW(fp8_block_gemm_into(b.q, b.f, b.t, b.si, b.q, b.f, b.t, b.si, nullptr, d), Error);
+  EXPECT_THROW(fp8_block_gemm_into(b.q, b.f, b.t, b.si, b.q, b.f, b.t, b.si, nullptr, d), mt::Error);
 }
 
 // ---- GPU
