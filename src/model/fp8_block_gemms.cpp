@@ -38,7 +38,8 @@ bool mult128(int64_t v) { return v > 0 && v % fp8::kBlockTile == 0; }
 
 // Why a linear of rows x in -> out cannot run its GEMMs through cuBLASLt on `d`; empty if it can.
 std::string refusal(Device d, int64_t rows, int64_t in, int64_t out, DType act, const Fp8Config& c) {
-  if (!mult128(rows) || !mult128(in) || !mult128(out)) return "a dimension is not a multiple of the 128-wide tiles";
+  if (!mult128(rows) || !mult128(in) || !mult128(out))
+    return "a dimension is not a multiple of the 128-wide tiles (rows: the micro-batch's tokens on this rank)";
   const Fp8Format ff = c.forward_format(), gf = c.grad_format();
   struct Named {
     const char* name;
@@ -49,8 +50,11 @@ std::string refusal(Device d, int64_t rows, int64_t in, int64_t out, DType act, 
   if (c.wgrad) gemms.push_back({"weight-gradient", {out, in, rows, gf, ff, kRows, kRows, DType::F32, false}});
   for (const Named& n : gemms)
     if (!ops::fp8_block_gemm_supported(d, n.g))
-      return fmt::format("cuBLASLt offers no block-scaled FP8 algorithm for its {} GEMM ({} x {} x {}, {} x {})",
-                         n.name, n.g.m, n.g.n, n.g.k, fp8_format_name(n.g.a_format), fp8_format_name(n.g.b_format));
+      return fmt::format(
+          "cuBLASLt offers no block-scaled FP8 algorithm for its {} GEMM ({} x {} x {}, {} x {}; it needs Hopper and "
+          "CUDA 12.9 or newer{})",
+          n.name, n.g.m, n.g.n, n.g.k, fp8_format_name(n.g.a_format), fp8_format_name(n.g.b_format),
+          c.hybrid ? "; with E5M2 gradients refused, --fp8-format e4m3 is blockwise's usual format" : "");
   return {};
 }
 
