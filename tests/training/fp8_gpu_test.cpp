@@ -101,7 +101,7 @@ TEST(Fp8TrainingGpu, BlockwiseTracksTheGpuEmulation) {
   a.train_iters = kIters;
   a.device = "cuda";
   validate_args(a, 40);
-  const Run real = train(a), emulated = train(a, true);
+  const auto real = train(a), emulated = train(a, true);
   EXPECT_TRUE(real.real);
   EXPECT_FALSE(emulated.real);
   double worst = 0;
