@@ -6,7 +6,8 @@
 # (the breakdown names the "FP8 casts": cast + transpose + amax, the cost FP8 adds).
 # Expects the build of bench/gpu_bench.sh in $MT_DEVICE_BUILD (or builds megatron there).
 #   MT_BENCH_ITERS   iterations per run (default 20; the median of those after the first 5)
-#   MT_FP8_RECIPES   recipes to run (default "delayed tensorwise"; blockwise runs emulated)
+#   MT_FP8_RECIPES   recipes to run (default "delayed tensorwise"; blockwise runs cuBLASLt's
+#                    block-scaled GEMMs in E4M3 throughout, Transformer Engine's blockwise default)
 #   MT_FP8_AB=1      each recipe also with MT_FP8_UNFUSED=1 (the casts without the producer
 #                    fusion, model/fp8.h): the fusion's gain measured on the same machine
 set -uo pipefail
@@ -51,6 +52,7 @@ run() {
 
 # fp8_args RECIPE: the FP8 flags of a run (delayed: Megatron's usual long history and its max).
 fp8_args() {
+  if [ "$1" = blockwise ]; then echo --fp8-format e4m3 --fp8-recipe blockwise; return; fi
   echo --fp8-format hybrid --fp8-recipe "$1"
   [ "$1" = delayed ] && echo --fp8-amax-history-len 1024 --fp8-amax-compute-algo max
 }

@@ -7,8 +7,8 @@
 # line per recipe: its final validation loss against bf16's (the target: within 1%).
 # Each run: 1,000 steps of 8 x 512 tokens (4.1M tokens, about 3.5 passes over the corpus),
 # validation every 100 steps on the held-out documents.
-#   MT_FP8_RECIPES  the FP8 recipes (default "delayed tensorwise blockwise"; blockwise is emulated
-#                   on the GPU: quantize-and-read-back operands, bf16 GEMMs)
+#   MT_FP8_RECIPES  the FP8 recipes (default "delayed tensorwise blockwise"; blockwise runs cuBLASLt's
+#                   block-scaled GEMMs where it offers them for the format, else the emulation)
 #   MT_CONV_ITERS   steps per run (default 1000)
 # Expects the build of bench/gpu_bench.sh in $MT_DEVICE_BUILD (or builds megatron there).
 set -uo pipefail

@@ -39,6 +39,10 @@ MT_FP8_HD inline float pow2_floor(float s) {
   return r;
 }
 
+// A blockwise tile's scale from its amax: the largest power of two <= fp8_max / amax (1 for an
+// all-zero tile), so that amax * scale never exceeds fp8_max and 1 / scale is exact.
+MT_FP8_HD inline float block_scale(float amax, float fp8_max) { return pow2_floor(scale_from_amax(amax, fp8_max, 1.f)); }
+
 // fp8_max * 2^-margin, exactly (a power-of-two factor; margin in [0, 64]).
 MT_FP8_HD inline float scaled_max(float fp8_max, int margin) {
   float m = fp8_max;

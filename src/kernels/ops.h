@@ -17,6 +17,7 @@
 #include "core/fp8.h"
 #include "core/tensor.h"
 #include "kernels/attention_shape.h"
+#include "kernels/fp8_blocks.h"
 #include "kernels/moe_routing.h"
 
 namespace mt::ops {
@@ -85,6 +86,16 @@ struct HalfCopy {
   bool defined() const { return out.defined(); }
   // The copy of parameters [start, start + n), for an update of part of the buffer.
   HalfCopy part(int64_t start, int64_t n) const { return defined() ? HalfCopy{out.flat_range(start, {n}), half} : HalfCopy{}; }
+};
+
+// One block-scaled FP8 GEMM as cuBLASLt is asked for it (fp8_block_gemm_supported):
+// D [m, n] (+ C) = a [m, k] . b [n, k]^T, both operands K-major in the tilings of kernels/fp8_blocks.h.
+struct Fp8BlockGemm {
+  int64_t m = 0, n = 0, k = 0;
+  Fp8Format a_format = Fp8Format::E4M3, b_format = Fp8Format::E4M3;
+  Fp8Tiles a_tiles = Fp8Tiles::Rows1x128, b_tiles = Fp8Tiles::Blocks128x128;
+  DType out = DType::BF16;  // D's type, and C's when has_c
+  bool has_c = false;
 };
 
 #define MT_DEFAULT(v) = v

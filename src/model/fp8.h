@@ -28,6 +28,7 @@ struct Fp8TensorState {
 struct Fp8Saved {
   Tensor scale, scale_inv;  // f32 [1]: the input's scale as the forward cast it, and its inverse
   Tensor x_t;               // U8 [in, rows]: the input's codes transposed (undefined: re-cast from x)
+  Tensor x_t_scale_inv;     // blockwise: x_t's per-tile scale_invs (the per-tensor pair unused)
 };
 
 // The three operands of one linear layer, named after its parameters' prefix.
@@ -44,6 +45,7 @@ struct Fp8LinearState {
   std::deque<Tensor> pending_input_scales;
   // The real-GEMM path's weight codes [out, in] (E4M3) for the step and the scale they were cast
   // with (the delayed recipe moves the state's scale on right after), and its saved forwards.
+  // Blockwise: weight_scale_inv holds the codes' 128x128 tiles' scale_invs (weight_scale unused).
   Tensor weight_codes, weight_scale, weight_scale_inv;
   std::deque<Fp8Saved> saved;
   // Whether its amaxes join the store's amax group: not the MoE experts', whose casts a rank
@@ -85,6 +87,8 @@ class Fp8Store {
   // Tests: run the real-GEMM path for CPU tensors too (its ops have CPU references), so that it
   // can be checked against the emulation without a GPU.
   bool real_gemms_on_cpu = false;
+  // Tests: the emulation for CUDA tensors too (the real path's reference on the same device).
+  bool real_gemms_off = false;
 
  private:
   Fp8Config cfg_;
@@ -114,7 +118,9 @@ struct Fp8Linear {
 
   // The GPU path (model/fp8_gemms.cpp): real FP8 GEMMs through cuBLASLt, fp32 accumulation,
   // outputs in the activation type. Used for x on the GPU under the per-tensor recipes, with every
-  // GEMM dimension (rows, in, out) a multiple of 16 (cuBLASLt's FP8 rule); else the emulation.
+  // GEMM dimension (rows, in, out) a multiple of 16 (cuBLASLt's FP8 rule); under blockwise scaling
+  // (model/fp8_block_gemms.cpp) with every dimension a multiple of 128 and the three GEMMs offered
+  // by this cuBLASLt (else the emulation, with a warning once per shape).
   bool real_gemms(const Tensor& x, const Tensor& w) const;
   // Whether the real-GEMM path will cast an operand of `rows` rows on device `d` under current
   // scaling with a fresh amax, which the operand's producer can then compute in its own pass
@@ -155,6 +161,13 @@ struct Fp8Linear {
   Tensor gathered_weight(const Tensor& w) const;
   // The weight's codes for this pass (cached per optimizer step in training) and their scales.
   void weight_codes(const Tensor& w, const PassContext& ctx, Tensor& codes, Tensor& scale, Tensor& scale_inv) const;
+  // The blockwise recipe's real-GEMM path (model/fp8_block_gemms.cpp).
+  bool block_real_gemms(const Tensor& x, const Tensor& w) const;
+  Tensor block_gemm_forward(const Tensor& x, const Tensor& w, const Tensor* residual, bool keep_x_t,
+                            PassContext& ctx) const;
+  // e: the forward's saved entry (taken off the queue by gemm_backward), dy2: dy as [rows, out].
+  Tensor block_gemm_backward(const Fp8Saved& e, const Tensor& dy2, const Tensor& x, const Tensor& w, Tensor& dw,
+                             bool accumulate_dw, PassContext& ctx) const;
 };
 
 // The FP8 producer fusion: the kernels that produce an FP8 linear's operand (RMSNorm for

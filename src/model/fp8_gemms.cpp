@@ -100,8 +100,8 @@ void set_fp8_producer_amax(bool on) { producer_amax_on.store(on, std::memory_ord
 int64_t fp8_producer_fusions() { return producer_fusions.load(std::memory_order_relaxed); }
 
 bool Fp8Linear::real_gemms(const Tensor& x, const Tensor& w) const {
-  if (!on() || store->config().recipe == Fp8Recipe::Blockwise) return false;
-  if (x.device() != Device::CUDA && !store->real_gemms_on_cpu) return false;
+  if (!on() || store->real_gemms_off || (x.device() != Device::CUDA && !store->real_gemms_on_cpu)) return false;
+  if (store->config().recipe == Fp8Recipe::Blockwise) return block_real_gemms(x, w);
   return w.ndim() == 2 && mult16(w.dim(0)) && mult16(w.dim(1)) && x.dim(-1) == w.dim(1) &&
          mult16(x.numel() / x.dim(-1));
 }
@@ -167,6 +167,7 @@ void Fp8Linear::weight_codes(const Tensor& w, const PassContext& ctx, Tensor& q,
 Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* residual, bool keep_x_t,
                                PassContext& ctx, const Tensor* x_amax, const ProducerCast* pc) const {
   const Fp8Config& c = store->config();
+  if (c.recipe == Fp8Recipe::Blockwise) return block_gemm_forward(x, w, residual, keep_x_t, ctx);
   const Fp8Format ff = c.forward_format();
   MT_CHECK(!pc || (ctx.training && !ctx.recomputing && keep_x_t && pc->qt.defined()),
            "{}: producer codes outside a first training forward that keeps them", state->name);
@@ -183,7 +184,7 @@ Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* r
       // The producer cast with the state's scale: what cast() does after its kernel.
       Tensor used;
       finish_cast(state->input, ff, *store, *state, tp, true, used, x_scale_inv);
-      state->saved.push_back(Fp8Saved{used, x_scale_inv, x_t});
+      state->saved.push_back(Fp8Saved{used, x_scale_inv, x_t, Tensor()});
       producer_fusions.fetch_add(1, std::memory_order_relaxed);
     } else if (ctx.recomputing) {
       // The re-run of a forward whose backward comes next: the first run's scale, and now (if
@@ -197,7 +198,7 @@ Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* r
       Tensor used;
       cast(x2, state->input, ff, *store, *state, tp, ctx.training, q, keep_x_t ? &x_t : nullptr, used, x_scale_inv,
            x_amax);
-      if (ctx.training) state->saved.push_back(Fp8Saved{used, x_scale_inv, x_t});
+      if (ctx.training) state->saved.push_back(Fp8Saved{used, x_scale_inv, x_t, Tensor()});
     }
     weight_codes(w, ctx, wq, w_scale, w_scale_inv);
   }
@@ -222,6 +223,7 @@ Tensor Fp8Linear::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor&
   const int64_t rows = pc ? pc->q.dim(0) : dy2.dim(0), out = pc ? pc->q.dim(1) : dy2.dim(1), in = w.dim(1);
   MT_CHECK(w.dim(0) == out, "{}: an FP8 backward of gradient [{}, {}] and weight {}", state->name, rows, out,
            w.shape_str());
+  if (c.recipe == Fp8Recipe::Blockwise) return block_gemm_backward(e, dy2, x, w, dw, accumulate_dw, ctx);
   const Device dev = pc ? pc->q.device() : dy.device();
   Tensor dq = pc ? pc->q : codes(rows, out, dev);
   Tensor dq_t = pc ? pc->qt : c.wgrad ? codes(out, rows, dev) : Tensor();

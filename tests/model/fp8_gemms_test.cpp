@@ -18,11 +18,17 @@ namespace mt::model {
 namespace {
 
 constexpr int64_t kRows = 32, kIn = 48, kOut = 16;
+// A linear's GEMM dimensions (blockwise scaling's real GEMMs take multiples of 128; 384 = three K
+// tiles, which cuBLASLt's 128x128 scale layout pads to four).
+struct Dims {
+  int64_t rows = kRows, in = kIn, out = kOut;
+};
+constexpr Dims kBlockDims{256, 384, 128};
 
-Fp8Config config(Fp8Recipe r, bool wgrad = true) {
+Fp8Config config(Fp8Recipe r, bool wgrad = true, bool hybrid = true) {
   Fp8Config c;
   c.enabled = true;
-  c.hybrid = true;
+  c.hybrid = hybrid;
   c.recipe = r;
   c.amax_history_len = 3;
   c.amax_max = true;
@@ -63,7 +69,7 @@ struct StepOut {
 // Two micro-batches (two forwards, then their backwards, oldest first) of one step through the
 // emulation: the operands quantized and read back, then the activation-type GEMMs.
 StepOut emulated(Fp8Linear& l, const Tensor& x1, const Tensor& x2, const Tensor& w, const Tensor& dy1,
-                 const Tensor& dy2) {
+                 const Tensor& dy2, Dims dims) {
   PassContext ctx;
   StepOut o;
   auto fwd = [&](const Tensor& x) {
@@ -72,7 +78,7 @@ StepOut emulated(Fp8Linear& l, const Tensor& x1, const Tensor& x2, const Tensor&
   };
   o.y1 = host(fwd(x1));
   o.y2 = host(fwd(x2));
-  Tensor dw = Tensor::zeros({kOut, kIn});
+  Tensor dw = Tensor::zeros({dims.out, dims.in});
   auto bwd = [&](const Tensor& dy, const Tensor& x, bool acc) {
     const Fp8Linear::Backward b = l.backward_operands(dy, x);
     const Tensor dx = ops::linear_backward_data(b.dy_dgrad, l.forward_weight(w, ctx));
@@ -88,7 +94,7 @@ StepOut emulated(Fp8Linear& l, const Tensor& x1, const Tensor& x2, const Tensor&
 // The same step through the real FP8 GEMMs on `d`. The first forward keeps its input's transposed
 // codes (its backward gets no x) where FP8 wgrad is on; the second's backward re-casts x.
 StepOut real(Fp8Linear& l, const Tensor& x1, const Tensor& x2, const Tensor& w, const Tensor& dy1, const Tensor& dy2,
-             Device d) {
+             Device d, Dims dims) {
   PassContext ctx;
   StepOut o;
   const Tensor wd = on(w, d), x1d = on(x1, d), x2d = on(x2, d);
@@ -96,7 +102,7 @@ StepOut real(Fp8Linear& l, const Tensor& x1, const Tensor& x2, const Tensor& w, 
   const bool keep = l.store->config().wgrad;  // as Linear::keeps_input: not without FP8 wgrad
   o.y1 = host(l.gemm_forward(x1d, wd, nullptr, keep, ctx));
   o.y2 = host(l.gemm_forward(x2d, wd, nullptr, false, ctx));
-  Tensor dw = Tensor::zeros({kOut, kIn}, DType::F32, d);
+  Tensor dw = Tensor::zeros({dims.out, dims.in}, DType::F32, d);
   EXPECT_TRUE(l.backward_is_real());
   o.dx1 = host(l.gemm_backward(on(dy1, d), keep ? Tensor() : x1d, wd, dw, false, ctx));
   o.dx2 = host(l.gemm_backward(on(dy2, d), x2d, wd, dw, true, ctx));
@@ -116,8 +122,8 @@ void expect_same_state(Fp8Store& a, Fp8Store& b) {
 }
 
 // Three steps; the first input's magnitude saturates the delayed recipe's initial scale of 1.
-void compare(Fp8Recipe r, Device d, double tol, bool wgrad = true) {
-  Fp8Store emu(config(r, wgrad)), gem(config(r, wgrad));
+void compare(Fp8Recipe r, Device d, double tol, bool wgrad = true, Dims dims = {}, bool hybrid = true) {
+  Fp8Store emu(config(r, wgrad, hybrid)), gem(config(r, wgrad, hybrid));
   gem.real_gemms_on_cpu = true;
   Fp8Linear le = make_fp8_linear(emu, "l.weight", nullptr), lg = make_fp8_linear(gem, "l.weight", nullptr);
   if (d != Device::CPU) gem.to_device(d);
@@ -125,11 +131,11 @@ void compare(Fp8Recipe r, Device d, double tol, bool wgrad = true) {
   for (int step = 0; step < 3; ++step) {
     SCOPED_TRACE(step);
     const uint64_t s = 100 * static_cast<uint64_t>(step);
-    const Tensor w = data({kOut, kIn}, s + 1, 0.5), x1 = data({kRows, kIn}, s + 2, mags[step]),
-                 x2 = data({kRows, kIn}, s + 3, 1.0), dy1 = data({kRows, kOut}, s + 4, 1e-3),
-                 dy2 = data({kRows, kOut}, s + 5, 2e-3);
-    const StepOut want = emulated(le, x1, x2, w, dy1, dy2);
-    const StepOut got = real(lg, x1, x2, w, dy1, dy2, d);
+    const Tensor w = data({dims.out, dims.in}, s + 1, 0.5), x1 = data({dims.rows, dims.in}, s + 2, mags[step]),
+                 x2 = data({dims.rows, dims.in}, s + 3, 1.0), dy1 = data({dims.rows, dims.out}, s + 4, 1e-3),
+                 dy2 = data({dims.rows, dims.out}, s + 5, 2e-3);
+    const StepOut want = emulated(le, x1, x2, w, dy1, dy2, dims);
+    const StepOut got = real(lg, x1, x2, w, dy1, dy2, d, dims);
     EXPECT_LT(rel(got.y1, want.y1), tol);
     EXPECT_LT(rel(got.y2, want.y2), tol);
     EXPECT_LT(rel(got.dx1, want.dx1), tol);
@@ -144,6 +150,36 @@ void compare(Fp8Recipe r, Device d, double tol, bool wgrad = true) {
 TEST(Fp8Gemms, DelayedMatchesTheEmulation) { compare(Fp8Recipe::Delayed, Device::CPU, 1e-5); }
 TEST(Fp8Gemms, TensorwiseMatchesTheEmulation) { compare(Fp8Recipe::Tensorwise, Device::CPU, 1e-5); }
 TEST(Fp8Gemms, WithoutFp8WgradMatchesTheEmulation) { compare(Fp8Recipe::Delayed, Device::CPU, 1e-5, false); }
+// Blockwise: the codes read back are the emulated operands exactly; the GEMMs differ in summation
+// order only (the real path's CPU stand-in sums the dequantized codes in fp32).
+TEST(Fp8Gemms, BlockwiseMatchesTheEmulation) { compare(Fp8Recipe::Blockwise, Device::CPU, 1e-5, true, kBlockDims); }
+TEST(Fp8Gemms, BlockwiseWithoutFp8WgradMatchesTheEmulation) {
+  compare(Fp8Recipe::Blockwise, Device::CPU, 1e-5, false, kBlockDims);
+}
+
+// Blockwise has no scale to remember: a recomputed forward casts again, the transposed input kept
+// by its re-run or cast again in the backward gives the same weight gradient.
+TEST(Fp8Gemms, BlockwiseRecomputedForwardKeepsTheCodes) {
+  const Dims d = kBlockDims;
+  const Tensor w = data({d.out, d.in}, 1, 0.5), x = data({d.rows, d.in}, 2, 2000), dy = data({d.rows, d.out}, 3, 1e-3);
+  Fp8Store a(config(Fp8Recipe::Blockwise)), b(config(Fp8Recipe::Blockwise));
+  a.real_gemms_on_cpu = b.real_gemms_on_cpu = true;
+  Fp8Linear la = make_fp8_linear(a, "l.weight", nullptr), lb = make_fp8_linear(b, "l.weight", nullptr);
+  PassContext ctx, re;
+  re.recomputing = true;
+  const std::vector<float> y = la.gemm_forward(x, w, nullptr, false, ctx).to_vector();
+  ASSERT_EQ(a.linears().front().saved.size(), 1u);
+  EXPECT_FALSE(a.linears().front().saved.front().x_t.defined());
+  EXPECT_EQ(la.gemm_forward(x, w, nullptr, true, re).to_vector(), y);
+  ASSERT_EQ(a.linears().front().saved.size(), 1u);
+  EXPECT_TRUE(a.linears().front().saved.front().x_t.defined());
+  EXPECT_EQ(lb.gemm_forward(x, w, nullptr, false, ctx).to_vector(), y);
+  Tensor dw_kept = Tensor::zeros({d.out, d.in}), dw_recast = Tensor::zeros({d.out, d.in});
+  const std::vector<float> dxa = la.gemm_backward(dy, Tensor(), w, dw_kept, false, ctx).to_vector();
+  EXPECT_EQ(lb.gemm_backward(dy, x, w, dw_recast, false, ctx).to_vector(), dxa);
+  EXPECT_EQ(dw_recast.to_vector(), dw_kept.to_vector());
+  EXPECT_FALSE(la.backward_is_real());
+}
 
 TEST(Fp8Gemms, RecomputedForwardKeepsTheFirstScaleAndTheCodes) {
   const Tensor w = data({kOut, kIn}, 1, 0.5), x = data({kRows, kIn}, 2, 2000), dy = data({kRows, kOut}, 3, 1e-3);
@@ -166,7 +202,7 @@ TEST(Fp8Gemms, RecomputedForwardKeepsTheFirstScaleAndTheCodes) {
   EXPECT_GT(take_fp8_health(a).saturated, 0);  // counted by the first forward only
 }
 
-TEST(Fp8Gemms, EligibilityNeedsMultiplesOf16AndAPerTensorRecipe) {
+TEST(Fp8Gemms, EligibilityNeedsMultiplesOf16Or128ForBlocks) {
   Fp8Store store(config(Fp8Recipe::Tensorwise)), blocks(config(Fp8Recipe::Blockwise));
   Fp8Linear l = make_fp8_linear(store, "l.weight", nullptr), b = make_fp8_linear(blocks, "b.weight", nullptr);
   const Tensor w = Tensor::zeros({kOut, kIn}), x = Tensor::zeros({kRows, kIn});
@@ -175,7 +211,10 @@ TEST(Fp8Gemms, EligibilityNeedsMultiplesOf16AndAPerTensorRecipe) {
   EXPECT_TRUE(l.real_gemms(x, w));
   EXPECT_FALSE(l.real_gemms(Tensor::zeros({kRows - 1, kIn}), w));
   EXPECT_FALSE(l.real_gemms(Tensor::zeros({kRows, 40}), Tensor::zeros({kOut, 40})));
-  EXPECT_FALSE(b.real_gemms(x, w));
+  EXPECT_FALSE(b.real_gemms(x, w));  // blockwise: 128-wide tiles (and a warning, once per shape)
+  const Dims d = kBlockDims;
+  EXPECT_TRUE(b.real_gemms(Tensor::zeros({d.rows, d.in}), Tensor::zeros({d.out, d.in})));
+  EXPECT_FALSE(b.real_gemms(Tensor::zeros({d.rows + 16, d.in}), Tensor::zeros({d.out, d.in})));
 }
 
 // The producer fusion (model/fp8.h, fp8_producer_amax): the casts handed their operand's amax
@@ -302,6 +341,12 @@ TEST(Fp8GemmsGpu, TensorwiseMatchesTheCpuEmulation) {
   if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   test::gpu();
   compare(Fp8Recipe::Tensorwise, Device::CUDA, 1e-2);
+}
+// cuBLASLt's block-scaled GEMMs (E4M3 throughout, Transformer Engine's blockwise default).
+TEST(Fp8GemmsGpu, BlockwiseMatchesTheCpuEmulation) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
+  compare(Fp8Recipe::Blockwise, Device::CUDA, 1e-2, true, kBlockDims, false);
 }
 
 }  // namespace

@@ -87,7 +87,7 @@ Tensor fp8_fake_quantize_blocks(const Tensor& x, Fp8Format format, int64_t tile_
       const int64_t r0 = bi * tile_r, r1 = std::min(R, r0 + tile_r), c0 = bj * tile_c, c1 = std::min(C, c0 + tile_c);
       float a = 0.f;
       for (int64_t r = r0; r < r1; ++r) a = std::fmax(a, amax_of(in + r * C + c0, c1 - c0));
-      const float s = fp8::pow2_floor(fp8::scale_from_amax(a, mx, 1.f)), inv = 1.f / s;
+      const float s = fp8::block_scale(a, mx), inv = 1.f / s;
       sc[bi * tc + bj] = s;
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t c = c0; c < c1; ++c) out[r * C + c] = fp8_round(in[r * C + c] * s, format) * inv;

@@ -113,7 +113,7 @@ __global__ void fake_quantize_blocks_kernel(const T* __restrict__ x, T* __restri
   __syncthreads();
   m = 0.f;
   for (int i = 0; i < kThreads / 32; ++i) m = fmaxf(m, warp_maxes[i]);
-  const float s = fp8::pow2_floor(fp8::scale_from_amax(m, fp8_max, 1.f)), inv = 1.f / s;
+  const float s = fp8::block_scale(m, fp8_max), inv = 1.f / s;
   if (threadIdx.x == 0) scales[blockIdx.x] = s;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const int64_t at = (r0 + i / w) * C + c0 + i % w;

@@ -4,57 +4,19 @@
 // a [M, K] b[N, K]^T is column-major D^T [N, M] = b^T-as-stored x a, so cuBLASLt's A is b
 // (transposed) and its B is a. Its own handle and workspace: the bf16 Gemm's tuning cache is
 // keyed for bf16 calls only.
-#include <cublasLt.h>
-
 #include <map>
 #include <mutex>
 #include <tuple>
 
 #include "core/error.h"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/fp8_lt.h"
 #include "kernels/cuda/tensor_args.h"
 #include "kernels/op_backends.h"
 
 namespace mt::ops::gpu {
 
 namespace {
-
-void check_lt(cublasStatus_t st, const char* what) {
-  MT_CHECK(st == CUBLAS_STATUS_SUCCESS, "fp8_gemm: {} failed (cuBLAS status {})", what, static_cast<int>(st));
-}
-
-struct Fp8Lt {
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-  size_t workspace_bytes = size_t{32} << 20;
-};
-
-// One per process, made on first use (the compute stream orders every call).
-Fp8Lt& lt() {
-  static Fp8Lt s;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    check_lt(cublasLtCreate(&s.handle), "cublasLtCreate");
-    MT_CUDA_CHECK(cudaMalloc(&s.workspace, s.workspace_bytes));
-  });
-  return s;
-}
-
-cudaDataType_t fp8_type(Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
-
-// RAII for the descriptors of one call.
-struct Descs {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~Descs() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
 
 // The heuristic's algorithm per GEMM shape and types, asked for once: the query costs far more
 // host time than the GEMM's launch, and a step runs the same few shapes over and over.
@@ -70,14 +32,39 @@ struct AlgoKey {
   }
 };
 
-uint32_t alignment_of(const void* p) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  uint32_t al = 256;
-  while (al > 1 && a % al != 0) al >>= 1;
-  return al;
+}  // namespace
+
+Fp8Lt& fp8_lt() {
+  static Fp8Lt s;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    check_lt(cublasLtCreate(&s.handle), "cublasLtCreate");
+    MT_CUDA_CHECK(cudaMalloc(&s.workspace, s.workspace_bytes));
+  });
+  return s;
 }
 
-}  // namespace
+bool fp8_lt_heuristic(LtDescs& x, const uint32_t align[4], cublasLtMatmulAlgo_t& algo) {
+  Fp8Lt& h = fp8_lt();
+  check_lt(cublasLtMatmulPreferenceCreate(&x.pref), "preference");
+  check_lt(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &h.workspace_bytes,
+                                                sizeof h.workspace_bytes),
+           "workspace preference");
+  const cublasLtMatmulPreferenceAttributes_t which[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i)
+    check_lt(cublasLtMatmulPreferenceSetAttribute(x.pref, which[i], &align[i], sizeof align[i]), "alignment preference");
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  // A refusal of the whole problem (an unsupported scale mode, type or shape) comes back as a status
+  // or as no result; either way there is no algorithm.
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(h.handle, x.op, x.a, x.b, x.d, x.d, x.pref, 1, &heur, &found);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+  algo = heur.algo;
+  return true;
+}
 
 Tensor fp8_gemm(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b, Fp8Format b_format,
                 const Tensor& b_scale_inv, DType out_dtype) {
@@ -109,8 +96,8 @@ void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_in
   if (M == 0 || N == 0) return;
   MT_CHECK(K % 16 == 0 && N % 16 == 0, "fp8_gemm: cuBLASLt's FP8 GEMM needs K and N multiples of 16, got {} x {} x {}",
            M, N, K);
-  Fp8Lt& h = lt();
-  Descs x;
+  Fp8Lt& h = fp8_lt();
+  LtDescs x;
   check_lt(cublasLtMatmulDescCreate(&x.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
   check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), "TRANSA");
@@ -142,22 +129,10 @@ void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_in
     std::lock_guard<std::mutex> lock(mu);
     auto it = algos.find(key);
     if (it == algos.end()) {
-      check_lt(cublasLtMatmulPreferenceCreate(&x.pref), "preference");
-      check_lt(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                    &h.workspace_bytes, sizeof h.workspace_bytes),
-               "workspace preference");
-      const cublasLtMatmulPreferenceAttributes_t which[4] = {
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-      for (int i = 0; i < 4; ++i)
-        check_lt(cublasLtMatmulPreferenceSetAttribute(x.pref, which[i], &key.align[i], sizeof key.align[i]),
-                 "alignment preference");
-      cublasLtMatmulHeuristicResult_t heur{};
-      int found = 0;
-      check_lt(cublasLtMatmulAlgoGetHeuristic(h.handle, x.op, x.a, x.b, x.d, x.d, x.pref, 1, &heur, &found),
-               "heuristic");
-      MT_CHECK(found > 0, "fp8_gemm: cuBLASLt offers no FP8 algorithm for {} x {} x {}", M, N, K);
-      it = algos.emplace(key, heur.algo).first;
+      cublasLtMatmulAlgo_t found;
+      MT_CHECK(fp8_lt_heuristic(x, key.align, found), "fp8_gemm: cuBLASLt offers no FP8 algorithm for {} x {} x {}", M,
+               N, K);
+      it = algos.emplace(key, found).first;
     }
     algo = it->second;
   }
