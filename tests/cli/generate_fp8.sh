@@ -18,11 +18,11 @@ for ck in bf f8; do
   "$MEGATRON" generate --load "$TMP/$ck" --device cpu --fp8-format e4m3 --prompt "1 2 3 4 5" --max-new-tokens 4 \
     --temperature 0 >"$TMP/$ck.txt" 2>"$TMP/$ck.log"
   check "$ck: generate --fp8-format prints the continuation: $(cat "$TMP/$ck.txt") $(tail -2 "$TMP/$ck.log")" \
-    grep -qE '^1 2 3 4 5( [0-9]+){1,4}$' "$TMP/$ck.txt"
-  check "$ck: the log names the FP8 weights' memory" grep -q "FP8 weights (e4m3, per-tensor scales): 8 linears.*weight memory" "$TMP/$ck.log"
+    grep -qE '^1 2 3 4 5( [0-9]+){1,4}$' "$TMP/$ck.txt"  # the log shares stdout
+  check "$ck: the log names the FP8 weights' memory" grep -q "FP8 weights (e4m3, per-tensor scales): 8 linears.*weight memory" "$TMP/$ck.txt"
 done
-check "the FP8-trained checkpoint says so" grep -q "trained with --fp8-format hybrid" "$TMP/f8.log"
-check "a bf16 checkpoint is quantised without that note" bash -c "! grep -q 'trained with --fp8-format' '$TMP/bf.log'"
+check "the FP8-trained checkpoint says so" grep -q "trained with FP8" "$TMP/f8.txt"
+check "a bf16 checkpoint is quantised without that note" bash -c "! grep -q 'trained with FP8' '$TMP/bf.txt'"
 "$MEGATRON" generate --load "$TMP/bf" --device cpu --fp8-format hybrid --prompt "1 2 3 4 5" --max-new-tokens 4 \
   --temperature 0 >"$TMP/hy.txt" 2>/dev/null
 check "hybrid is e4m3 for inference (forward operands)" cmp -s "$TMP/hy.txt" "$TMP/bf.txt"
