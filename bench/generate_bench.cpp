@@ -6,7 +6,10 @@
 //   decode_batch64   generated tokens/s with 64 requests decoding together
 //   ttft_2048        time to first token of a 2,048-token prompt (prefill + one sample)
 // Options: --prompt N (decode benches' prompt, default 128), --new N (tokens generated, 256),
-// --batch N (default 64), --ttft-prompt N (2048), --layers N (16; fewer for a quick check).
+// --batch N (default 64), --ttft-prompt N (2048; 0 skips it), --layers N (16; fewer for a quick check),
+// --fp8 1 (the transformer layers' linears with FP8 weights quantised at load, as generate
+// --fp8-format e4m3: model/fp8_inference.h), --graphs-only 1 (skip the eager decode runs).
+// Every line says "fp8": true or false.
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -18,6 +21,7 @@
 
 #include "inference/engine.h"
 #include "kernels/device.h"
+#include "model/fp8_inference.h"
 #include "model/gpt_model.h"
 
 namespace {
@@ -132,22 +136,37 @@ int main(int argc, char** argv) {
   c.vocab_size = mt::model::padded_vocab_size(128255, 128, 1);
   c.attention_dropout = c.hidden_dropout = 0.f;
   c.bf16 = true;
+  const bool fp8 = arg(argc, argv, "--fp8", 0) != 0, graphs_only = arg(argc, argv, "--graphs-only", 0) != 0;
+  if (fp8) {
+    c.fp8.enabled = true;
+    c.fp8.recipe = mt::model::Fp8Recipe::Tensorwise;
+  }
   mt::model::GPTModel m(c);
   m.to_device(mt::Device::CUDA);
+  const char* fp8_json = fp8 ? "true" : "false";
+  double fp8_weight_bytes = 0;  // with --fp8: every weight as the forward reads it
+  if (fp8) {
+    const mt::model::Fp8WeightMemory mem = mt::model::freeze_fp8_weights(m);
+    std::fprintf(stderr, "%s\n", mem.describe().c_str());
+    fp8_weight_bytes = static_cast<double>(mem.bytes);
+  }
   const double bw = copy_bandwidth();
   std::printf("{\"bench\": \"copy_bandwidth\", \"gpu\": \"%s\", \"read_plus_write_GBps\": %.1f}\n", gpu.name().c_str(),
               bw / 1e9);
   // Bytes a decode step reads per sequence: every bf16 weight but the input embedding (one row).
-  double weight_bytes = 0;
-  for (const auto& p : m.params().params())
-    if (p.name != "embedding.word_embeddings.weight") weight_bytes += 2.0 * static_cast<double>(p.numel());
+  double weight_bytes = fp8_weight_bytes;
+  for (const auto& p : m.params().params()) {
+    if (!fp8 && p.name != "embedding.word_embeddings.weight") weight_bytes += 2.0 * static_cast<double>(p.numel());
+    if (fp8 && p.name == "embedding.word_embeddings.weight") weight_bytes -= 2.0 * static_cast<double>(p.numel());
+  }
   // K and V, bf16, every layer and query group, per cached position; the model's config has the
   // head dim filled in (the local `c` left kv_channels 0, which made the bound count no cache).
   const auto& mc = m.config();
   const double kv_per_position = 2.0 * 2.0 * static_cast<double>(mc.num_layers * mc.num_query_groups * mc.head_dim());
   std::fflush(stdout);
 
-  for (const bool graphs : {false, true}) {
+  const std::vector<bool> graph_modes = graphs_only ? std::vector<bool>{true} : std::vector<bool>{false, true};
+  for (const bool graphs : graph_modes) {
     run(m, 1, prompt, 8, graphs);  // warm-up: cuBLASLt plans, the allocator's pool
     const Timing t = run(m, 1, prompt, new_tokens, graphs);
     const size_t n = t.token_times.size();
@@ -155,31 +174,31 @@ int main(int argc, char** argv) {
     const double tps = static_cast<double>(n - 1) / decode_s;
     const double kv_avg = kv_per_position * (static_cast<double>(prompt) + static_cast<double>(new_tokens) / 2.0);
     const double bound = bw / (weight_bytes + kv_avg);
-    std::printf("{\"bench\": \"decode_batch1\", \"cuda_graphs\": %s, \"prompt\": %lld, \"new_tokens\": %lld, "
+    std::printf("{\"bench\": \"decode_batch1\", \"fp8\": %s, \"cuda_graphs\": %s, \"prompt\": %lld, \"new_tokens\": %lld, "
                 "\"tokens_per_s\": %.1f, \"ms_per_token\": %.3f, \"weight_bytes\": %.0f, "
                 "\"kv_bytes_per_token_avg\": %.0f, \"bound_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f}\n",
-                graphs ? "true" : "false", static_cast<long long>(prompt), static_cast<long long>(new_tokens), tps,
+                fp8_json, graphs ? "true" : "false", static_cast<long long>(prompt), static_cast<long long>(new_tokens), tps,
                 1e3 / tps, weight_bytes, kv_avg, bound, tps / bound);
     std::fflush(stdout);
   }
-  for (const bool graphs : {false, true}) {
+  for (const bool graphs : graph_modes) {
     run(m, batch, prompt, 4, graphs);  // warm-up at this batch's GEMM shapes (autotuned on first use)
     const Timing t = run(m, batch, prompt, new_tokens, graphs);
     const double total_s = seconds(t.start, t.end);
     // Decode-only: from request 0's first token (every prompt prefilled in the first step) to the end.
     const double decode_s = seconds(t.token_times.front(), t.end);
     const double decode_tokens = static_cast<double>(t.generated - batch);
-    std::printf("{\"bench\": \"decode_batch%lld\", \"cuda_graphs\": %s, \"prompt\": %lld, \"new_tokens\": %lld, "
+    std::printf("{\"bench\": \"decode_batch%lld\", \"fp8\": %s, \"cuda_graphs\": %s, \"prompt\": %lld, \"new_tokens\": %lld, "
                 "\"tokens_per_s_with_prefill\": %.1f, \"decode_tokens_per_s\": %.1f}\n",
-                static_cast<long long>(batch), graphs ? "true" : "false", static_cast<long long>(prompt),
+                static_cast<long long>(batch), fp8_json, graphs ? "true" : "false", static_cast<long long>(prompt),
                 static_cast<long long>(new_tokens), static_cast<double>(t.generated) / total_s,
                 decode_tokens / decode_s);
     std::fflush(stdout);
   }
-  {
+  if (ttft_prompt > 0) {
     run(m, 1, ttft_prompt, 1, false);  // warm-up
     const Timing t = run(m, 1, ttft_prompt, 1, false);
-    std::printf("{\"bench\": \"ttft_%lld\", \"ms\": %.2f}\n", static_cast<long long>(ttft_prompt),
+    std::printf("{\"bench\": \"ttft_%lld\", \"fp8\": %s, \"ms\": %.2f}\n", static_cast<long long>(ttft_prompt), fp8_json,
                 1e3 * seconds(t.start, t.token_times.front()));
   }
   return 0;

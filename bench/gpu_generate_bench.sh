@@ -10,6 +10,8 @@
 # Builds generate_bench into $MT_DEVICE_BUILD (default /tmp/mt_build) where it is missing.
 #   MT_GEN_ARGS="--prompt 128 --new 256 --batch 64 --ttft-prompt 2048"   (passed to both)
 #   MT_HF_ARGS="--cache static"   (the anchor only: a static cache, compiled first)
+#   MT_GEN_FP8=1   also the engine with FP8 weights (generate_bench --fp8 1), its lines "fp8": true
+#   MT_GEN_HF=0    skip the transformers anchor
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
@@ -25,6 +27,13 @@ fi
 GB="$B/generate_bench"; [ -x "$GB" ] || GB="$B/bin/generate_bench"
 # shellcheck disable=SC2086
 "$GB" $ARGS 2>"$OUT/generate_bench.err" || { echo "generate_bench failed"; tail -5 "$OUT/generate_bench.err"; }
+if [ "${MT_GEN_FP8:-0}" = 1 ]; then
+  # shellcheck disable=SC2086
+  "$GB" $ARGS --fp8 1 2>"$OUT/generate_bench_fp8.err" ||
+    { echo "generate_bench --fp8 1 failed"; tail -5 "$OUT/generate_bench_fp8.err"; }
+  grep -h "FP8 weights" "$OUT/generate_bench_fp8.err"
+fi
+[ "${MT_GEN_HF:-1}" = 0 ] && exit 0
 # shellcheck disable=SC2086
 python3 bench/hf_generate_anchor.py $ARGS ${MT_HF_ARGS:-} 2>"$OUT/hf_generate.err" ||
   { echo "hf anchor failed"; tail -5 "$OUT/hf_generate.err"; }

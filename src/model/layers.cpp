@@ -1,6 +1,7 @@
 #include "model/layers.h"
 
 #include "kernels/ops.h"
+#include "model/fp8_inference.h"
 
 namespace mt::model {
 
@@ -37,6 +38,10 @@ Tensor Linear::forward(const Tensor& x, PassContext& ctx, const Tensor* residual
   ctx.before_use(bias);
   if (overlaps_comm()) return forward_column_overlapped(x, ctx);
   Tensor xf = input_region().forward(x, ctx.times);
+  // FP8 weights quantised at load (generate/serve --fp8-format): that path whatever the row count
+  // (it pads decode's few rows itself), so neither the bf16 GEMM nor a small-M GEMV runs here.
+  if (fp8_frozen(fp8))
+    return output_region().forward(fp8_inference_forward(fp8, xf, forward_bias(), residual, ctx), ctx.times);
   if (fp8_gemms(x)) {
     const Tensor y = fp8.gemm_forward(xf, weight->value, residual, keeps_input(x, ctx), ctx, x_amax);
     return output_region().forward(y, ctx.times);

@@ -19,7 +19,7 @@
 namespace mt {
 
 int serve_main(const std::vector<std::string>& argv) {
-  std::string load, device = "cpu";
+  std::string load, device = "cpu", fp8_format;
   int64_t iteration = -1, threads = 0, port = 5000, max_prompt = 0, max_new = 0;
   bool engine = false, cuda_graphs = false;
   serve::ServerOptions o;
@@ -34,6 +34,7 @@ int serve_main(const std::vector<std::string>& argv) {
                &engine, "on the CPU too, generate through the engine (KV cache, concurrent requests batched into one "
                         "pass; no logprobs); the GPU always does");
   p.store_true("--cuda-graphs", &cuda_graphs, "on the GPU, replay each decode step as one CUDA graph");
+  p.value("--fp8-format", &fp8_format, std::string(kFp8InferenceHelp) + " (runs through the engine)", {"e4m3", "hybrid"});
   p.value("--host", &o.host, "address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)");
   p.value("--port", &port, "port to listen on (default 5000, as Megatron's server; 0: any free port, printed)",
           {0, 65535});
@@ -60,7 +61,7 @@ int serve_main(const std::vector<std::string>& argv) {
   if (device == "cuda" && ops::gpu_count() == 0)
     fail("--device cuda: no GPU is visible to this process (CUDA_VISIBLE_DEVICES, the driver, or a build without "
          "CUDA); use --device cpu");
-  if (device == "cuda") engine = true;
+  if (device == "cuda" || !fp8_format.empty()) engine = true;  // FP8 weights live in the engine's model
   if (cuda_graphs && device != "cuda") fail("--cuda-graphs needs --device cuda (graphs replay GPU decode steps)");
   if (!serve::http_server_available())
     fail("serve: this build has no HTTP server library; install libcpp-httplib-dev (scripts/install_deps.sh) and "
@@ -94,7 +95,8 @@ int serve_main(const std::vector<std::string>& argv) {
   // once; prompt chunks of up to the context per pass.
   std::optional<ops::GpuContext> gpu;  // outlives the model
   if (device == "cuda") gpu.emplace(0);
-  InferenceModel im = load_inference_model(load, iteration, device == "cuda" ? Device::CUDA : Device::CPU);
+  InferenceModel im = load_inference_model(load, iteration, device == "cuda" ? Device::CUDA : Device::CPU, true, nullptr,
+                                           !fp8_format.empty());
   inference::EngineOptions eo;
   eo.max_batch = o.max_concurrent;
   eo.max_seq_len = context;

@@ -51,7 +51,7 @@ struct Job {
 }  // namespace
 
 int generate_main(const std::vector<std::string>& argv) {
-  std::string load, prompt, prompts_file, output, device = "auto";
+  std::string load, prompt, prompts_file, output, device = "auto", fp8_format;
   int64_t max_new = 64, top_k = 0, threads = 0, iteration = -1, max_batch = 8, tp = 1;
   float temperature = 1.0f, top_p = 1.0f;
   uint64_t seed = 1234;
@@ -79,6 +79,7 @@ int generate_main(const std::vector<std::string>& argv) {
   p.list("--stop", &stops, "stop strings: generation ends once the output contains one (the text is cut before it)");
   p.value("--max-batch", &max_batch, "prompts generated at once (KV cache slots; default 8)", {1, 4096});
   p.store_true("--cuda-graphs", &cuda_graphs, "on the GPU, replay each decode step as one CUDA graph");
+  p.value("--fp8-format", &fp8_format, kFp8InferenceHelp, {"e4m3", "hybrid"});
   p.value("--num-threads", &threads, "CPU threads (default: all cores)", {0, kMaxThreads});
   p.value("--tensor-model-parallel-size", &tp,
           "split the model over this many ranks (start them with megatron launch --nproc-per-node N -- generate ...; "
@@ -120,7 +121,8 @@ int generate_main(const std::vector<std::string>& argv) {
   if (tp > 1) world.emplace(env, std::chrono::minutes(10), dc);
   const Device dev = device == "cuda" ? Device::CUDA : Device::CPU;
   std::optional<Activity> building(std::in_place, "loading the model");
-  InferenceModel im = load_inference_model(load, iteration, dev, true, world ? world->world().get() : nullptr);
+  InferenceModel im = load_inference_model(load, iteration, dev, true, world ? world->world().get() : nullptr,
+                                          !fp8_format.empty());
   building.reset();
   const data::Tokenizer& tok = *im.tokenizer;
   const int64_t S = im.args.model.seq_length;

@@ -1,6 +1,7 @@
 #include "training/inference_load.h"
 
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "checkpoint/checkpoint.h"
@@ -8,14 +9,44 @@
 #include "checkpoint/model_args.h"
 #include "core/error.h"
 #include "core/error_report.h"
+#include "core/log.h"
+#include "model/fp8_inference.h"
 #include "training/convert.h"
 #include "training/hf_tokenizer_files.h"
 #include "training/memory_check.h"
 
 namespace mt {
 
+namespace {
+
+// FP8 inference's settings: E4M3 operands with current (tensorwise) scaling, the weights' scales
+// fixed at load. A checkpoint trained in FP8 holds its scaling state (its saved arguments do not
+// name --fp8-format); its layers kept in bf16 there (--first-last-layers-bf16) stay bf16 here.
+model::Fp8Config fp8_inference_config(const nlohmann::json& ckpt_args, bool trained_fp8) {
+  model::Fp8Config f;
+  f.enabled = true;
+  f.recipe = model::Fp8Recipe::Tensorwise;
+  if (!trained_fp8) return f;
+  const nlohmann::json* run = ckpt_args.contains("run_args") ? &ckpt_args["run_args"] : nullptr;
+  const nlohmann::json* a = run && run->is_object() && run->contains("arguments") ? &(*run)["arguments"] : nullptr;
+  if (a && a->is_object()) {
+    auto num = [&](const char* k, int64_t d) {
+      return a->contains(k) && (*a)[k].is_number_integer() ? (*a)[k].get<int64_t>() : d;
+    };
+    f.first_last_layers_bf16 = a->contains("first_last_layers_bf16") && (*a)["first_last_layers_bf16"].is_boolean() &&
+                               (*a)["first_last_layers_bf16"].get<bool>();
+    f.num_layers_at_start_in_bf16 = num("num_layers_at_start_in_bf16", 1);
+    f.num_layers_at_end_in_bf16 = num("num_layers_at_end_in_bf16", 1);
+  }
+  log_info("the checkpoint was trained with FP8 (it holds FP8 scaling state); its weights are quantised at load{}",
+           f.first_last_layers_bf16 ? ", its first and last layers kept in bf16 as in training" : "");
+  return f;
+}
+
+}  // namespace
+
 InferenceModel load_inference_model(const std::string& load, int64_t iteration, Device device, bool need_tokenizer,
-                                    comm::Communicator* tp) {
+                                    comm::Communicator* tp, bool fp8_weights) {
   const int tp_size = tp ? tp->size() : 1;
   const auto kind = checkpoint::detect_checkpoint(load);
   if (kind == checkpoint::CheckpointKind::Empty)
@@ -30,6 +61,8 @@ InferenceModel load_inference_model(const std::string& load, int64_t iteration, 
   InferenceModel r;
   Arguments& a = r.args;
   bool have_tokenizer = true;
+  nlohmann::json ckpt_args = nlohmann::json::object();
+  bool trained_fp8 = false;  // the checkpoint holds FP8 scaling state (pretrain --fp8-format saved it)
   if (hf) {
     if (iteration >= 0) fail("--iteration {}: --load '{}' is a HuggingFace model, which has no iterations", iteration, load);
     const checkpoint::HfSpec spec = checkpoint::read_hf_config(load);
@@ -51,6 +84,12 @@ InferenceModel load_inference_model(const std::string& load, int64_t iteration, 
            checkpoint::iteration_dir(load, iteration));
     }
     auto st = checkpoint::read_state(load, iteration);
+    ckpt_args = st.args;
+    {  // its metadata.json's "fp8" (the delayed recipe's histories, or an empty object)
+      std::ifstream md(std::filesystem::path(checkpoint::iteration_dir(load, iteration)) / "metadata.json");
+      const nlohmann::json j = nlohmann::json::parse(md, nullptr, false);
+      trained_fp8 = j.is_object() && j.contains("fp8") && !j["fp8"].is_null();
+    }
     checkpoint::model_args_from_json(st.args, a.model, a.tokenizer);
     checkpoint::use_saved_tokenizer(checkpoint::iteration_dir(load, iteration), st.args, a.tokenizer);
   }
@@ -58,7 +97,7 @@ InferenceModel load_inference_model(const std::string& load, int64_t iteration, 
   // fp32 on the CPU (the reference); bf16 compute copy on the GPU.
   a.model.bf16 = device == Device::CUDA;
   a.model.fp16 = false;
-  a.model.fp8 = {};
+  a.model.fp8 = fp8_weights ? fp8_inference_config(ckpt_args, trained_fp8) : model::Fp8Config{};
   a.model.recompute_granularity.clear();
   a.model.recompute_method.clear();
   a.model.recompute_num_layers = 0;
@@ -87,6 +126,10 @@ InferenceModel load_inference_model(const std::string& load, int64_t iteration, 
   }
   if (a.model.bf16) r.model->params().sync_model_from_main();
   if (device == Device::CUDA) r.model->to_device(Device::CUDA);
+  if (fp8_weights) {
+    const model::Fp8WeightMemory mem = model::freeze_fp8_weights(*r.model);
+    log_info("{}", mem.describe());
+  }
   return r;
 }
 

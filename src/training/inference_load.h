@@ -24,7 +24,17 @@ struct InferenceModel {
 // iteration; `need_tokenizer`: also for an HF directory without tokenizer files.
 // `tp` (a communicator of more than one rank): this rank's tensor-parallel shard of a native
 // checkpoint, resharded as a training resume would (an HF directory is refused: convert it first).
+// --fp8-format's help for generate and serve (Megatron's flag; forward operands are E4M3 either way).
+inline constexpr const char* kFp8InferenceHelp =
+    "FP8 weights for the transformer layers' linears (QKV, projection, fc1, fc2): quantised once at load with a "
+    "per-tensor scale, activations quantised per call; e4m3 or hybrid (the same for inference: forward operands are "
+    "E4M3). Embedding, norms and output layer stay in the activation type";
+
+// `fp8_weights` (generate / serve --fp8-format): the transformer layers' linears run with FP8
+// weights quantised here, once (model/fp8_inference.h); a checkpoint trained with
+// --first-last-layers-bf16 keeps those layers in bf16 as its training did.
 InferenceModel load_inference_model(const std::string& load, int64_t iteration, Device device,
-                                    bool need_tokenizer = true, comm::Communicator* tp = nullptr);
+                                    bool need_tokenizer = true, comm::Communicator* tp = nullptr,
+                                    bool fp8_weights = false);
 
 }  // namespace mt
