@@ -18,7 +18,7 @@ trap 'for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$TMP"
   --micro-batch-size 2 --global-batch-size 4 --lr 3e-3 --mock-data --vocab-size 100 --train-iters 3 \
   --eval-iters 0 --seed 5 --no-progress-bar --data-cache-path "$TMP/cache" --save "$TMP/ckpt" \
   >"$TMP/train.log" 2>&1 || { cat "$TMP/train.log"; exit 1; }
-S=(serve --load "$TMP/ckpt" --port 0 --max-concurrent-requests 8 --num-threads 1)
+S=(serve --load "$TMP/ckpt" --port 0 --max-concurrent-requests 12 --num-threads 1)
 
 # start NAME megatron-args...: runs it in the background (pid in PID_NAME), waits at most 60 s
 # for its "listening on" line, and sets URL_NAME.
