@@ -93,7 +93,7 @@ Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_to
     mt::inference::Request r;
     r.prompt = random_prompt(prompt, 17u + static_cast<uint32_t>(b), m.config().orig_vocab_size);
     r.max_new_tokens = new_tokens;
-    r.on_token = [&t, b](mt::inference::RequestId, int32_t) {
+    r.on_token = [&t, b](mt::inference::RequestId, int32_t, float) {
       ++t.generated;
       if (b == 0) t.token_times.push_back(Clock::now());
     };

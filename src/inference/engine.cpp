@@ -122,8 +122,9 @@ void Engine::admit() {
   for (auto& s : dropped) finish(*s, FinishReason::Cancelled);
   for (auto& s : slots_)
     if (s && s->cancelled) finish(*s, FinishReason::Cancelled);
-  for (auto& s : slots_)  // nothing to generate: done before any pass
-    if (s && s->req.max_new_tokens == 0) finish(*s, FinishReason::Length);
+  for (auto& s : slots_)  // nothing to generate (or to score): done before any pass
+    if (s && s->req.max_new_tokens == 0 && !(s->req.logprobs && s->req.prompt.size() > 1))
+      finish(*s, FinishReason::Length);
 }
 
 bool Engine::check_stop(Sequence& s, int32_t t) {
@@ -147,9 +148,12 @@ bool Engine::check_stop(Sequence& s, int32_t t) {
 bool Engine::step() {
   admit();
   // Decode rows first (one per generating request), then prompt chunks in slot order within the
-  // step's token budget.
+  // step's token budget. Logit rows: first the sampled ones, then prompt rows scored for logprobs.
   StepBatch b;
-  std::vector<Sequence*> sampled;  // the sequence of each logit row
+  std::vector<Sequence*> sampled;   // the sequence of each sampled logit row
+  std::vector<Sequence*> scored;    // the sequence of each scored prompt row
+  std::vector<int32_t> score_rows, score_ids;  // ... its row, and the prompt token it scores
+  std::vector<Sequence*> scored_only;  // prompts scored with nothing to generate: done after the pass
   auto add = [&](Sequence& s, int32_t token, int64_t position) {
     b.tokens.push_back(token);
     b.slots.push_back(static_cast<int32_t>(s.slot));
@@ -167,33 +171,61 @@ bool Engine::step() {
     const int64_t budget = opts_.max_step_tokens - static_cast<int64_t>(b.tokens.size());
     if (budget <= 0) break;
     const int64_t take = std::min(budget, n - s->prefilled);
-    for (int64_t p = s->prefilled; p < s->prefilled + take; ++p) add(*s, s->req.prompt[static_cast<size_t>(p)], p);
+    for (int64_t p = s->prefilled; p < s->prefilled + take; ++p) {
+      add(*s, s->req.prompt[static_cast<size_t>(p)], p);
+      if (s->req.logprobs && p + 1 < n) {  // this row predicts the prompt's next token
+        score_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+        score_ids.push_back(s->req.prompt[static_cast<size_t>(p + 1)]);
+        scored.push_back(s.get());
+      }
+    }
     s->prefilled += take;
-    if (s->prefilled == n) {  // the prompt's last token gives the first new one
+    if (s->prefilled == n && s->req.max_new_tokens == 0) {
+      scored_only.push_back(s.get());
+    } else if (s->prefilled == n) {  // the prompt's last token gives the first new one
       b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
       sampled.push_back(s.get());
     }
   }
+  b.logit_rows.insert(b.logit_rows.end(), score_rows.begin(), score_rows.end());
   if (!b.tokens.empty()) {
     // Greedy rows take the device's argmax; the logits come to the host only when a row samples.
     bool any_sampling = false;
     for (const Sequence* s : sampled) any_sampling = any_sampling || s->req.sampling.temperature > 0.f;
     const StepOutput o = runner_->step(b, any_sampling);
+    std::vector<int32_t> chosen(sampled.size());
+    bool any_logprobs = !scored.empty();
     for (size_t r = 0; r < sampled.size(); ++r) {
-      Sequence& s = *sampled[r];
+      const Sequence& s = *sampled[r];
       const SamplingParams& sp = s.req.sampling;
-      const int64_t n = static_cast<int64_t>(s.out.tokens.size());
-      int32_t t = o.argmax[r];
+      chosen[r] = o.argmax[r];
       if (sp.temperature > 0.f) {
         const int64_t V = o.logits.dim(1);
         const float* row = o.logits.data<float>() + static_cast<int64_t>(r) * V;
-        t = sample_token(std::vector<float>(row, row + V), sp.temperature, sp.top_k, sp.top_p,
-                         sampling_uniform(sp.seed, n));
+        chosen[r] = sample_token(std::vector<float>(row, row + V), sp.temperature, sp.top_k, sp.top_p,
+                                 sampling_uniform(sp.seed, static_cast<int64_t>(s.out.tokens.size())));
       }
+      any_logprobs = any_logprobs || s.req.logprobs;
+    }
+    // Logprobs of the chosen tokens and the scored prompt tokens, in the rows' order, in one pass
+    // on the device over this step's logits.
+    std::vector<float> lp;
+    if (any_logprobs) {
+      std::vector<int32_t> ids = chosen;
+      ids.insert(ids.end(), score_ids.begin(), score_ids.end());
+      lp = runner_->token_logprobs(ids);
+    }
+    for (size_t i = 0; i < scored.size(); ++i) scored[i]->out.prompt_logprobs.push_back(lp[sampled.size() + i]);
+    for (size_t r = 0; r < sampled.size(); ++r) {
+      Sequence& s = *sampled[r];
+      const int32_t t = chosen[r];
+      const float l = s.req.logprobs ? lp[r] : 0.f;
       s.out.tokens.push_back(t);
-      if (s.req.on_token) s.req.on_token(s.id, t);
+      if (s.req.logprobs) s.out.logprobs.push_back(l);
+      if (s.req.on_token) s.req.on_token(s.id, t, l);
       check_stop(s, t);  // may free the slot (and s with it)
     }
+    for (Sequence* s : scored_only) finish(*s, FinishReason::Length);
   }
   return !idle();
 }

@@ -5,7 +5,7 @@
 //   inference::Request r;
 //   r.prompt = tokenizer.encode("Hello");
 //   r.max_new_tokens = 32;
-//   r.on_token = [](RequestId id, int32_t token) { ... };          // streaming, per token
+//   r.on_token = [](RequestId id, int32_t token, float logprob) { ... };  // streaming, per token
 //   r.on_done = [](RequestId id, const Completion& c) { ... };     // once, at the end
 //   engine.submit(std::move(r));
 //   engine.run_until_idle();   // or: while (engine.step()) {}  — a loop another thread feeds
@@ -53,12 +53,17 @@ const char* finish_reason_name(FinishReason r);  // "length", "stop", "stop", "c
 
 struct Completion {
   std::vector<int32_t> tokens;  // the generated tokens (the prompt not included)
+  // Request::logprobs: log p(token | everything before it) at temperature 1 over the real
+  // vocabulary, per generated token, and per prompt token after the first (prompt_logprobs[i]
+  // scores prompt[i + 1]).
+  std::vector<float> logprobs, prompt_logprobs;
   FinishReason reason = FinishReason::Length;
   int64_t prompt_tokens = 0;
   std::string stop_string;  // StopString: which one matched
 };
 
-using TokenCallback = std::function<void(RequestId, int32_t token)>;
+// `logprob`: the token's entry of Completion::logprobs (0 unless Request::logprobs).
+using TokenCallback = std::function<void(RequestId, int32_t token, float logprob)>;
 using DoneCallback = std::function<void(RequestId, const Completion&)>;
 
 struct Request {
@@ -67,6 +72,10 @@ struct Request {
   int64_t max_new_tokens = 16;  // >= 0
   std::vector<int32_t> stop_tokens;
   std::vector<std::string> stop_strings;
+  // Fill Completion::logprobs and prompt_logprobs (worked out on the model's device: the logits of
+  // the prompt's rows go through the output layer too). With max_new_tokens 0 the prompt is only
+  // scored.
+  bool logprobs = false;
   TokenCallback on_token;  // optional
   DoneCallback on_done;    // optional
 };

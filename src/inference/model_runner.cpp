@@ -229,7 +229,9 @@ Tensor ModelRunner::forward(const StepBatch& b) {
 
 StepOutput ModelRunner::step(const StepBatch& b, bool want_logits) {
   const int64_t R = static_cast<int64_t>(b.logit_rows.size());
+  last_logits_ = Tensor();  // freed before this pass allocates its own
   const Tensor l = device_logits(b);
+  last_logits_ = l;
   StepOutput out;
   if (R == 0) return out;
   // The greedy ids on the logits' device: R ids to the host instead of R x V logits, which at
@@ -238,6 +240,14 @@ StepOutput ModelRunner::step(const StepBatch& b, bool want_logits) {
   out.argmax.assign(ids.data<int32_t>(), ids.data<int32_t>() + R);
   if (want_logits) out.logits = host_logits(l);
   return out;
+}
+
+std::vector<float> ModelRunner::token_logprobs(const std::vector<int32_t>& ids) const {
+  MT_CHECK(last_logits_.defined() && last_logits_.dim(0) == static_cast<int64_t>(ids.size()),
+           "token_logprobs: {} ids for the last step's {} logit rows", ids.size(),
+           last_logits_.defined() ? last_logits_.dim(0) : 0);
+  if (ids.empty()) return {};
+  return ops::token_logprobs(last_logits_, upload(ids), vocab_).to_device(Device::CPU).to_vector();
 }
 
 Tensor ModelRunner::host_logits(Tensor l) const {

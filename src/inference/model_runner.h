@@ -48,6 +48,9 @@ class ModelRunner {
   Tensor forward(const StepBatch& batch);
   // The same step, returning the rows' greedy tokens, plus their logits when `want_logits`.
   StepOutput step(const StepBatch& batch, bool want_logits);
+  // After step(): log p(ids[r]) under row r of that step's logits (temperature 1, the real
+  // vocabulary), worked out on the model's device (ops::token_logprobs): R numbers to the host.
+  std::vector<float> token_logprobs(const std::vector<int32_t>& ids) const;
   int64_t slots() const { return slots_; }
   int64_t max_len() const { return max_len_; }
   int64_t vocab() const { return vocab_; }
@@ -81,6 +84,7 @@ class ModelRunner {
   bool graphs_on_ = false;
   int64_t replays_ = 0;
   std::map<int64_t, std::unique_ptr<Graph>> graphs_;  // per row count
+  Tensor last_logits_;  // the last step's [rows, V'] on the device, for token_logprobs()
 };
 
 }  // namespace mt::inference

@@ -57,6 +57,9 @@ class Backend {
   // Safe to call from several threads at once (a backend serializes or batches as it can).
   virtual GenerateResult generate(const GenerateRequest& r, const TokenCallback& on_token,
                                   const StopCheck& should_stop) = 0;
+  // Non-empty once the backend cannot generate any more (a tensor-parallel rank is gone): the
+  // server stops, and the process exits with this message.
+  virtual std::string fatal_error() const { return {}; }
 };
 
 }  // namespace mt::serve

@@ -160,6 +160,10 @@ std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free);
 void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
+}  // namespace
+
+int stop_signal() { return g_stop_signal.load(); }
+
 void install_stop_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -169,8 +173,6 @@ void install_stop_handlers() {
   sigaction(SIGINT, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a dead server
 }
-
-}  // namespace
 
 void run_server(Backend& backend, const ServerOptions& opt) {
   State s(backend, opt);
@@ -204,9 +206,12 @@ void run_server(Backend& backend, const ServerOptions& opt) {
   // stop() only acts on a running server: a signal at once must not find it still starting.
   for (int i = 0; i < 500 && !svr.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 
-  while (g_stop_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  const int sig = g_stop_signal.load();
-  std::fprintf(stderr, "megatron serve: signal %d, draining (at most %.0f s)\n", sig, opt.shutdown_timeout_s);
+  std::string fatal;
+  while (g_stop_signal.load() == 0 && (fatal = backend.fatal_error()).empty())
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (fatal.empty())
+    std::fprintf(stderr, "megatron serve: signal %d, draining (at most %.0f s)\n", g_stop_signal.load(),
+                 opt.shutdown_timeout_s);
   s.admission.drain();
   svr.stop();  // closes the listener; requests in flight go on
   if (!s.admission.wait_idle(std::chrono::duration<double>(opt.shutdown_timeout_s))) {
@@ -214,11 +219,14 @@ void run_server(Backend& backend, const ServerOptions& opt) {
     s.admission.wait_idle(std::chrono::seconds(30));
   }
   listener.join();
+  if (!fatal.empty()) fail("serve: the generation engine stopped: {}", fatal);
   std::fprintf(stderr, "megatron serve: stopped\n");
 }
 
 #else
 bool http_server_available() { return false; }
+int stop_signal() { return 0; }
+void install_stop_handlers() {}
 void run_server(Backend&, const ServerOptions&) {
   fail("serve: this build has no HTTP server library; install libcpp-httplib-dev (scripts/install_deps.sh) and rebuild");
 }

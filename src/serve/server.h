@@ -27,6 +27,12 @@ struct ServerOptions {
 
 bool http_server_available();
 
+// SIGTERM and SIGINT, from here on, only record the signal (stop_signal(): 0 until one came);
+// SIGPIPE is ignored. run_server installs them itself; the other ranks of a tensor-parallel
+// server, which keep stepping until rank 0 tells them to stop, install them too.
+void install_stop_handlers();
+int stop_signal();
+
 // Binds (failing naming --host/--port), prints "listening on http://HOST:PORT" on stdout, and
 // serves until SIGTERM or SIGINT (handled from here on; before, they end the process as usual,
 // so a model that is still loading is interrupted at once). Returns after a clean drain.

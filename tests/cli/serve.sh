@@ -121,17 +121,13 @@ req after PUT /api '{"prompts": ["1 2 3"], "tokens_to_generate": 6, "top_k": 1}'
 check "still answers after the bad requests" [ "$(json after 'j["text"][0]')" = "$GREEDY" ]
 check "GET /v1/models names the model" bash -c "curl -sf -m 10 '$URL/v1/models' | grep -q '\"id\":\"ckpt\"'"
 
-# Logprobs (Megatron's): the prompt's (one per token after the first), then the generated ones'.
-if [ "$MODE" = engine ]; then  # the engine computes none: a 400 that names where they are
-  bad logprobs 400 "start the server with --device cpu (without --engine)" PUT /api \
-    '{"prompts": ["1 2 3"], "tokens_to_generate": 2, "top_k": 1, "logprobs": true}'
-else
-  req logprobs PUT /api '{"prompts": ["1 2 3"], "tokens_to_generate": 2, "top_k": 1, "logprobs": true}'
-  check "logprobs: 2 for the prompt + 2 generated, all <= 0" \
-    [ "$(json logprobs 'len(j["logprobs"][0]) == 4 and all(x <= 0 for x in j["logprobs"][0])')" = True ]
-  req score PUT /api '{"prompts": ["1 2 3"], "tokens_to_generate": 0, "logprobs": true}'
-  check "tokens_to_generate 0 scores the prompt" [ "$(json score '(j["text"][0], len(j["logprobs"][0]))')" = "('1 2 3', 2)" ]
-fi
+# Logprobs (Megatron's): the prompt's (one per token after the first), then the generated ones'
+# (the engine's equal the CPU backend's: serve_tp.sh).
+req logprobs PUT /api '{"prompts": ["1 2 3"], "tokens_to_generate": 2, "top_k": 1, "logprobs": true}'
+check "logprobs: 2 for the prompt + 2 generated, all <= 0" \
+  [ "$(json logprobs 'len(j["logprobs"][0]) == 4 and all(x <= 0 for x in j["logprobs"][0])')" = True ]
+req score PUT /api '{"prompts": ["1 2 3"], "tokens_to_generate": 0, "logprobs": true}'
+check "tokens_to_generate 0 scores the prompt" [ "$(json score '(j["text"][0], len(j["logprobs"][0]))')" = "('1 2 3', 2)" ]
 req echo POST /v1/completions '{"prompt": "1 2 3", "max_tokens": 6, "temperature": 0, "echo": true}'
 check "echo: the prompt before the completion" [ "$(json echo 'j["choices"][0]["text"]')" = "$GREEDY" ]
 

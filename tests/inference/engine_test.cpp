@@ -120,7 +120,7 @@ TEST(InferenceEngine, RequestsJoinARunningBatch) {
   ra.on_done = [&](inference::RequestId, const Completion& c) { ca = c; };
   rb.on_done = [&](inference::RequestId, const Completion& c) { cb = c; };
   std::vector<int32_t> streamed;
-  ra.on_token = [&](inference::RequestId, int32_t t) { streamed.push_back(t); };
+  ra.on_token = [&](inference::RequestId, int32_t t, float) { streamed.push_back(t); };
   e.submit(std::move(ra));
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(e.step());
   EXPECT_EQ(streamed.size(), 4u);
@@ -173,6 +173,58 @@ TEST(InferenceEngine, StopsOnTokensStringsAndLength) {
   c = run_engine(m, {greedy(p, 0)}, {})[0];
   EXPECT_TRUE(c.tokens.empty());
   EXPECT_EQ(c.reason, FinishReason::Length);
+}
+
+// log softmax over the real vocabulary of row `t` of full-forward logits, at `id` (double sums).
+double full_logprob(const Tensor& logits, int64_t t, int64_t V, int64_t Vp, int32_t id) {
+  const float* row = logits.data<float>() + t * Vp;
+  const double mx = *std::max_element(row, row + V);
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+  return row[id] - mx - std::log(sum);
+}
+
+// Logprobs (serve's "logprobs": true): each generated token's and each prompt token's after the
+// first equal the log-softmax of a full forward over the sequence, greedy and sampled, with the
+// prompt prefilled whole or in chunks beside other requests, and a prompt only scored
+// (max_new_tokens 0). Requests without logprobs get none.
+TEST(InferenceEngine, LogprobsEqualLogSoftmaxOfFullForward) {
+  for (const std::string& f : {std::string("llama"), std::string("moe")}) {
+    model::GPTModel m(family_config(f));
+    const int64_t V = m.config().orig_vocab_size, Vp = m.config().vocab_size;
+    Request a = greedy(make_prompt(9, 21, V), 6), b = greedy(make_prompt(4, 22, V), 5), c = greedy(make_prompt(7, 23, V), 0);
+    a.logprobs = c.logprobs = true;
+    Request s = a;
+    s.sampling = {1.2f, 0, 1.f, 5};
+    EngineOptions chunked;
+    chunked.max_batch = 2;
+    chunked.max_step_tokens = 4;  // a's prompt in three chunks, beside b's decoding
+    std::vector<float> streamed;
+    a.on_token = [&](inference::RequestId, int32_t, float l) { streamed.push_back(l); };
+    for (const EngineOptions& o : {EngineOptions{}, chunked}) {
+      streamed.clear();
+      const auto got = run_engine(m, {a, b, s, c}, o);
+      for (size_t i : {0u, 2u, 3u}) {
+        const Completion& x = got[i];
+        const std::vector<int32_t>& prompt = i == 0 ? a.prompt : i == 2 ? s.prompt : c.prompt;
+        std::vector<int32_t> ids = prompt;
+        ids.insert(ids.end(), x.tokens.begin(), x.tokens.end());
+        const Tensor full = m.logits(ids, 1, static_cast<int64_t>(ids.size()));
+        ASSERT_EQ(x.prompt_logprobs.size(), prompt.size() - 1) << f << " request " << i;
+        ASSERT_EQ(x.logprobs.size(), x.tokens.size()) << f << " request " << i;
+        for (size_t t = 0; t + 1 < ids.size(); ++t) {
+          const float got_lp = t + 1 < prompt.size() ? x.prompt_logprobs[t] : x.logprobs[t + 1 - prompt.size()];
+          EXPECT_NEAR(got_lp, full_logprob(full, static_cast<int64_t>(t), V, Vp, ids[t + 1]), 1e-4)
+              << f << " request " << i << " row " << t;
+        }
+      }
+      EXPECT_EQ(got[3].reason, FinishReason::Length);
+      EXPECT_TRUE(got[3].tokens.empty());
+      EXPECT_TRUE(got[1].logprobs.empty() && got[1].prompt_logprobs.empty());
+      EXPECT_EQ(got[1].tokens, reference_greedy(m, b.prompt, 5)) << f;
+      EXPECT_EQ(streamed, got[0].logprobs) << f;
+    }
+  }
 }
 
 // A serving loop on its own thread, fed from this one: it sleeps while idle and wakes to serve.

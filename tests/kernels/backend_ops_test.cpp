@@ -584,6 +584,15 @@ std::vector<Case> cases() {
                  const Tensor l = d == Device::CPU ? t : t.to(DType::BF16).to_device(d);
                  return Outputs{argmax_rows(l, 280)};
                }});
+  // The engine's logprobs: log-softmax of the real vocabulary at given ids (the padded tail holds
+  // larger values that must be left out).
+  c.push_back({"token_logprobs", 1e-5, [=](Device d) {
+                 std::vector<float> v = test::rounded(test::random_vec<float>(6 * 300, 82, -4, 4));
+                 for (int64_t r = 0; r < 6; ++r) v[static_cast<size_t>(r * 300 + 290)] = 100.f;  // padding
+                 const Tensor t = Tensor::from_vector(v, {6, 300});
+                 const Tensor l = d == Device::CPU ? t : t.to(DType::BF16).to_device(d);
+                 return Outputs{token_logprobs(l, ids(d, {0, 279, 17, 100, 5, 200}), 280)};
+               }});
   add_moe_cases(c);
   return c;
 }
