@@ -12,6 +12,9 @@
 #   profile   #26: bench/gpu_profile_demo.sh (nsys where present, else ncu over the --profile window)
 #   conv      #18: bench/gpu_fp8_convergence.sh (4 x 1,000 steps; needs data/brown carried)
 #   dist      #23: bench/gpu_dist_bench.sh ep,cp,fp8 (2 GPUs)
+#   ragged    #19: cuDNN varlen SDPA against the ranged kernels (cuda_ops_bench --only=varlen)
+#   genfp8    #22: decode with CUDA graphs at batch 1 / 64, bf16 then FP8 weights (no HF anchor)
+#   fp8short  #18: bf16 / tensorwise / blockwise, 8 iterations
 #   cp32      #23: CP=2 at 32k only (p2p, or MT_CP_COMMS), with its one-GPU reference at the same batch
 #   fp8pg     #23: llama-1.5b DP=2 dist-opt bf16 / FP8 / FP8 with --fp8-param-gather (2 GPUs)
 # Every part's log stays in /tmp/mt_logs; $OUT gets summary.txt and logs.tar.gz (two files: the
@@ -52,6 +55,9 @@ for p in ${PARTS//,/ }; do
     profile) MT_BIN=$B/bin/megatron part profile 300 bash bench/gpu_profile_demo.sh ;;
     conv) part conv 1500 bash bench/gpu_fp8_convergence.sh ;;
     dist) MT_RUN_TIMEOUT=300 part dist 1500 bash bench/gpu_dist_bench.sh ep,cp,fp8 ;;
+    ragged) part ragged 200 bash -c "timeout 150 $B/bin/cuda_ops_bench --quick --only=varlen 2>&1 | grep -E 'attn_varlen|failed|error'" ;;
+    genfp8) MT_GEN_FP8=1 MT_GEN_HF=${MT_GEN_HF:-0} MT_GEN_ARGS="--new 128 --ttft-prompt 0 --graphs-only 1" part genfp8 200 bash bench/gpu_generate_bench.sh ;;
+    fp8short) MT_BENCH_ITERS=8 MT_FP8_RECIPES="tensorwise blockwise" part fp8short 300 bash bench/gpu_fp8_bench.sh ;;
     cp32) MT_CP_SEQS=32768 MT_CP_COMMS=${MT_CP_COMMS:-p2p} MT_RUN_TIMEOUT=200 part cp32 400 bash bench/gpu_dist_bench.sh cp ;;
     fp8pg) MT_SKIP_LLAMA8=1 MT_RUN_TIMEOUT=200 part fp8pg 400 bash bench/gpu_dist_bench.sh fp8 ;;
     *) say "unknown part $p" ;;
