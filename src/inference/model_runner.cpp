@@ -19,8 +19,13 @@ namespace mt::inference {
 using model::Norm;
 using model::PassContext;
 
-ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs)
-    : m_(m), slots_(slots), max_len_(max_len), vocab_(m.config().orig_vocab_size), device_(m.device()) {
+ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs, bool small_rows_gemv)
+    : m_(m),
+      slots_(slots),
+      max_len_(max_len),
+      vocab_(m.config().orig_vocab_size),
+      device_(m.device()),
+      gemv_(small_rows_gemv) {
   const auto& c = m.config();
   // Tensor parallelism: each rank runs its heads and its ffn and vocabulary shards, and caches its
   // own key/value groups; every rank gets the whole logits (gathered), so all ranks pick the same
@@ -132,6 +137,7 @@ struct ModelRunner::Graph {
 ModelRunner::~ModelRunner() = default;
 
 Tensor ModelRunner::device_forward(const Inputs& in) {
+  const ops::InferenceGemv gemv(gemv_);  // decode steps' linears: the GEMV (eager and captured alike)
   const model::TensorParallel& tp = m_.tensor_parallel();
   Tensor x;
   if (tp.on()) {  // the vocabulary-parallel lookup, summed over TP (each row is non-zero on one rank)

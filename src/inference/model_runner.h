@@ -41,7 +41,10 @@ class ModelRunner {
   // replay a CUDA graph captured per row count, after one eager step at that count (which sets
   // up the GEMM plans). Not for MoE models (their expert counts go through the host). A capture
   // that fails turns graphs off with a warning and the step runs eagerly.
-  ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs = false);
+  // `small_rows_gemv`: on the GPU, the passes' linears of at most 16 rows (decode steps) run the
+  // bandwidth-bound GEMV instead of cuBLASLt (ops::InferenceGemv); off: cuBLASLt throughout.
+  ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs = false,
+              bool small_rows_gemv = true);
   ~ModelRunner();
   // Writes every row's K and V into the cache and returns the fp32 host logits [rows, V] of
   // batch.logit_rows over the real (unpadded) vocabulary V.
@@ -79,6 +82,7 @@ class ModelRunner {
   std::vector<Tensor> k_cache_, v_cache_;  // per layer [slots, G, max_len, D]
   model::RopeTables rope_;                 // host tables for positions 0..max_len-1 (RoPE models)
   bool graphs_on_ = false;
+  bool gemv_ = true;
   int64_t replays_ = 0;
   std::map<int64_t, std::unique_ptr<Graph>> graphs_;  // per row count
 };
