@@ -60,7 +60,8 @@ class ModelRunner {
 
  private:
   struct Inputs {  // one pass's inputs on the device
-    Tensor ids, slot, pos, cos, sin, rows;
+    Tensor ids, slot, pos, cos, sin, rows;  // views of the two below
+    Tensor ints, floats;                    // ids, slot, pos, rows packed; cos, sin packed (one upload each)
     // The pass is one sequence's first tokens (rows 0..N-1 of one slot, N > 1): its attention is
     // the plain causal attention of those rows (training's flash / cuDNN kernels), not the decode
     // kernel over the cache, which walks the cache a query row at a time. Never a decode step.
@@ -72,6 +73,7 @@ class ModelRunner {
   Tensor device_logits(const StepBatch& b);  // checks the batch, runs it: [rows, V'] on the device
   Tensor host_logits(Tensor l) const;         // those as fp32 on the host, the padded columns dropped
   Tensor graph_forward(const Inputs& in, int64_t N);
+  static Inputs views(const Tensor& ints, const Tensor& floats, int64_t N);
   Tensor layer_forward(size_t l, const Tensor& x, const Inputs& in);
   template <typename T>
   Tensor upload(const std::vector<T>& v) const;
