@@ -8,6 +8,9 @@
 #include "inference/model_runner.h"
 #include "kernels/ops.h"
 #include "support/gpu.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/ops_cuda.h"
+#endif
 
 namespace mt::test {
 namespace {
@@ -253,7 +256,16 @@ TEST(InferenceGpu, GemvDecodeTokensEqualCublasLt) {
       blas.max_batch = gemv.max_batch = batch;
       blas.small_rows_gemv = false;
       gemv.cuda_graphs = true;
+#ifdef MT_HAVE_CUDA
+      const int64_t c0 = cuda::gemv_calls();
+      const auto want = run_engine(p.gpu_model, reqs, blas);
+      const int64_t c1 = cuda::gemv_calls();
+      const auto got = run_engine(p.gpu_model, reqs, gemv);
+      EXPECT_EQ(c1, c0) << f << ": cuBLASLt throughout ran the GEMV";
+      EXPECT_GT(cuda::gemv_calls(), c1) << f << ": the decode steps never ran the GEMV";
+#else
       const auto want = run_engine(p.gpu_model, reqs, blas), got = run_engine(p.gpu_model, reqs, gemv);
+#endif
       for (size_t i = 0; i < reqs.size(); ++i)
         EXPECT_EQ(got[i].tokens, want[i].tokens) << f << " batch " << batch << " request " << i;
     }

@@ -94,32 +94,34 @@ std::vector<uint16_t> bits(const DeviceBuffer<bf16>& b) {
   return h;
 }
 
-// linear_forward picks the GEMV inside an InferenceGemv scope for up to kGemvMaxRows rows
-// (the same bits as gemv_forward), and cuBLASLt outside one, inside one closed with `false`,
-// and for more rows (the same bits as outside).
+// linear_forward runs the GEMV (the same bits as gemv_forward, and one more call of it) inside
+// an InferenceGemv scope for up to kGemvMaxRows rows, and cuBLASLt (no GEMV call, the same bits
+// as outside) outside one, inside one closed with `false`, and for more rows.
 TEST_F(GpuGemv, ChosenOnlyInInferenceForFewRows) {
   Gemm gemm;
-  for (const int64_t M : {int64_t{5}, kGemvMaxRows, kGemvMaxRows + 1}) {
+  for (const int64_t M : {int64_t{1}, int64_t{5}, kGemvMaxRows, kGemvMaxRows + 1}) {
     const Shape3 s{M, 96, 264};
     const auto x = rounded(random_vec<float>(s.M * s.K, 1)), w = rounded(random_vec<float>(s.N * s.K, 2));
     const auto b = rounded(random_vec<float>(s.N, 3));
-    DeviceBuffer<bf16> gx(x), gw(w), gb(b), direct(s.M * s.N), blas(s.M * s.N), infer(s.M * s.N), off(s.M * s.N);
-    gemv_forward(gx.get(), gw, gb, nullptr, direct.get(), s.M, s.N, s.K, nullptr);
+    DeviceBuffer<bf16> gx(x), gw(w), gb(b), blas(s.M * s.N), infer(s.M * s.N), off(s.M * s.N);
+    DeviceBuffer<bf16> direct(s.M * s.N);
+    if (M <= kGemvMaxRows) gemv_forward(gx.get(), gw, gb, nullptr, direct.get(), s.M, s.N, s.K, nullptr);
+    int64_t calls = gemv_calls();
     linear_forward(gemm, gx.get(), gw, gb, blas.get(), s.M, s.N, s.K, nullptr);
+    EXPECT_EQ(gemv_calls(), calls) << M;
     {
       const ops::InferenceGemv scope;
       EXPECT_TRUE(ops::InferenceGemv::active());
       linear_forward(gemm, gx.get(), gw, gb, infer.get(), s.M, s.N, s.K, nullptr);
+      EXPECT_EQ(gemv_calls(), calls + (M <= kGemvMaxRows ? 1 : 0)) << M;
+      calls = gemv_calls();
       const ops::InferenceGemv closed(false);
       linear_forward(gemm, gx.get(), gw, gb, off.get(), s.M, s.N, s.K, nullptr);
+      EXPECT_EQ(gemv_calls(), calls) << M;
     }
     EXPECT_FALSE(ops::InferenceGemv::active());
     EXPECT_EQ(bits(infer), M <= kGemvMaxRows ? bits(direct) : bits(blas)) << M;
     EXPECT_EQ(bits(off), bits(blas)) << M;
-    // Different kernels: the test can tell them apart (summation orders differ somewhere).
-    if (M <= kGemvMaxRows) {
-      EXPECT_NE(bits(direct), bits(blas)) << M;
-    }
   }
 }
 

@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <type_traits>
 
 #include "core/error.h"
@@ -23,6 +24,8 @@ namespace {
 
 constexpr int kWarps = 4;   // warps (output columns) per block
 constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane
+
+std::atomic<int64_t> calls{0};
 
 // The weights are read exactly once: a streaming load that does not allocate in L1, leaving it
 // to x, which every warp of the SM reads.
@@ -114,6 +117,7 @@ void gemv_forward(const TI* x, const nd<TI>* w, const nd<TO>* b, const nd<TO>* r
            kGemvMaxRows);
   MT_CHECK(N < (int64_t{1} << 31) * kWarps, "gemv_forward: {} output columns exceed the grid", N);
   if (M == 0 || N == 0) return;
+  calls.fetch_add(1, std::memory_order_relaxed);
   // The smallest instantiation that holds M rows: its accumulators stay in registers.
   if (M == 1)
     launch<TI, TO, 1>(x, w, b, residual, y, M, N, K, s);
@@ -126,6 +130,8 @@ void gemv_forward(const TI* x, const nd<TI>* w, const nd<TO>* b, const nd<TO>* r
   else
     launch<TI, TO, 16>(x, w, b, residual, y, M, N, K, s);
 }
+
+int64_t gemv_calls() { return calls.load(std::memory_order_relaxed); }
 
 MT_INSTANTIATE(gemv_forward, bf16, bf16);
 MT_INSTANTIATE(gemv_forward, f16, f16);
