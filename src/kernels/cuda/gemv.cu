@@ -8,6 +8,11 @@
 // that bypass L1 (read once), and multiplies each 8-element chunk into all M rows of x at once
 // (x is small and stays in L1/L2), accumulating in fp32; a butterfly sum across the warp, then
 // the bias and the residual in fp32 and one rounding to y's type, as cuBLASLt's epilogue.
+// Between kernels: a decode step is ~180 small kernels, and a GEMV of a few MB lasts a few
+// microseconds, so the gap before each matters. On Hopper the GEMV is launched as a programmatic
+// dependent launch: its blocks may start while the kernel before it drains, prefetch their weight
+// rows into L2 (the weights do not depend on that kernel), and only then wait for it
+// (griddepcontrol.wait: its completion and the visibility of its writes) before reading x.
 // gemm.cu's forward picks this kernel (gemv_applies) only while an InferenceGemv scope is open
 // (kernels/device.h), so training keeps cuBLASLt's results.
 #include <cuda_bf16.h>
@@ -37,6 +42,17 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
   return v;
 }
 
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// Waits for the grid this one depends on programmatically (a no-op when launched normally).
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+constexpr int64_t kPrefetchBytes = 16 * 1024;  // of each weight row, before the wait (K <= 8192 in bf16: all)
+
 // MR: the rows of x this instantiation handles (M <= MR; rows m >= M are skipped). V: elements
 // per load (Vec<T>::N when K is a multiple of it and x, w are 16-byte aligned, else 1).
 template <typename TI, typename TO, int MR, int V>
@@ -47,6 +63,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (n >= N) return;  // a whole warp: the shuffles below see full warps only
   const TI* wr = w + n * K;
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(TI));
+  for (int64_t off = lane * 128; off < row_bytes && off < kPrefetchBytes; off += 32 * 128)
+    prefetch_l2(reinterpret_cast<const char*>(wr) + off);
+  wait_for_previous_grid();  // x, b and residual come from the kernels before
   const int64_t chunks = K / V;
   float acc[MR];
 #pragma unroll
@@ -95,15 +115,35 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// Programmatic dependent launches need compute capability 9.0 (Hopper) or newer.
+bool dependent_launch() {
+  static const bool on = [] {
+    int dev = 0, major = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 9;
+  }();
+  return on;
+}
+
 template <typename TI, typename TO, int MR>
 void launch(const TI* x, const TI* w, const TO* b, const TO* residual, TO* y, int64_t M, int64_t N, int64_t K,
             cudaStream_t s) {
-  const unsigned grid = static_cast<unsigned>(ceil_div(N, kWarps));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(N, kWarps)));
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent_launch() ? 1 : 0;
   const bool vec = K % Vec<TI>::N == 0 && aligned16(x) && aligned16(w);
+  const int m = static_cast<int>(M);
   if (vec)
-    gemv_kernel<TI, TO, MR, Vec<TI>::N><<<grid, kWarps * 32, 0, s>>>(x, w, b, residual, y, static_cast<int>(M), N, K);
+    MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<TI, TO, MR, Vec<TI>::N>, x, w, b, residual, y, m, N, K));
   else
-    gemv_kernel<TI, TO, MR, 1><<<grid, kWarps * 32, 0, s>>>(x, w, b, residual, y, static_cast<int>(M), N, K);
+    MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<TI, TO, MR, 1>, x, w, b, residual, y, m, N, K));
   MT_CUDA_LAUNCH_CHECK();
 }
 
