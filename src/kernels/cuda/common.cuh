@@ -171,6 +171,16 @@ __device__ __forceinline__ void rope_pair(float x1, float x2, float c, float si,
   o2 = __fmaf_rn(x2, c, __fmul_rn(x1, si));
 }
 
+// ---- Programmatic dependent launch (Hopper). Called first in the kernels that precede a decode
+// step's GEMVs (norms, SwiGLU, decode attention): a GEMV launched after one as a programmatic
+// dependent (gemv.cu) may start its blocks now, prefetch its weights into L2, and then wait for
+// this grid's completion and writes. Kernels launched normally after it wait as always: a no-op.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 // ---- reductions (fixed butterfly order: deterministic)
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -31,6 +31,7 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-
 // vector path), so there is no per-element division.
 template <typename T>
 __global__ void swiglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t F, bool vec) {
+  allow_dependent_launch();
   constexpr int N = Vec<T>::N;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     for (int64_t j = gtid() * N; j < F; j += gstride() * N) {
