@@ -2,7 +2,8 @@
 // shape (Llama-3.2-1B with an untied head), random bf16 weights. Prints JSON lines:
 //   copy_bandwidth   device-to-device cudaMemcpy, measured here (read + write bytes per second)
 //   decode_batch1    decode tokens/s at batch 1, and the HBM bound: (weight bytes + KV cache bytes
-//                    read per token) / the measured copy bandwidth
+//                    read per token) / the measured copy bandwidth; eager, graphed with the
+//                    linears on cuBLASLt, graphed on the small-row GEMV (the engine's default)
 //   decode_batch64   generated tokens/s with 64 requests decoding together
 //   ttft_2048        time to first token of a 2,048-token prompt (prefill + one sample)
 // Options: --prompt N (decode benches' prompt, default 128), --new N (tokens generated, 256),
@@ -80,10 +81,12 @@ struct Timing {
 };
 
 // Runs `batch` requests of `prompt` tokens generating `new_tokens` each (greedy) through a fresh
-// engine (decode steps as CUDA graphs or not); times every token of request 0 and the whole run.
-Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_tokens, bool graphs) {
+// engine (decode steps as CUDA graphs or not, their linears on the small-row GEMV or cuBLASLt);
+// times every token of request 0 and the whole run.
+Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_tokens, bool graphs, bool gemv = true) {
   mt::inference::EngineOptions o;
   o.cuda_graphs = graphs;
+  o.small_rows_gemv = gemv;
   o.max_batch = batch;
   o.max_seq_len = prompt + new_tokens + 1;
   o.max_step_tokens = std::max<int64_t>(batch, std::min<int64_t>(batch * prompt, 16384));
@@ -165,22 +168,27 @@ int main(int argc, char** argv) {
   const double kv_per_position = 2.0 * 2.0 * static_cast<double>(mc.num_layers * mc.num_query_groups * mc.head_dim());
   std::fflush(stdout);
 
-  const std::vector<bool> graph_modes = graphs_only ? std::vector<bool>{true} : std::vector<bool>{false, true};
-  for (const bool graphs : graph_modes) {
-    run(m, 1, prompt, 8, graphs);  // warm-up: cuBLASLt plans, the allocator's pool
-    const Timing t = run(m, 1, prompt, new_tokens, graphs);
+  // Batch 1: eager, then graphed with the linears on cuBLASLt, then graphed on the GEMV (the
+  // default); --graphs-only 1 keeps the graphed GEMV run alone.
+  std::vector<std::pair<bool, bool>> modes{{false, true}, {true, false}, {true, true}};
+  if (graphs_only) modes = {{true, true}};
+  for (const auto& [graphs, gemv] : modes) {
+    run(m, 1, prompt, 8, graphs, gemv);  // warm-up: cuBLASLt plans, the allocator's pool
+    const Timing t = run(m, 1, prompt, new_tokens, graphs, gemv);
     const size_t n = t.token_times.size();
     const double decode_s = seconds(t.token_times.front(), t.token_times.back());
     const double tps = static_cast<double>(n - 1) / decode_s;
     const double kv_avg = kv_per_position * (static_cast<double>(prompt) + static_cast<double>(new_tokens) / 2.0);
     const double bound = bw / (weight_bytes + kv_avg);
-    std::printf("{\"bench\": \"decode_batch1\", \"fp8\": %s, \"cuda_graphs\": %s, \"prompt\": %lld, \"new_tokens\": %lld, "
+    std::printf("{\"bench\": \"decode_batch1\", \"fp8\": %s, \"cuda_graphs\": %s, \"linears\": \"%s\", "
+                "\"prompt\": %lld, \"new_tokens\": %lld, "
                 "\"tokens_per_s\": %.1f, \"ms_per_token\": %.3f, \"weight_bytes\": %.0f, "
                 "\"kv_bytes_per_token_avg\": %.0f, \"bound_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f}\n",
-                fp8_json, graphs ? "true" : "false", static_cast<long long>(prompt), static_cast<long long>(new_tokens), tps,
-                1e3 / tps, weight_bytes, kv_avg, bound, tps / bound);
+                fp8_json, graphs ? "true" : "false", gemv ? "gemv" : "cublaslt", static_cast<long long>(prompt),
+                static_cast<long long>(new_tokens), tps, 1e3 / tps, weight_bytes, kv_avg, bound, tps / bound);
     std::fflush(stdout);
   }
+  const std::vector<bool> graph_modes = graphs_only ? std::vector<bool>{true} : std::vector<bool>{false, true};
   for (const bool graphs : graph_modes) {
     run(m, batch, prompt, 4, graphs);  // warm-up at this batch's GEMM shapes (autotuned on first use)
     const Timing t = run(m, batch, prompt, new_tokens, graphs);

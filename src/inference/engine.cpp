@@ -34,7 +34,8 @@ Engine::Engine(model::GPTModel& model, const EngineOptions& opts) : opts_(opts) 
     fail("tokens per step ({}) must be at least the batch size ({}): every running request decodes each step",
          opts_.max_step_tokens, opts_.max_batch);
   const int64_t len = opts_.max_seq_len > 0 ? opts_.max_seq_len : model.config().seq_length;
-  runner_ = std::make_unique<ModelRunner>(model, opts_.max_batch, len, opts_.cuda_graphs);
+  runner_ = std::make_unique<ModelRunner>(model, opts_.max_batch, len, opts_.cuda_graphs,
+                                          opts_.small_rows_gemv);
   vocab_ = runner_->vocab();
   slots_.resize(static_cast<size_t>(opts_.max_batch));
 }

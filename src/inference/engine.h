@@ -87,6 +87,9 @@ struct EngineOptions {
   // GPU: decode steps replay a CUDA graph per batch size (ModelRunner); falls back to eager steps
   // by itself where a capture fails. Ignored on the CPU and for MoE models.
   bool cuda_graphs = false;
+  // GPU: linears of at most 16 rows (decode steps) run the bandwidth-bound GEMV instead of
+  // cuBLASLt (ModelRunner; off: cuBLASLt throughout, for comparisons).
+  bool small_rows_gemv = true;
   // Detokenizer for stop strings (the generated ids -> text); requests with stop strings need it.
   std::function<std::string(const std::vector<int32_t>&)> decode;
 };

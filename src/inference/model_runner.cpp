@@ -19,8 +19,13 @@ namespace mt::inference {
 using model::Norm;
 using model::PassContext;
 
-ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs)
-    : m_(m), slots_(slots), max_len_(max_len), vocab_(m.config().orig_vocab_size), device_(m.device()) {
+ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs, bool small_rows_gemv)
+    : m_(m),
+      slots_(slots),
+      max_len_(max_len),
+      vocab_(m.config().orig_vocab_size),
+      device_(m.device()),
+      gemv_(small_rows_gemv) {
   const auto& c = m.config();
   // Tensor parallelism: each rank runs its heads and its ffn and vocabulary shards, and caches its
   // own key/value groups; every rank gets the whole logits (gathered), so all ranks pick the same
@@ -132,6 +137,7 @@ struct ModelRunner::Graph {
 ModelRunner::~ModelRunner() = default;
 
 Tensor ModelRunner::device_forward(const Inputs& in) {
+  const ops::InferenceGemv gemv(gemv_);  // decode steps' linears: the GEMV (eager and captured alike)
   const model::TensorParallel& tp = m_.tensor_parallel();
   Tensor x;
   if (tp.on()) {  // the vocabulary-parallel lookup, summed over TP (each row is non-zero on one rank)
@@ -161,7 +167,7 @@ Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {
   }
   if (!g->graph.ready()) {
     auto fixed = [](const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), t.device()) : Tensor(); };
-    g->in = {fixed(in.ids), fixed(in.slot), fixed(in.pos), fixed(in.cos), fixed(in.sin), fixed(in.rows)};
+    g->in = views(fixed(in.ints), fixed(in.floats), N);
     const int64_t Vp = m_.config().vocab_size;
     g->logits = Tensor::empty({N, Vp}, m_.word_embedding()->value.dtype(), device_);
     try {
@@ -176,12 +182,29 @@ Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {
       return device_forward(in);
     }
   }
-  for (auto [dst, src] : {std::pair{&g->in.ids, &in.ids}, {&g->in.slot, &in.slot}, {&g->in.pos, &in.pos},
-                          {&g->in.cos, &in.cos}, {&g->in.sin, &in.sin}, {&g->in.rows, &in.rows}})
-    if (src->defined()) ops::copy_into(*dst, *src);
+  ops::copy_into(g->in.ints, in.ints);
+  if (in.floats.defined()) ops::copy_into(g->in.floats, in.floats);
   g->graph.launch();
   ++replays_;
   return g->logits;
+}
+
+// A pass's inputs as views of its two packed uploads (device_logits): ints holds N ids, slots
+// and positions, then the logit rows; floats (RoPE models) N rows of cos, then N of sin.
+ModelRunner::Inputs ModelRunner::views(const Tensor& ints, const Tensor& floats, int64_t N) {
+  Inputs in;
+  in.ints = ints;
+  in.floats = floats;
+  in.ids = ints.slice(0, N);
+  in.slot = ints.slice(N, N);
+  in.pos = ints.slice(2 * N, N);
+  in.rows = ints.slice(3 * N, ints.numel() - 3 * N);
+  if (floats.defined()) {
+    const int64_t half = floats.numel() / (2 * N);
+    in.cos = floats.slice(0, N * half).view({N, half});
+    in.sin = floats.slice(N * half, N * half).view({N, half});
+  }
+  return in;
 }
 
 Tensor ModelRunner::device_logits(const StepBatch& b) {
@@ -197,19 +220,24 @@ Tensor ModelRunner::device_logits(const StepBatch& b) {
   }
   for (int32_t r : b.logit_rows) MT_CHECK(r >= 0 && r < N, "logit row {} of {} rows", r, N);
   const int64_t R = static_cast<int64_t>(b.logit_rows.size());
-  Inputs in{upload(b.tokens), upload(b.slots), upload(b.positions), Tensor(), Tensor(), upload(b.logit_rows)};
-  // This pass's RoPE tables: the rows of its tokens' positions.
+  // Two uploads per pass (each a staged copy, and a graph replay copies each into its fixed
+  // buffers): the ids, slots, positions and logit rows together, and the RoPE rows of the
+  // tokens' positions (cos, then sin) together.
+  std::vector<int32_t> ints;
+  ints.reserve(static_cast<size_t>(3 * N + R));
+  for (const auto* v : {&b.tokens, &b.slots, &b.positions, &b.logit_rows}) ints.insert(ints.end(), v->begin(), v->end());
+  Tensor floats;
   if (c.rope()) {
     const int64_t half = rope_.cos.dim(1);
-    std::vector<float> cv(static_cast<size_t>(N * half)), sv(static_cast<size_t>(N * half));
+    std::vector<float> cs(static_cast<size_t>(2 * N * half));
     for (int64_t i = 0; i < N; ++i) {
       const int64_t p = b.positions[static_cast<size_t>(i)];
-      std::memcpy(cv.data() + i * half, rope_.cos.data<float>() + p * half, static_cast<size_t>(half) * 4);
-      std::memcpy(sv.data() + i * half, rope_.sin.data<float>() + p * half, static_cast<size_t>(half) * 4);
+      std::memcpy(cs.data() + i * half, rope_.cos.data<float>() + p * half, static_cast<size_t>(half) * 4);
+      std::memcpy(cs.data() + (N + i) * half, rope_.sin.data<float>() + p * half, static_cast<size_t>(half) * 4);
     }
-    in.cos = upload(cv).view({N, half});
-    in.sin = upload(sv).view({N, half});
+    floats = upload(cs);
   }
+  Inputs in = views(upload(ints), floats, N);
   // One sequence's first N > 1 tokens (never a decode step, whose rows are one per slot).
   in.fresh_prompt = N > 1;
   for (int64_t i = 0; in.fresh_prompt && i < N; ++i)

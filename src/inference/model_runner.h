@@ -41,7 +41,10 @@ class ModelRunner {
   // replay a CUDA graph captured per row count, after one eager step at that count (which sets
   // up the GEMM plans). Not for MoE models (their expert counts go through the host). A capture
   // that fails turns graphs off with a warning and the step runs eagerly.
-  ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs = false);
+  // `small_rows_gemv`: on the GPU, the passes' linears of at most 16 rows (decode steps) run the
+  // bandwidth-bound GEMV instead of cuBLASLt (ops::InferenceGemv); off: cuBLASLt throughout.
+  ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, bool cuda_graphs = false,
+              bool small_rows_gemv = true);
   ~ModelRunner();
   // Writes every row's K and V into the cache and returns the fp32 host logits [rows, V] of
   // batch.logit_rows over the real (unpadded) vocabulary V.
@@ -60,7 +63,8 @@ class ModelRunner {
 
  private:
   struct Inputs {  // one pass's inputs on the device
-    Tensor ids, slot, pos, cos, sin, rows;
+    Tensor ids, slot, pos, cos, sin, rows;  // views of the two below
+    Tensor ints, floats;                    // ids, slot, pos, rows packed; cos, sin packed (one upload each)
     // The pass is one sequence's first tokens (rows 0..N-1 of one slot, N > 1): its attention is
     // the plain causal attention of those rows (training's flash / cuDNN kernels), not the decode
     // kernel over the cache, which walks the cache a query row at a time. Never a decode step.
@@ -72,6 +76,7 @@ class ModelRunner {
   Tensor device_logits(const StepBatch& b);  // checks the batch, runs it: [rows, V'] on the device
   Tensor host_logits(Tensor l) const;         // those as fp32 on the host, the padded columns dropped
   Tensor graph_forward(const Inputs& in, int64_t N);
+  static Inputs views(const Tensor& ints, const Tensor& floats, int64_t N);
   Tensor layer_forward(size_t l, const Tensor& x, const Inputs& in);
   template <typename T>
   Tensor upload(const std::vector<T>& v) const;
@@ -82,6 +87,7 @@ class ModelRunner {
   std::vector<Tensor> k_cache_, v_cache_;  // per layer [slots, G, max_len, D]
   model::RopeTables rope_;                 // host tables for positions 0..max_len-1 (RoPE models)
   bool graphs_on_ = false;
+  bool gemv_ = true;
   int64_t replays_ = 0;
   std::map<int64_t, std::unique_ptr<Graph>> graphs_;  // per row count
   Tensor last_logits_;  // the last step's [rows, V'] on the device, for token_logprobs()

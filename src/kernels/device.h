@@ -102,4 +102,22 @@ class StreamGraph {
   std::unique_ptr<Impl> impl_;
 };
 
+// Generation's linear layers (issue #22): while an InferenceGemv lives on this thread, a GPU
+// linear forward of at most 16 rows (a decode step's batch) runs the bandwidth-bound GEMV
+// (kernels/cuda/gemv.cu) instead of cuBLASLt, whose plans for so few rows read the weights well
+// below the memory bandwidth. Only the inference runner opens one: training's GEMMs, their
+// results and their tests stay cuBLASLt's. Scopes nest; `on` false closes the GEMV for its span.
+class InferenceGemv {
+ public:
+  explicit InferenceGemv(bool on = true) : prev_(active_) { active_ = on; }
+  ~InferenceGemv() { active_ = prev_; }
+  InferenceGemv(const InferenceGemv&) = delete;
+  InferenceGemv& operator=(const InferenceGemv&) = delete;
+  static bool active() { return active_; }
+
+ private:
+  bool prev_;
+  static inline thread_local bool active_ = false;
+};
+
 }  // namespace mt::ops

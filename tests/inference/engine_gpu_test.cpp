@@ -8,6 +8,9 @@
 #include "inference/model_runner.h"
 #include "kernels/ops.h"
 #include "support/gpu.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/ops_cuda.h"
+#endif
 
 namespace mt::test {
 namespace {
@@ -251,6 +254,51 @@ TEST(InferenceGpu, CudaGraphDecodeStepsEqualEagerOnes) {
   o.cuda_graphs = true;
   const auto graphed = run_engine(p.gpu_model, reqs, o);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(graphed[i].tokens, eager[i].tokens) << i;
+}
+
+// Decode steps' linears on the small-row GEMV (the default) give the greedy tokens of cuBLASLt
+// throughout (small_rows_gemv off), one request at a time and batched, eager and graphed: the
+// two differ only in the fp32 summation order. Every family (GPT-2's biases, Qwen3's qk-norm,
+// MoE's grouped experts).
+TEST(InferenceGpu, GemvDecodeTokensEqualCublasLt) {
+  MT_REQUIRE_GPU();
+  for (const std::string& f : families()) {
+    Pair p(f);
+    const int64_t V = p.cpu.config().orig_vocab_size;
+    std::vector<Request> reqs;
+    for (int i = 0; i < 4; ++i) {
+      Request r;
+      r.prompt = make_prompt(2 + 5 * i, 70 + static_cast<uint32_t>(i), V);
+      r.max_new_tokens = 16;
+      reqs.push_back(r);
+    }
+    for (const int64_t batch : {int64_t{1}, int64_t{4}}) {
+      inference::EngineOptions blas, gemv;
+      blas.max_batch = gemv.max_batch = batch;
+      blas.small_rows_gemv = false;
+      gemv.cuda_graphs = true;
+#ifdef MT_HAVE_CUDA
+      const int64_t c0 = cuda::gemv_calls();
+      const auto want = run_engine(p.gpu_model, reqs, blas);
+      const int64_t c1 = cuda::gemv_calls();
+      const auto got = run_engine(p.gpu_model, reqs, gemv);
+      EXPECT_EQ(c1, c0) << f << ": cuBLASLt throughout ran the GEMV";
+      EXPECT_GT(cuda::gemv_calls(), c1) << f << ": the decode steps never ran the GEMV";
+#else
+      const auto want = run_engine(p.gpu_model, reqs, blas), got = run_engine(p.gpu_model, reqs, gemv);
+#endif
+      for (size_t i = 0; i < reqs.size(); ++i)
+        EXPECT_EQ(got[i].tokens, want[i].tokens) << f << " batch " << batch << " request " << i;
+    }
+    // The logits themselves: within bf16 rounding of each other.
+    inference::ModelRunner rb(p.gpu_model, 1, 32, false, false), rg(p.gpu_model, 1, 32, false, true);
+    const std::vector<int32_t> ids = make_prompt(5, 9, V);
+    inference::StepBatch pre{ids, {0, 0, 0, 0, 0}, {0, 1, 2, 3, 4}, {4}};
+    const Tensor a = rb.forward(pre), b = rg.forward(pre);
+    double scale = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) scale = std::max(scale, static_cast<double>(std::fabs(a.data<float>()[i])));
+    EXPECT_LT(max_abs_diff(a, b), 0.02 * std::max(1.0, scale)) << f;
+  }
 }
 
 }  // namespace

@@ -182,6 +182,16 @@ __device__ __forceinline__ void swiglu_grads(float d, float g, float u, float& d
   dg = d * u * sg * (1.f + g * (1.f - sg));
 }
 
+// ---- Programmatic dependent launch (Hopper). Called first in the kernels that precede a decode
+// step's GEMVs (norms, SwiGLU, decode attention): a GEMV launched after one as a programmatic
+// dependent (gemv.cu) may start its blocks now, prefetch its weights into L2, and then wait for
+// this grid's completion and writes. Kernels launched normally after it wait as always: a no-op.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 // ---- reductions (fixed butterfly order: deterministic)
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -33,6 +33,7 @@ __device__ __forceinline__ void for_groups(int64_t n, F f) {
 template <typename T>
 __global__ void swiglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t F, bool vec,
                                   float* amax) {
+  allow_dependent_launch();
   constexpr int N = Vec<T>::N;
   float m = 0.f;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)

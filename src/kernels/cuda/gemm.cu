@@ -38,6 +38,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/device.h"
 
 namespace mt::cuda {
 
@@ -558,12 +559,20 @@ int Gemm::plans() const {
 
 namespace {
 
+// The one choice between the GEMV and cuBLASLt for a forward linear: the GEMV (half-precision
+// inputs only) for at most kGemvMaxRows rows while inference asks for it (InferenceGemv: decode
+// steps), where cuBLASLt's small-row plans stay far below the memory bandwidth (gemv.cu).
+bool gemv_applies(int64_t M) { return M <= kGemvMaxRows && ops::InferenceGemv::active(); }
+
 // y = x w^T (+ b) (+ residual, y's type: cuBLASLt's C, with beta = 1).
 template <typename TI, typename TO>
 void forward_impl(Gemm& g, const TI* x, const TI* w, const TO* b, const void* residual, TO* y, int64_t M, int64_t N,
                   int64_t K, cudaStream_t s, cudaDataType_t ti, cudaDataType_t to) {
   if (M == 0 || N == 0) return;
   MT_CHECK(K > 0, "linear_forward with K = 0 is not supported on the GPU");
+  if constexpr (!std::is_same_v<TI, float>) {
+    if (gemv_applies(M)) return gemv_forward(x, w, b, static_cast<const TO*>(residual), y, M, N, K, s);
+  }
   g.impl()->matmul(true, false, N, M, K, w, K, x, K, ti, residual ? 1.f : 0.f, residual, y, N, to, b, s, 1);
 }
 

@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                             const int32_t* __restrict__ slot, const int32_t* __restrict__ pos, T* __restrict__ out,
                             float* __restrict__ part, int64_t N, int64_t Hq, int64_t G, int64_t L, int64_t D,
                             int64_t slots, int splits, int64_t per_split, float scale) {
+  allow_dependent_launch();
   const int64_t i = blockIdx.x, h = blockIdx.y;
   const int split = static_cast<int>(blockIdx.z);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -139,6 +140,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <typename T>
 __global__ void decode_merge_kernel(const float* __restrict__ part, T* __restrict__ out, int64_t Hq, int64_t D,
                                     int splits) {
+  allow_dependent_launch();
   const int64_t i = blockIdx.x, h = blockIdx.y;
   const float* base = part + (i * Hq + h) * splits * (D + 2);
   float M = -INFINITY;

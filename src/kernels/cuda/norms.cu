@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
                          const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
                          float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int64_t dim,
                          float eps, float* amax) {
+  allow_dependent_launch();
   constexpr int N = Vec<T>::N;
   const int lane = threadIdx.x & 31;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + (threadIdx.x >> 5);
@@ -112,6 +113,7 @@ __global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ r
                                 const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
                                 float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t dim, float eps,
                                 bool vec, float* amax) {
+  allow_dependent_launch();
   constexpr int N = Vec<T>::N;
   extern __shared__ float row[];
   __shared__ float red[32];

@@ -127,6 +127,16 @@ void linear_forward(Gemm& g, const TI* x, const nd<TI>* w, const nd<TO>* b, TO* 
 template <typename TI, typename TO>
 void linear_forward_residual(Gemm& g, const TI* x, const nd<TI>* w, const nd<TO>* b, const nd<TO>* residual, TO* y,
                              int64_t M, int64_t N, int64_t K, cudaStream_t s);
+// The same product for at most kGemvMaxRows rows of x, bandwidth-bound (gemv.cu says why): y =
+// x w^T (+ b) (+ residual, y's type and layout, only read; may be y), fp32 accumulation, one
+// rounding to y's type. gemm.cu's linear_forward(_residual) calls it in inference (InferenceGemv,
+// kernels/device.h) for these row counts. (TI, TO): (bf16, bf16), (f16, f16), (bf16, float).
+constexpr int64_t kGemvMaxRows = 16;
+template <typename TI, typename TO>
+void gemv_forward(const TI* x, const nd<TI>* w, const nd<TO>* b, const nd<TO>* residual, TO* y, int64_t M, int64_t N,
+                  int64_t K, cudaStream_t s);
+// gemv_forward calls so far in this process (tests: which kernel a linear layer chose).
+int64_t gemv_calls();
 // dx[M,K] = dy @ w (written, if dx); dw[N,K] += dy^T @ x in fp32 (GEMM with beta = 1, if dw; with
 // !accumulate_dw, beta = 0: dw is written, as a step's first gradient is, with nothing read);
 // db[N] += column sums of dy (if db, deterministic). Storage types.
