@@ -127,7 +127,11 @@ nlohmann::json megatron_args(const TrainingState& st) {
     if (m.contains(k)) a[k] = m[k];
   a["padded_vocab_size"] = m.value("vocab_size", int64_t{0});
   a["group_query_attention"] = m.value("num_query_groups", 0) != m.value("num_attention_heads", 0);
-  a["add_position_embedding"] = m.value("position_embedding_type", std::string()) == "learned_absolute";
+  // Megatron's --no-position-embedding (dest add_position_embedding, default true) is its own flag,
+  // independent of --position-embedding-type; Megatron-LM's loader compares it with its own args,
+  // so a rope model trained without the flag must say true here, as Megatron's checkpoints do.
+  a["add_position_embedding"] = !(a.contains("no_position_embedding") && a["no_position_embedding"].is_boolean() &&
+                                  a["no_position_embedding"].get<bool>());
   if (m.value("tokenizer_type", std::string()) == "NullTokenizer") a["vocab_size"] = m.value("tokenizer_vocab_size", 0);
   a["consumed_train_samples"] = st.consumed_train_samples;
   a["consumed_valid_samples"] = st.consumed_valid_samples;

@@ -132,6 +132,11 @@ void linear_forward_residual(Gemm& g, const TI* x, const nd<TI>* w, const nd<TO>
 // rounding to y's type. gemm.cu's linear_forward(_residual) calls it in inference (InferenceGemv,
 // kernels/device.h) for these row counts. (TI, TO): (bf16, bf16), (f16, f16), (bf16, float).
 constexpr int64_t kGemvMaxRows = 16;
+// Inference picks the GEMV over cuBLASLt for at most this many rows. Measured on an H200
+// (session 13, GpuGemv.DecodeShapesAgainstCublasLt, llama-1.5b's decode shapes): at 1-2 rows
+// the GEMV streams the QKV, proj and fc1 weights at 1.1-1.8x cuBLASLt's rate; from 4 rows on,
+// cuBLASLt is faster everywhere (at 16 rows by 2-4x).
+constexpr int64_t kGemvChosenMaxRows = 2;
 template <typename TI, typename TO>
 void gemv_forward(const TI* x, const nd<TI>* w, const nd<TO>* b, const nd<TO>* residual, TO* y, int64_t M, int64_t N,
                   int64_t K, cudaStream_t s);
