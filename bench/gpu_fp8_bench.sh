@@ -44,8 +44,8 @@ run() {
   local loss; loss=$(grep '^ iteration' "$OUT/$name.txt" | tail -1 | sed -E 's/.*lm loss: ([0-9.E+-]+).*/\1/')
   MEM=$(grep -oE 'peak GPU memory: [0-9.]+' "$OUT/$name.txt" | awk '{print $4}')
   printf '{"bench":"llama-1.5b-%s","device":"%s","tokens_per_s":%s,"speedup_vs_bf16":%s,"peak_mem_gib":%s,"mem_vs_bf16":%s,"step_time_median_ms":%s,"last_loss":%s,"iters":%s,"commit":"%s"}\n' \
-    "$name" "$GPU" "$TOK" "$(awk -v a="$TOK" -v b="${BF16_TOK:-0}" 'BEGIN {print b > 0 ? sprintf("%.3f", a / b) : "null"}')" \
-    "${MEM:-null}" "$(awk -v a="${MEM:-0}" -v b="${BF16_MEM:-0}" 'BEGIN {print b > 0 ? sprintf("%.3f", a / b) : "null"}')" \
+    "$name" "$GPU" "$TOK" "$(awk -v a="$TOK" -v b="${BF16_TOK:-0}" 'BEGIN {print (b > 0 ? sprintf("%.3f", a / b) : "null")}')" \
+    "${MEM:-null}" "$(awk -v a="${MEM:-0}" -v b="${BF16_MEM:-0}" 'BEGIN {print (b > 0 ? sprintf("%.3f", a / b) : "null")}')" \
     "$ms" "${loss:-null}" "$ITERS" "$COMMIT"
   grep -E "fp8 saturated" "$OUT/$name.txt" | tail -1 | grep -oE 'fp8 [^|]*\|[^|]*\|' || true
 }

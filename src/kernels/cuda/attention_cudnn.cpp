@@ -93,13 +93,16 @@ constexpr long kVarlenMinCudnn = 90600;
 // --attention-backend auto for packed documents: cuDNN's ragged graph when the documents are
 // long enough on average (one threshold for the deterministic backward, training's default,
 // one for --nondeterministic-attention) and the sample long enough, else the ranged
-// tensor-core kernels. To be set from `cuda_ops_bench --quick --only=varlen` (llama-1.5b heads
-// on an H100: ranged_tflops against heads_/tokens_tflops and their _nondet_ forms per sample
-// length and document mix); until measured, auto keeps the ranged kernels (156 TFLOP/s fwd+bwd
-// for 4096-token documents in 32k samples, BENCHMARKS.md).
+// tensor-core kernels. Measured (`cuda_ops_bench --quick --only=varlen`, llama-1.5b heads, H200,
+// session 13, fwd+bwd TFLOP/s, ranged / cuDNN heads layout deterministic / non-deterministic):
+//   4k uniform 145 / 52 / 205; 4k long 133 / 73 / 183; 8k uniform 133 / 41 / 175;
+//   8k long 147 / 92 / 250; 32k uniform 137 / 45 / 209; 32k long 163 / refused (64.5 GiB
+//   workspace) / 338; 32k short documents (mean 596) 97 / 66 / 122.
+// cuDNN's deterministic backward is 2-4x slower than the ranged kernels everywhere: never. Its
+// non-deterministic backward is faster in every case measured, from 596-token documents on.
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
 constexpr int64_t kVarlenCudnnMinMeanDoc = kNever;
-constexpr int64_t kVarlenCudnnMinMeanDocNondet = kNever;
+constexpr int64_t kVarlenCudnnMinMeanDocNondet = 0;
 constexpr int64_t kVarlenCudnnMinSample = 0;
 
 int64_t pow2_at_least(int64_t x) {
