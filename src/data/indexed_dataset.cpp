@@ -226,8 +226,10 @@ void IndexedDataset::validate() {
     const int64_t len = sequence_length(i), ptr = sequence_pointer(i);
     if (len < 0) fail("{} sequence {} has negative length {}; the file is corrupt", ip, i, len);
     if (ptr < 0 || ptr > bin_size || len > (bin_size - ptr) / isz) {
-      fail("{} is truncated or does not match {}: sequence {} needs bytes [{}, {}) but the .bin "
-           "has {} bytes; re-run preprocess", bin_.path(), ip, i, ptr, ptr + len * isz, bin_size);
+      // The message names the length, not the end byte: ptr + len * isz can overflow int64 for
+      // a corrupt length (a fuzzing finding).
+      fail("{} is truncated or does not match {}: sequence {} needs {} tokens of {} bytes from byte {} but "
+           "the .bin has {} bytes; re-run preprocess", bin_.path(), ip, i, len, isz, ptr, bin_size);
     }
     num_tokens_ += len;
     if (len > max_len_) max_len_ = static_cast<int32_t>(len);
