@@ -6,6 +6,8 @@
 #   longseq   #19: llama-1.5b at seq 32k on one GPU (the cuDNN workspace fallback, 9d88511)
 #   fp8       #18: bench/gpu_fp8_bench.sh (bf16 / delayed / tensorwise, breakdown)
 #   moe       #17: moe-2b at accum 8 without events, and torch_moe.py --impl grouped (anchors carried)
+#   moebd     #17: moe-2b at accum 8 with --log-op-breakdown, no anchor (where the time goes)
+#   moend     #17: moe-2b at accum 8 with --nondeterministic-attention (Megatron's default), no anchor
 #   gen       #22: bench/gpu_generate_bench.sh (device argmax, 24d3d7d) with the HF anchor (dynamic cache)
 #   ckpt      #21: a torch_dist checkpoint saved by megatron.cpp resumed by Megatron-LM d98e8a6
 #             (scripts/device_prep.sh with MT_PREP_MEGATRON=<Megatron-LM git dir> carries its source)
@@ -46,12 +48,15 @@ for p in ${PARTS//,/ }; do
     longseq) MT_LONGSEQ_SEQS=32768 MT_BENCH_ITERS=4 MT_SKIP_ANCHOR=1 part longseq 400 bash bench/gpu_longseq_bench.sh ;;
     fp8) MT_BENCH_ITERS=12 part fp8 400 bash bench/gpu_fp8_bench.sh ;;
     moe) MT_MOE_ACCUM=8 MT_MOE_BREAKDOWN=0 MT_MOE_IMPLS=grouped MT_BENCH_ITERS=12 part moe 500 bash bench/gpu_moe_bench.sh ;;
+    moebd) MT_MOE_ACCUM=8 MT_MOE_BREAKDOWN=1 MT_SKIP_ANCHOR=1 MT_BENCH_ITERS=10 part moebd 300 bash bench/gpu_moe_bench.sh ;;
+    moend) MT_MOE_ACCUM=8 MT_MOE_BREAKDOWN=0 MT_SKIP_ANCHOR=1 MT_BENCH_ITERS=12 MT_MOE_EXTRA=--nondeterministic-attention \
+             part moend 300 bash bench/gpu_moe_bench.sh ;;
     gen) part gen 400 bash bench/gpu_generate_bench.sh ;;
     ckpt) part ckpt 400 bash -c "
-      F=tests/fixtures/megatron_ckpt; T=/tmp/mt_rt; rm -rf \$T; mkdir -p \$T
+      F=tests/fixtures/megatron_ckpt; T=/tmp/mt_rt; rm -rf \$T; mkdir -p \$T; cp -a \$F/ck_dist \$T/own
       $B/bin/megatron convert --from megatron-torch --to megatron-torch-dist --input \$F/ck_torch --output \$T/back &&
       python3 tests/tools/check_torch_dist_in_megatron.py \$T/back --megatron third_party_carry/megatron_lm \
-        --expect \$F/ck_torch.losses_1_10" ;;
+        --expect \$F/ck_torch.losses_1_10 --reference \$T/own" ;;
     profile) MT_BIN=$B/bin/megatron part profile 300 bash bench/gpu_profile_demo.sh ;;
     conv) part conv 1500 bash bench/gpu_fp8_convergence.sh ;;
     dist) MT_RUN_TIMEOUT=300 part dist 1500 bash bench/gpu_dist_bench.sh ep,cp,fp8 ;;

@@ -7,6 +7,8 @@
 #   MT_MOE_ACCUM="1 8"   micro-batches per step to measure (global batch 4 x accum)
 #   MT_MOE_BREAKDOWN=0   no --log-op-breakdown (its CUDA events cost ~1%: the MFU figure's run)
 #   MT_MOE_IMPLS="grouped loop"   the anchor's expert implementations to run
+#   MT_MOE_EXTRA="..."   extra megatron.cpp flags (e.g. --nondeterministic-attention, Megatron's default)
+#   MT_SKIP_ANCHOR=1      megatron.cpp only
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/moe_2b.sh
@@ -29,7 +31,7 @@ for accum in ${MT_MOE_ACCUM:-1}; do
   name=moe-2b-accum$accum
   "$M" pretrain "${MOE_2B[@]}" --global-batch-size $gbs --mock-data --bf16 --device cuda --train-iters "$ITERS" \
     --log-interval 1 --eval-iters 0 --no-progress-bar --lr 1e-4 --clip-grad 1.0 --attention-dropout 0 \
-    --hidden-dropout 0 $([ "${MT_MOE_BREAKDOWN:-1}" = 0 ] || echo --log-op-breakdown) --data-cache-path /tmp/mt_cache >"$OUT/$name.txt" 2>&1
+    --hidden-dropout 0 ${MT_MOE_EXTRA:-} $([ "${MT_MOE_BREAKDOWN:-1}" = 0 ] || echo --log-op-breakdown) --data-cache-path /tmp/mt_cache >"$OUT/$name.txt" 2>&1
   rc=$?
   if [ $rc -ne 0 ]; then
     echo "$name failed (rc $rc)"; tail -5 "$OUT/$name.txt"
@@ -44,7 +46,7 @@ for accum in ${MT_MOE_ACCUM:-1}; do
     grep "time breakdown" "$OUT/$name.txt" | tail -1
     grep '^ iteration' "$OUT/$name.txt" | tail -1 | grep -oE 'lm loss: [^|]*\|[^|]*\|'
   fi
-  if [ -f third_party_carry/anchors/torch_moe.py ]; then
+  if [ "${MT_SKIP_ANCHOR:-0}" != 1 ] && [ -f third_party_carry/anchors/torch_moe.py ]; then
     for impl in ${MT_MOE_IMPLS:-grouped loop}; do
       python3 third_party_carry/anchors/torch_moe.py --impl $impl --accum "$accum" 2>"$OUT/torch_$impl.err" | tail -1 ||
         { echo "torch_moe $impl failed"; tail -3 "$OUT/torch_$impl.err"; }
