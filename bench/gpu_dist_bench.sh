@@ -3,7 +3,8 @@
 #   scripts/device_prep.sh (here), then on the device: bash bench/gpu_dist_bench.sh [parts]
 # parts (default all but ops, quickstart, attn, notune, cands, ep, cp, fp8): build, tests, ops, quickstart, smoke,
 # single, attn, notune, cands, breakdown, dp, pp, tp, pp8b, and issue #23's ep (moe-2b EP=2 against EP=1 x DP=2
-# and one GPU, the all-to-all's share with and without the shared-expert overlap), cp (llama-1.5b CP=2 at seq
+# and one GPU), epov (moe-2b with a shared expert at EP=2: the all-to-all's share with and without
+# --moe-shared-expert-overlap), cp (llama-1.5b CP=2 at seq
 # 32k and 64k, p2p and a2a, against CP=1 at the longest that fits one GPU) and fp8 (llama-1.5b DP=2 dist-opt and
 # llama-8b TP=2+SP, bf16 against FP8 in one call). Prints one JSON line per
 # benchmark (DESIGN.md) plus the derived figures: DP scaling against twice the one-GPU rate,
@@ -164,6 +165,16 @@ if has ep; then  # #23 item 1: expert parallelism over NCCL (moe-2b, 8 experts, 
   for n in moe-2b-1gpu moe-2b-ep1-dp2 moe-2b-ep2; do
     echo "$n losses: $(grep -oE 'lm loss: [0-9.E+-]+' "$OUT/$n.txt" | awk '{printf "%.4f ", $3}')"
   done
+fi
+if has epov; then  # #23 item 1, overlapped: moe-2b with a shared expert, its compute under the all-to-all or not
+  source bench/moe_2b.sh
+  SH=("${MOE_2B[@]}" --train-iters "$ITERS" --global-batch-size 64 --expert-model-parallel-size 2
+      --moe-shared-expert-intermediate-size 2048)
+  run moe-2b-shared-ep2 2 "${SH[@]}"; NOOV=$TOK
+  run moe-2b-shared-ep2-overlap 2 "${SH[@]}" --moe-shared-expert-overlap
+  echo "shared-expert overlap: $(awk -v a="$TOK" -v b="$NOOV" 'BEGIN{printf "%.3f", (b > 0 ? a/b : 0)}')x the tokens/s without"
+  run moe-2b-shared-ep2-timed 2 "${SH[@]}" --log-op-breakdown
+  run moe-2b-shared-ep2-overlap-timed 2 "${SH[@]}" --moe-shared-expert-overlap --log-op-breakdown
 fi
 if has cp; then  # #23 item 2: context parallelism over NCCL at long sequences (mbs 1, full recompute)
   LONG=("${LLAMA_1_5B[@]}" --micro-batch-size 1 --global-batch-size 2 --train-iters "${MT_CP_ITERS:-6}"

@@ -134,21 +134,13 @@ int serve_main(const std::vector<std::string>& argv) {
   }
   // The engine: a KV cache slot per admitted request, so that every request admitted can run at
   // once; prompt chunks of up to the context per pass.
-  std::optional<ops::GpuContext> gpu;  // outlives the model and the world
-  comm::DeviceComm dc;
-  if (device == "cuda") {
-    if (env.local_world_size > ops::gpu_count())
-      fail("--device cuda: {} ranks on this node but {} GPU(s) visible", env.local_world_size, ops::gpu_count());
-    gpu.emplace(env.local_rank);
-    dc = comm::DeviceComm{env.world_size > 1, gpu->compute_stream(), env.local_rank};
-  }
-  std::optional<comm::World> world;
-  if (tp > 1) {
-    world.emplace(env, std::chrono::milliseconds(static_cast<int64_t>(timeout_minutes * 60000)), dc);
+  InferenceRanks ranks;  // outlives the model
+  open_inference_ranks(ranks, env, device, tp, std::chrono::milliseconds(static_cast<int64_t>(timeout_minutes * 60000)));
+  if (ranks.world) {
     // Rank 0 drains for at most --shutdown-timeout, then waits 30 s for what it cancelled.
     exit_after_stop_signal(o.shutdown_timeout_s + 60);
   }
-  comm::Communicator* tp_comm = world ? world->world().get() : nullptr;
+  comm::Communicator* tp_comm = ranks.tp();
   InferenceModel im = load_inference_model(load, iteration, device == "cuda" ? Device::CUDA : Device::CPU, true, tp_comm,
                                            !fp8_format.empty());
   inference::EngineOptions eo;
@@ -156,7 +148,7 @@ int serve_main(const std::vector<std::string>& argv) {
   eo.max_seq_len = context;
   eo.max_step_tokens = std::max<int64_t>(context, o.max_concurrent);
   eo.cuda_graphs = cuda_graphs;
-  if (world && env.rank != 0) {
+  if (ranks.world && env.rank != 0) {
     inference::Engine engine(*im.model, eo);
     serve::install_stop_handlers();  // a signal ends this rank when rank 0 says so, after its drain
     serve::follow_engine(engine, *tp_comm);
@@ -164,7 +156,7 @@ int serve_main(const std::vector<std::string>& argv) {
     serve::EngineBackend backend(std::move(im), eo, tp_comm);
     serve::run_server(backend, o);
   }  // rank 0's backend tells the others to stop as it goes
-  if (world) world->shutdown();
+  if (ranks.world) ranks.world->shutdown();
   return 0;
 }
 

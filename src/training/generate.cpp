@@ -109,20 +109,11 @@ int generate_main(const std::vector<std::string>& argv) {
          "--nproc-per-node {} -- generate ...)",
          tp, tp, env.world_size, tp);
   set_log_rank(env.rank);
-  std::optional<ops::GpuContext> gpu;  // outlives the model and the world
-  comm::DeviceComm dc;
-  if (device == "cuda") {
-    if (env.local_world_size > ops::gpu_count())
-      fail("--device cuda: {} ranks on this node but {} GPU(s) visible", env.local_world_size, ops::gpu_count());
-    gpu.emplace(env.local_rank);
-    dc = comm::DeviceComm{env.world_size > 1, gpu->compute_stream(), env.local_rank};
-  }
-  std::optional<comm::World> world;
-  if (tp > 1) world.emplace(env, std::chrono::minutes(10), dc);
+  InferenceRanks ranks;  // outlives the model
+  open_inference_ranks(ranks, env, device, tp, std::chrono::minutes(10));
   const Device dev = device == "cuda" ? Device::CUDA : Device::CPU;
   std::optional<Activity> building(std::in_place, "loading the model");
-  InferenceModel im = load_inference_model(load, iteration, dev, true, world ? world->world().get() : nullptr,
-                                          !fp8_format.empty());
+  InferenceModel im = load_inference_model(load, iteration, dev, true, ranks.tp(), !fp8_format.empty());
   building.reset();
   const data::Tokenizer& tok = *im.tokenizer;
   const int64_t S = im.args.model.seq_length;
@@ -171,7 +162,7 @@ int generate_main(const std::vector<std::string>& argv) {
     Activity generating("generating");
     engine.run_until_idle();
   }
-  if (world) world->shutdown();
+  if (ranks.world) ranks.world->shutdown();
   if (env.rank != 0) return 0;  // every rank holds the same results
 
   if (single) {

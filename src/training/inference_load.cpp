@@ -133,4 +133,16 @@ InferenceModel load_inference_model(const std::string& load, int64_t iteration, 
   return r;
 }
 
+void open_inference_ranks(InferenceRanks& ranks, const comm::DistEnv& env, const std::string& device, int64_t tp,
+                          std::chrono::milliseconds timeout) {
+  comm::DeviceComm dc;
+  if (device == "cuda") {
+    if (env.local_world_size > ops::gpu_count())
+      fail("--device cuda: {} ranks on this node but {} GPU(s) visible", env.local_world_size, ops::gpu_count());
+    ranks.gpu.emplace(env.local_rank);
+    dc = comm::DeviceComm{env.world_size > 1, ranks.gpu->compute_stream(), env.local_rank};
+  }
+  if (tp > 1) ranks.world.emplace(env, timeout, dc);
+}
+
 }  // namespace mt

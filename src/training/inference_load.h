@@ -3,11 +3,16 @@
 // it; `iteration` or, when negative, the latest) or a HuggingFace model directory. Shared by
 // `megatron generate` and `megatron serve`. The model is fp32 on the CPU and bf16 on the GPU
 // (the caller holds the GpuContext); dropout is off.
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "comm/env.h"
+#include "comm/world.h"
 #include "core/tensor.h"
+#include "kernels/device.h"
 #include "data/tokenizer.h"
 #include "model/gpt_model.h"
 #include "training/arguments.h"
@@ -36,5 +41,18 @@ inline constexpr const char* kFp8InferenceHelp =
 InferenceModel load_inference_model(const std::string& load, int64_t iteration, Device device,
                                     bool need_tokenizer = true, comm::Communicator* tp = nullptr,
                                     bool fp8_weights = false);
+
+// The GPU and the tensor-parallel world of one generate / serve rank, set up the same way for
+// both. Declared in this order so that the GPU outlives the world (and the caller's model).
+struct InferenceRanks {
+  std::optional<ops::GpuContext> gpu;
+  std::optional<comm::World> world;
+  comm::Communicator* tp() const { return world ? world->world().get() : nullptr; }
+};
+
+// device "cuda": this rank's GPU (its local rank), failing by name when the node runs more ranks
+// than it has GPUs; tp > 1: the world over every rank, each wait bounded by `timeout`.
+void open_inference_ranks(InferenceRanks& ranks, const comm::DistEnv& env, const std::string& device, int64_t tp,
+                          std::chrono::milliseconds timeout);
 
 }  // namespace mt
