@@ -4,7 +4,9 @@
 # parts (default all but ops, quickstart, attn, notune, cands, ep, cp, fp8): build, tests, ops, quickstart, smoke,
 # single, attn, notune, cands, breakdown, dp, pp, tp, pp8b, and issue #23's ep (moe-2b EP=2 against EP=1 x DP=2
 # and one GPU), epov (moe-2b with a shared expert at EP=2: the all-to-all's share with and without
-# --moe-shared-expert-overlap), cp (llama-1.5b CP=2 at seq
+# --moe-shared-expert-overlap), issue #24's dp4 (llama-1.5b weak scaling DP = 1, 2, 4), l8b4 / l8b4fp8
+# (llama-8b TP=4+SP, TP=2+SP x DP=2, TP=2 x PP=2, CP=2 x TP=2 at 32k on 4 GPUs) and moe4 (EP=4, EP=2 x DP=2),
+# each with megatron estimate's predicted peak beside the measured one, cp (llama-1.5b CP=2 at seq
 # 32k and 64k, p2p and a2a, against CP=1 at the longest that fits one GPU) and fp8 (llama-1.5b DP=2 dist-opt and
 # llama-8b TP=2+SP, bf16 against FP8 in one call). Prints one JSON line per
 # benchmark (DESIGN.md) plus the derived figures: DP scaling against twice the one-GPU rate,
@@ -204,6 +206,50 @@ if has fp8; then  # #23 item 3: FP8 with data and tensor parallelism, bf16 in th
     run llama-8b-tp2-sp-fp8 2 "${LLAMA8[@]}" --global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel \
       "${FP8[@]}"
   fi
+fi
+# Issue #24: four GPUs. Each run's predicted peak (megatron estimate, the same flags) beside the
+# measured one: est NAME NPROC ARGS... prints the estimate's "tensor pool peak" (what the peak line
+# reports; the busiest stage's where there are several).
+est() {
+  local name=$1 n=$2; shift 2
+  local p; p=$("$M" estimate "$@" --bf16 --world-size "$n" 2>&1 | awk '/= tensor pool peak/ {m = 0; for (i = 1; i <= NF; i++) if ($i + 0 > m) m = $i + 0; print m}')
+  echo "$name: estimated peak ${p:-?} GiB, measured $(grep -oE 'peak GPU memory: [0-9.]+' "$OUT/$name.txt" 2>/dev/null |
+    awk '{print $4}' | sort -n | tail -1) GiB"
+}
+DISTOPT=(--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather)
+if has dp4; then  # #24 item 1: weak scaling of llama-1.5b, DP = 1, 2, 4 (32 samples per GPU per step)
+  for n in 1 2 4; do
+    run "llama-1.5b-dp$n-distopt" "$n" "${LLAMA[@]}" --global-batch-size $((32 * n)) "${DISTOPT[@]}"
+    [ "$n" = 1 ] && DP1=$TOK
+    echo "DP=$n weak scaling: $(awk -v a="$TOK" -v b="${DP1:-0}" -v n=$n 'BEGIN{printf "%.1f%%", (b > 0 ? 100*a/(n*b) : 0)}') of ${n}x DP=1"
+    est "llama-1.5b-dp$n-distopt" "$n" "${LLAMA[@]}" --global-batch-size $((32 * n)) "${DISTOPT[@]}"
+  done
+fi
+# #24 item 2: llama-8b on four GPUs, each layout in bf16 (part l8b4) or FP8 (part l8b4fp8).
+L8B_LAYOUTS=("tp4-sp|--tensor-model-parallel-size 4 --sequence-parallel"
+             "tp2-sp-dp2|--tensor-model-parallel-size 2 --sequence-parallel"
+             "tp2-pp2|--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2"
+             "cp2-tp2-seq32k|--context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel --seq-length 32768 --max-position-embeddings 32768 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+for prec in bf16 fp8; do
+  part=l8b4; [ "$prec" = fp8 ] && part=l8b4fp8
+  has "$part" || continue
+  PREC=(); [ "$prec" = fp8 ] && PREC=(--fp8-format hybrid --fp8-recipe tensorwise)
+  for entry in "${L8B_LAYOUTS[@]}"; do
+    lname=${entry%%|*}
+    # shellcheck disable=SC2206
+    lay=(${entry#*|})
+    run "llama-8b-$lname-$prec" 4 "${LLAMA8[@]}" --global-batch-size 8 --use-distributed-optimizer "${lay[@]}" "${PREC[@]}"
+    est "llama-8b-$lname-$prec" 4 "${LLAMA8[@]}" --global-batch-size 8 --use-distributed-optimizer "${lay[@]}"
+  done
+done
+if has moe4; then  # #24 item 3: moe-2b with EP=4 and EP=2 x DP=2 (dense part DP=4 in both), all-to-all share
+  source bench/moe_2b.sh
+  M4=("${MOE_2B[@]}" --train-iters "$ITERS" --global-batch-size 128)
+  for ep in 4 2; do
+    run "moe-2b-ep$ep-4gpu" 4 "${M4[@]}" --expert-model-parallel-size $ep
+    run "moe-2b-ep$ep-4gpu-timed" 4 "${M4[@]}" --expert-model-parallel-size $ep --log-op-breakdown
+    est "moe-2b-ep$ep-4gpu" 4 "${M4[@]}" --expert-model-parallel-size $ep
+  done
 fi
 if has pp8b; then
   # A model that needs the pipeline: llama-8b's bf16 weights, fp32 main params, grads and Adam

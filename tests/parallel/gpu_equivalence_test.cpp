@@ -213,5 +213,22 @@ TEST(GpuEquivalence, EP2AllGather) {
 }
 TEST(GpuEquivalence, EP1DP2) { expect_same_as_one_gpu({.world = 2, .experts = 4}); }
 
+// Four GPUs (issue #24's layouts; skipped where fewer are visible).
+TEST(GpuEquivalence, DP4DistributedOptimizerOverlap) {
+  expect_same_as_one_gpu(
+      {.world = 4, .dist_opt = true, .overlap_grad = true, .overlap_param = true, .bucket = 300000});
+}
+TEST(GpuEquivalence, TP4SequenceParallel) {
+  expect_same_as_one_gpu({.world = 4, .tp = 4, .sp = true, .query_groups = 4, .grad_tol = 5e-2, .loss_tol = 1e-2});
+}
+TEST(GpuEquivalence, TP2SequenceParallelxPP2) {
+  expect_same_as_one_gpu({.world = 4, .tp = 2, .pp = 2, .sp = true, .grad_tol = 5e-2, .loss_tol = 1e-2});
+}
+TEST(GpuEquivalence, CP2xTP2SequenceParallel) {
+  expect_same_as_one_gpu({.world = 4, .tp = 2, .cp = 2, .sp = true, .grad_tol = 5e-2, .loss_tol = 1e-2});
+}
+TEST(GpuEquivalence, EP4AllToAll) { expect_same_as_one_gpu({.world = 4, .experts = 4, .ep = 4}); }
+TEST(GpuEquivalence, EP2xDP2AllToAll) { expect_same_as_one_gpu({.world = 4, .experts = 4, .ep = 2}); }
+
 }  // namespace
 }  // namespace mt
