@@ -18,7 +18,7 @@
 #   genfp8    #22: decode with CUDA graphs at batch 1 / 64, bf16 then FP8 weights (no HF anchor)
 #   fp8short  #18: bf16 / tensorwise / blockwise, 8 iterations
 #   cp32      #23: CP=2 at 32k only (p2p, or MT_CP_COMMS), with its one-GPU reference at the same batch
-#   cp64      #23: CP=2 at 64k only (p2p, or MT_CP_COMMS), without the one-GPU reference (it does not fit)
+#   cp64      #23: CP=2 at 64k only (p2p, or MT_CP_COMMS), with its one-GPU reference at the same batch (MT_CP_ONE_GPU=0: without)
 #   epov      #23: moe-2b + shared expert at EP=2, with and without --moe-shared-expert-overlap (2 GPUs)
 #   gpu4      #24: the 4-GPU equivalence tests only (DP4, TP4, TP2xPP2, CP2xTP2, EP4, EP2xDP2)
 #   dp4 l8b4 l8b4fp8 moe4   #24: bench/gpu_dist_bench.sh's 4-GPU parts (weak scaling, llama-8b layouts, moe-2b EP)
@@ -68,7 +68,7 @@ for p in ${PARTS//,/ }; do
     genfp8) MT_GEN_FP8=1 MT_GEN_HF=${MT_GEN_HF:-0} MT_GEN_ARGS="--new 128 --ttft-prompt 0 --graphs-only 1" part genfp8 200 bash bench/gpu_generate_bench.sh ;;
     fp8short) MT_BENCH_ITERS=8 MT_FP8_RECIPES="tensorwise blockwise" part fp8short 300 bash bench/gpu_fp8_bench.sh ;;
     cp32) MT_CP_SEQS=32768 MT_CP_COMMS=${MT_CP_COMMS:-p2p} MT_RUN_TIMEOUT=200 part cp32 400 bash bench/gpu_dist_bench.sh cp ;;
-    cp64) MT_CP_SEQS=65536 MT_CP_COMMS=${MT_CP_COMMS:-p2p} MT_CP_ONE_GPU=0 MT_RUN_TIMEOUT=250 part cp64 400 bash bench/gpu_dist_bench.sh cp ;;
+    cp64) MT_CP_SEQS=65536 MT_CP_COMMS=${MT_CP_COMMS:-p2p} MT_CP_ONE_GPU=${MT_CP_ONE_GPU:-1} MT_RUN_TIMEOUT=250 part cp64 400 bash bench/gpu_dist_bench.sh cp ;;
     epov) MT_RUN_TIMEOUT=150 part epov 500 bash bench/gpu_dist_bench.sh epov ;;
     gpu4) part gpu4 300 bash -c "cd $B && ctest -R 'GpuEquivalence\.(DP4|TP4|TP2SequenceParallelxPP2|CP2xTP2|EP4|EP2xDP2)' --output-on-failure" ;;
     dp4|l8b4|l8b4fp8|moe4) MT_RUN_TIMEOUT=300 part "$p" 900 bash bench/gpu_dist_bench.sh "$p" ;;
