@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of tests/fuzz with clang, AddressSanitizer and
-# UndefinedBehaviorSanitizer over the whole project (into build-fuzz/), then runs each target for
+# UndefinedBehaviorSanitizer over the sources they exercise (tests/fuzz/CMakeLists.txt; into
+# build-fuzz/), then runs each target for
 # a bounded time from its seed corpus. Any crash, sanitizer report, leak, escaped exception or
 # allocation over the malloc limit fails the run; the input that did it lands in
 # build-fuzz/artifacts/.
