@@ -22,6 +22,7 @@
 #   epov      #23: moe-2b + shared expert at EP=2, with and without --moe-shared-expert-overlap (2 GPUs)
 #   gpu4      #24: the 4-GPU equivalence tests only (DP4, TP4, TP2xPP2, CP2xTP2, EP4, EP2xDP2)
 #   dp4 l8b4 l8b4fp8 moe4   #24: bench/gpu_dist_bench.sh's 4-GPU parts (weak scaling, llama-8b layouts, moe-2b EP)
+#   kprof     #22 / #17: bench/gpu_kernel_profile.sh decode moe (ncu kernel times: decode tokens, one MoE step)
 #   fp8pg     #23: llama-1.5b DP=2 dist-opt bf16 / FP8 / FP8 with --fp8-param-gather (2 GPUs)
 # Every part's log stays in /tmp/mt_logs; $OUT gets summary.txt and logs.tar.gz (two files: the
 # device tool returns at most 8). Run: bash bench/gpu_issue_checks.sh build,tests,longseq,...
@@ -41,7 +42,7 @@ part() {  # part NAME SECONDS COMMAND...: runs it with a bound, its output kept,
   local t0; t0=$(date +%s)
   timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
   say "== $name: rc $? in $(( $(date +%s) - t0 )) s"
-  grep -E '^\{|passed|failed|Failed|error|speedup|breakdown|overlap:|of 2x|scaling|estimated|held-out|iteration 1[01] |loss' "$OUT/$name.log" | tail -25 | tee -a "$S"
+  grep -E '^\{|passed|failed|Failed|error|speedup|breakdown|overlap:|of 2x|scaling|estimated|kernels,|^  +[0-9.]+%|held-out|iteration 1[01] |loss' "$OUT/$name.log" | tail -25 | tee -a "$S"
 }
 say "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | tr -s ' '), commit $MT_COMMIT"
 for p in ${PARTS//,/ }; do
@@ -72,6 +73,7 @@ for p in ${PARTS//,/ }; do
     epov) MT_RUN_TIMEOUT=150 part epov 500 bash bench/gpu_dist_bench.sh epov ;;
     gpu4) part gpu4 300 bash -c "cd $B && ctest -R 'GpuEquivalence\.(DP4|TP4|TP2SequenceParallelxPP2|CP2xTP2|EP4|EP2xDP2)' --output-on-failure" ;;
     dp4|l8b4|l8b4fp8|moe4) MT_RUN_TIMEOUT=300 part "$p" 900 bash bench/gpu_dist_bench.sh "$p" ;;
+    kprof) part kprof 600 bash bench/gpu_kernel_profile.sh decode moe ;;
     fp8pg) MT_SKIP_LLAMA8=1 MT_RUN_TIMEOUT=200 part fp8pg 400 bash bench/gpu_dist_bench.sh fp8 ;;
     *) say "unknown part $p" ;;
   esac
