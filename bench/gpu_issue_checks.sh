@@ -12,7 +12,8 @@
 #   ckpt      #21: a torch_dist checkpoint saved by megatron.cpp resumed by Megatron-LM d98e8a6
 #             (scripts/device_prep.sh with MT_PREP_MEGATRON=<Megatron-LM git dir> carries its source)
 #   profile   #26: bench/gpu_profile_demo.sh (nsys where present, else ncu over the --profile window)
-#   conv      #18: bench/gpu_fp8_convergence.sh (4 x 1,000 steps; needs data/brown carried)
+#   conv      #18: bench/gpu_fp8_convergence.sh (4 x 1,000 steps, a GPU each where there are several;
+#             scripts/device_prep.sh with MT_PREP_BROWN=1 carries the corpus)
 #   dist      #23: bench/gpu_dist_bench.sh ep,cp,fp8 (2 GPUs)
 #   ragged    #19: cuDNN varlen SDPA against the ranged kernels (cuda_ops_bench --only=varlen)
 #   genfp8    #22: decode with CUDA graphs at batch 1 / 64, bf16 then FP8 weights (no HF anchor)
@@ -63,7 +64,7 @@ for p in ${PARTS//,/ }; do
       python3 tests/tools/check_torch_dist_in_megatron.py \$T/back --megatron third_party_carry/megatron_lm \
         --expect \$F/ck_torch.losses_1_10 --reference \$T/own" ;;
     profile) MT_BIN=$B/bin/megatron part profile 300 bash bench/gpu_profile_demo.sh ;;
-    conv) part conv 1500 bash bench/gpu_fp8_convergence.sh ;;
+    conv) MT_CONV_DATA=third_party_carry/brown MT_CONV_GPT2=third_party_carry/gpt2 part conv 1500 bash bench/gpu_fp8_convergence.sh ;;
     dist) MT_RUN_TIMEOUT=300 part dist 1500 bash bench/gpu_dist_bench.sh ep,cp,fp8 ;;
     ragged) part ragged 200 bash -c "timeout 150 $B/bin/cuda_ops_bench --quick --only=varlen 2>&1 | grep -E 'attn_varlen|failed|error'" ;;
     genfp8) MT_GEN_FP8=1 MT_GEN_HF=${MT_GEN_HF:-0} MT_GEN_ARGS="--new 128 --ttft-prompt 0 --graphs-only 1" part genfp8 200 bash bench/gpu_generate_bench.sh ;;

