@@ -6,7 +6,9 @@
 # and one GPU), epov (moe-2b with a shared expert at EP=2: the all-to-all's share with and without
 # --moe-shared-expert-overlap), issue #24's dp4 (llama-1.5b weak scaling DP = 1, 2, 4), l8b4 / l8b4fp8
 # (llama-8b TP=4+SP, TP=2+SP x DP=2, TP=2 x PP=2, CP=2 x TP=2 at 32k on 4 GPUs) and moe4 (EP=4, EP=2 x DP=2),
-# each with megatron estimate's predicted peak beside the measured one, cp (llama-1.5b CP=2 at seq
+# each with megatron estimate's predicted peak beside the measured one; issue #25's dp8, l8b8 / l8b8fp8
+# (TP=8+SP, TP=4+SP x DP=2, TP=2 x PP=2 x DP=2 1F1B and interleaved), moe8 (a 12.7B MoE at EP=8 and
+# EP=4 x TP=2, 50 steps) and big30b (a 28.6B Llama at TP=4 x PP=2, 50 steps); cp (llama-1.5b CP=2 at seq
 # 32k and 64k, p2p and a2a, against CP=1 at the longest that fits one GPU) and fp8 (llama-1.5b DP=2 dist-opt and
 # llama-8b TP=2+SP, bf16 against FP8 in one call). Prints one JSON line per
 # benchmark (DESIGN.md) plus the derived figures: DP scaling against twice the one-GPU rate,
@@ -217,31 +219,44 @@ est() {
     awk '{print $4}' | sort -n | tail -1) GiB"
 }
 DISTOPT=(--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather)
-if has dp4; then  # #24 item 1: weak scaling of llama-1.5b, DP = 1, 2, 4 (32 samples per GPU per step)
-  for n in 1 2 4; do
+# Weak scaling of llama-1.5b (#24 item 1: DP = 1, 2, 4; #25 item 1: DP = 1, 2, 4, 8), 32 samples
+# per GPU per step.
+dp_scale() {
+  local n
+  for n in "$@"; do
     run "llama-1.5b-dp$n-distopt" "$n" "${LLAMA[@]}" --global-batch-size $((32 * n)) "${DISTOPT[@]}"
     [ "$n" = 1 ] && DP1=$TOK
-    echo "DP=$n weak scaling: $(awk -v a="$TOK" -v b="${DP1:-0}" -v n=$n 'BEGIN{printf "%.1f%%", (b > 0 ? 100*a/(n*b) : 0)}') of ${n}x DP=1"
+    echo "DP=$n weak scaling: $(awk -v a="$TOK" -v b="${DP1:-0}" -v n="$n" 'BEGIN{printf "%.1f%%", (b > 0 ? 100*a/(n*b) : 0)}') of ${n}x DP=1"
     est "llama-1.5b-dp$n-distopt" "$n" "${LLAMA[@]}" --global-batch-size $((32 * n)) "${DISTOPT[@]}"
   done
-fi
-# #24 item 2: llama-8b on four GPUs, each layout in bf16 (part l8b4) or FP8 (part l8b4fp8).
-L8B_LAYOUTS=("tp4-sp|--tensor-model-parallel-size 4 --sequence-parallel"
-             "tp2-sp-dp2|--tensor-model-parallel-size 2 --sequence-parallel"
-             "tp2-pp2|--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2"
-             "cp2-tp2-seq32k|--context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel --seq-length 32768 --max-position-embeddings 32768 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
-for prec in bf16 fp8; do
-  part=l8b4; [ "$prec" = fp8 ] && part=l8b4fp8
-  has "$part" || continue
-  PREC=(); [ "$prec" = fp8 ] && PREC=(--fp8-format hybrid --fp8-recipe tensorwise)
-  for entry in "${L8B_LAYOUTS[@]}"; do
+}
+has dp4 && dp_scale 1 2 4
+has dp8 && dp_scale 1 2 4 8
+# llama-8b layouts, each in bf16 and FP8 (tensorwise): #24 item 2 on four GPUs (parts l8b4, l8b4fp8),
+# #25 item 2 on eight (l8b8, l8b8fp8). NAME|FLAGS entries, all with the distributed optimizer.
+L8B_LAYOUTS4=("tp4-sp|--tensor-model-parallel-size 4 --sequence-parallel"
+              "tp2-sp-dp2|--tensor-model-parallel-size 2 --sequence-parallel"
+              "tp2-pp2|--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2"
+              "cp2-tp2-seq32k|--context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel --seq-length 32768 --max-position-embeddings 32768 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+L8B_LAYOUTS8=("tp8-sp|--tensor-model-parallel-size 8 --sequence-parallel"
+              "tp4-sp-dp2|--tensor-model-parallel-size 4 --sequence-parallel"
+              "tp2-pp2-dp2|--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2"
+              "tp2-pp2-dp2-vpp2|--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2")
+l8b_layouts() {  # l8b_layouts NGPU PREC LAYOUT...
+  local n=$1 prec=$2 entry lname; shift 2
+  local PREC=(); [ "$prec" = fp8 ] && PREC=(--fp8-format hybrid --fp8-recipe tensorwise)
+  for entry in "$@"; do
     lname=${entry%%|*}
     # shellcheck disable=SC2206
-    lay=(${entry#*|})
-    run "llama-8b-$lname-$prec" 4 "${LLAMA8[@]}" --global-batch-size 8 --use-distributed-optimizer "${lay[@]}" "${PREC[@]}"
-    est "llama-8b-$lname-$prec" 4 "${LLAMA8[@]}" --global-batch-size 8 --use-distributed-optimizer "${lay[@]}"
+    local lay=(${entry#*|})
+    run "llama-8b-$lname-$prec" "$n" "${LLAMA8[@]}" --global-batch-size $((2 * n)) --use-distributed-optimizer "${lay[@]}" "${PREC[@]}"
+    est "llama-8b-$lname-$prec" "$n" "${LLAMA8[@]}" --global-batch-size $((2 * n)) --use-distributed-optimizer "${lay[@]}"
   done
-done
+}
+has l8b4 && l8b_layouts 4 bf16 "${L8B_LAYOUTS4[@]}"
+has l8b4fp8 && l8b_layouts 4 fp8 "${L8B_LAYOUTS4[@]}"
+has l8b8 && l8b_layouts 8 bf16 "${L8B_LAYOUTS8[@]}"
+has l8b8fp8 && l8b_layouts 8 fp8 "${L8B_LAYOUTS8[@]}"
 if has moe4; then  # #24 item 3: moe-2b with EP=4 and EP=2 x DP=2 (dense part DP=4 in both), all-to-all share
   source bench/moe_2b.sh
   M4=("${MOE_2B[@]}" --train-iters "$ITERS" --global-batch-size 128)
@@ -250,6 +265,32 @@ if has moe4; then  # #24 item 3: moe-2b with EP=4 and EP=2 x DP=2 (dense part DP
     run "moe-2b-ep$ep-4gpu-timed" 4 "${M4[@]}" --expert-model-parallel-size $ep --log-op-breakdown
     est "moe-2b-ep$ep-4gpu" 4 "${M4[@]}" --expert-model-parallel-size $ep
   done
+fi
+if has moe8; then  # #25 item 3: a Mixtral-class MoE that needs 8 GPUs (12.7B parameters, 8 experts of ffn 8192), 50 steps
+  MOE12=(--num-layers 24 --hidden-size 2560 --num-attention-heads 20 --group-query-attention --num-query-groups 4
+         --ffn-hidden-size 8192 --seq-length 2048 --max-position-embeddings 2048 --normalization RMSNorm --swiglu
+         --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
+         --vocab-size 128255 --micro-batch-size 2 --global-batch-size 64 --num-experts 8 --moe-ffn-hidden-size 8192
+         --moe-router-topk 2 --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2 --moe-grouped-gemm
+         --moe-token-dispatcher-type alltoall --use-distributed-optimizer --train-iters "${MT_BIG_ITERS:-50}")
+  for entry in "ep8|--expert-model-parallel-size 8" "ep4-tp2|--expert-model-parallel-size 4 --tensor-model-parallel-size 2 --sequence-parallel"; do
+    # shellcheck disable=SC2206
+    lay=(${entry#*|})
+    run "moe-12b-${entry%%|*}" 8 "${MOE12[@]}" "${lay[@]}" --log-op-breakdown
+    echo "moe-12b-${entry%%|*} losses (first, last): $(grep -oE 'lm loss: [0-9.E+-]+' "$OUT/moe-12b-${entry%%|*}.txt" | sed -n '1p;$p' | awk '{printf "%s ", $3}')"
+    est "moe-12b-${entry%%|*}" 8 "${MOE12[@]}" "${lay[@]}"
+  done
+fi
+if has big30b; then  # #25 item 4: a 28.6B Llama (274 GiB per GPU at TP=2) at TP=4 x PP=2, 50 steps
+  BIG=(--num-layers 48 --hidden-size 7168 --num-attention-heads 56 --group-query-attention --num-query-groups 8
+       --ffn-hidden-size 20480 --seq-length 4096 --max-position-embeddings 4096 --normalization RMSNorm --swiglu
+       --position-embedding-type rope --rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights
+       --vocab-size 128255 --micro-batch-size 1 --global-batch-size 16 --tensor-model-parallel-size 4 --sequence-parallel
+       --pipeline-model-parallel-size 2 --use-distributed-optimizer --recompute-granularity full --recompute-method uniform
+       --recompute-num-layers 1 --train-iters "${MT_BIG_ITERS:-50}")
+  run llama-30b-tp4-pp2 8 "${BIG[@]}"
+  echo "llama-30b-tp4-pp2 losses (first, last): $(grep -oE 'lm loss: [0-9.E+-]+' "$OUT/llama-30b-tp4-pp2.txt" | sed -n '1p;$p' | awk '{printf "%s ", $3}')"
+  est llama-30b-tp4-pp2 8 "${BIG[@]}"
 fi
 if has pp8b; then
   # A model that needs the pipeline: llama-8b's bf16 weights, fp32 main params, grads and Adam

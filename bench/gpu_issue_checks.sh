@@ -23,6 +23,7 @@
 #   epov      #23: moe-2b + shared expert at EP=2, with and without --moe-shared-expert-overlap (2 GPUs)
 #   gpu4      #24: the 4-GPU equivalence tests only (DP4, TP4, TP2xPP2, CP2xTP2, EP4, EP2xDP2)
 #   dp4 l8b4 l8b4fp8 moe4   #24: bench/gpu_dist_bench.sh's 4-GPU parts (weak scaling, llama-8b layouts, moe-2b EP)
+#   dp8 l8b8 l8b8fp8 moe8 big30b   #25: its 8-GPU parts (weak scaling, llama-8b layouts, a 12.7B MoE, a 28.6B Llama)
 #   kprof     #22 / #17: bench/gpu_kernel_profile.sh decode moe (ncu kernel times: decode tokens, one MoE step)
 #   fp8pg     #23: llama-1.5b DP=2 dist-opt bf16 / FP8 / FP8 with --fp8-param-gather (2 GPUs)
 # Every part's log stays in /tmp/mt_logs; $OUT gets summary.txt and logs.tar.gz (two files: the
@@ -73,7 +74,8 @@ for p in ${PARTS//,/ }; do
     cp64) MT_CP_SEQS=65536 MT_CP_COMMS=${MT_CP_COMMS:-p2p} MT_CP_ONE_GPU=${MT_CP_ONE_GPU:-1} MT_RUN_TIMEOUT=250 part cp64 400 bash bench/gpu_dist_bench.sh cp ;;
     epov) MT_RUN_TIMEOUT=150 part epov 500 bash bench/gpu_dist_bench.sh epov ;;
     gpu4) part gpu4 300 bash -c "cd $B && ctest -R 'GpuEquivalence\.(DP4|TP4|TP2SequenceParallelxPP2|CP2xTP2|EP4|EP2xDP2)' --output-on-failure" ;;
-    dp4|l8b4|l8b4fp8|moe4) MT_RUN_TIMEOUT=300 part "$p" 900 bash bench/gpu_dist_bench.sh "$p" ;;
+    dp4|l8b4|l8b4fp8|moe4|dp8|l8b8|l8b8fp8) MT_RUN_TIMEOUT=300 part "$p" 900 bash bench/gpu_dist_bench.sh "$p" ;;
+    moe8|big30b) MT_RUN_TIMEOUT=540 part "$p" 600 bash bench/gpu_dist_bench.sh "$p" ;;
     kprof) part kprof 600 bash bench/gpu_kernel_profile.sh decode moe ;;
     fp8pg) MT_SKIP_LLAMA8=1 MT_RUN_TIMEOUT=200 part fp8pg 400 bash bench/gpu_dist_bench.sh fp8 ;;
     *) say "unknown part $p" ;;
