@@ -233,24 +233,26 @@ dp_scale() {
 has dp4 && dp_scale 1 2 4
 has dp8 && dp_scale 1 2 4 8
 # llama-8b layouts, each in bf16 and FP8 (tensorwise): #24 item 2 on four GPUs (parts l8b4, l8b4fp8),
-# #25 item 2 on eight (l8b8, l8b8fp8). NAME|FLAGS entries, all with the distributed optimizer.
+# #25 item 2 on eight (l8b8, l8b8fp8). NAME|FLAGS[|GLOBAL BATCH] entries (default batch: 2 per GPU),
+# all with the distributed optimizer.
 L8B_LAYOUTS4=("tp4-sp|--tensor-model-parallel-size 4 --sequence-parallel"
               "tp2-sp-dp2|--tensor-model-parallel-size 2 --sequence-parallel"
               "tp2-pp2|--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2"
-              "cp2-tp2-seq32k|--context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel --seq-length 32768 --max-position-embeddings 32768 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+              "cp2-tp2-seq32k|--context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel --seq-length 32768 --max-position-embeddings 32768 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1|2")
 L8B_LAYOUTS8=("tp8-sp|--tensor-model-parallel-size 8 --sequence-parallel"
               "tp4-sp-dp2|--tensor-model-parallel-size 4 --sequence-parallel"
               "tp2-pp2-dp2|--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2"
               "tp2-pp2-dp2-vpp2|--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2")
 l8b_layouts() {  # l8b_layouts NGPU PREC LAYOUT...
-  local n=$1 prec=$2 entry lname; shift 2
+  local n=$1 prec=$2 entry lname flags gbs; shift 2
   local PREC=(); [ "$prec" = fp8 ] && PREC=(--fp8-format hybrid --fp8-recipe tensorwise)
   for entry in "$@"; do
-    lname=${entry%%|*}
+    IFS='|' read -r lname flags gbs <<<"$entry"
+    gbs=${gbs:-$((2 * n))}
     # shellcheck disable=SC2206
-    local lay=(${entry#*|})
-    run "llama-8b-$lname-$prec" "$n" "${LLAMA8[@]}" --global-batch-size $((2 * n)) --use-distributed-optimizer "${lay[@]}" "${PREC[@]}"
-    est "llama-8b-$lname-$prec" "$n" "${LLAMA8[@]}" --global-batch-size $((2 * n)) --use-distributed-optimizer "${lay[@]}"
+    local lay=($flags)
+    run "llama-8b-$lname-$prec" "$n" "${LLAMA8[@]}" --global-batch-size "$gbs" --use-distributed-optimizer "${lay[@]}" "${PREC[@]}"
+    est "llama-8b-$lname-$prec" "$n" "${LLAMA8[@]}" --global-batch-size "$gbs" --use-distributed-optimizer "${lay[@]}"
   done
 }
 has l8b4 && l8b_layouts 4 bf16 "${L8B_LAYOUTS4[@]}"
