@@ -101,6 +101,7 @@ class Trainer {
   model::OpTimes op_times_;
   bool time_ops_ = false;  // --log-op-breakdown
   double train_time_ = 0;  // wall time inside train_step, what the op breakdown is a share of
+  bool breakdown_skipped_first_ = false;  // the op breakdown restarted after the first step
   int64_t total_iters_ = 0;
   std::unique_ptr<RunMetrics> metrics_;  // the logging rank's TensorBoard / JSON lines / Prometheus
   std::unique_ptr<Timers> timers_;       // Megatron's timers (--timing-log-level)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Watching a run: Prometheus scraped on --metrics-port during training (exposition format,
 # localhost only, an oversized request refused), TensorBoard records checked against the schema
-# with protoc, the JSON-lines file, Megatron's timer block, --log-straggler on 2 ranks, and the
+# with protoc, the JSON-lines file, Megatron's timer block, --log-op-breakdown's warm-up rule,
+# --log-straggler on 2 ranks, and the
 # NaN stop naming the iteration and rank of a 2-rank job.
 MEGATRON=$1
 SRC=$2
@@ -32,6 +33,15 @@ check "tensorboard run exits 0" [ $? -eq 0 ]
 check "timer block after the log line" grep -qE '^    forward-backward \.+: [0-9]+\.[0-9]{2}$' "$TMP/tb.log"
 check "timer block header" grep -q '^max time across ranks (ms):$' "$TMP/tb.log"
 check "two JSON lines" [ "$(grep -c '"type":"train"' "$TMP/m.jsonl")" -eq 2 ]
+
+# --log-op-breakdown leaves the warm-up step out when more steps follow, and says so; a one-step
+# run keeps its only step.
+"$MEGATRON" "${COMMON[@]}" --train-iters 3 --log-op-breakdown >"$TMP/ops.log" 2>&1
+check "breakdown run exits 0" [ $? -eq 0 ]
+check "breakdown says the first step is left out" grep -q "op breakdown: the steps after this process's first" "$TMP/ops.log"
+check "breakdown line" grep -qE '^time breakdown over [0-9.]+ s: GEMM [0-9.]+%' "$TMP/ops.log"
+"$MEGATRON" "${COMMON[@]}" --train-iters 1 --log-op-breakdown >"$TMP/ops1.log" 2>&1
+check "one-step breakdown keeps its step" bash -c "! grep -q 'warm-up left out' '$TMP/ops1.log' && grep -qE '^time breakdown over [0-9.]+ s: GEMM' '$TMP/ops1.log'"
 if command -v protoc >/dev/null; then
   # protoc decodes the second record (the first scalar) with the schema: field numbers agree.
   python3 - "$TMP"/tb/events.out.tfevents.* >"$TMP/rec.bin" <<'PY'
