@@ -11,11 +11,12 @@ set(MT_PCH_HEADERS
     <mutex> <optional> <sstream> <string> <thread> <unordered_map> <utility> <vector>
     <fmt/format.h>)
 
+# Extra headers for this target's set may follow the target (e.g. <gtest/gtest.h> for the tests).
 function(mt_precompile target)
   if(NOT MT_PCH)
     return()
   endif()
-  set(headers ${MT_PCH_HEADERS})
+  set(headers ${MT_PCH_HEADERS} ${ARGN})
   # nlohmann/json where the target's sources use it (data, checkpoint, training and the CLI).
   get_target_property(libs ${target} LINK_LIBRARIES)
   if(libs MATCHES "nlohmann_json|mt_training")
