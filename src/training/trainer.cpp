@@ -227,7 +227,7 @@ IterationResult Trainer::train_step() {
   train_time_ += took;
   // The op breakdown leaves this process's first step out when more follow: it holds the GEMM
   // autotuning, cuDNN's plan builds and the allocator's growth, which in a short benchmark run
-  // outweighed whole categories (an MoE run's "attention" doubled).
+  // could outweigh whole categories (an MoE run's attention share read twice the dense run's).
   if (time_ops_ && iterations_run_ == 0 && state_.iteration < total_iters_) {
     op_times_.reset();
     train_time_ = 0;
