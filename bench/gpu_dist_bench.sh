@@ -234,7 +234,7 @@ has dp4 && dp_scale 1 2 4
 has dp8 && dp_scale 1 2 4 8
 # llama-8b layouts, each in bf16 and FP8 (tensorwise): #24 item 2 on four GPUs (parts l8b4, l8b4fp8),
 # #25 item 2 on eight (l8b8, l8b8fp8). NAME|FLAGS[|GLOBAL BATCH] entries (default batch: 2 per GPU),
-# all with the distributed optimizer.
+# all with the distributed optimizer and both overlaps (as a Megatron user would run them).
 L8B_LAYOUTS4=("tp4-sp|--tensor-model-parallel-size 4 --sequence-parallel"
               "tp2-sp-dp2|--tensor-model-parallel-size 2 --sequence-parallel"
               "tp2-pp2|--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2"
@@ -251,8 +251,8 @@ l8b_layouts() {  # l8b_layouts NGPU PREC LAYOUT...
     gbs=${gbs:-$((2 * n))}
     # shellcheck disable=SC2206
     local lay=($flags)
-    run "llama-8b-$lname-$prec" "$n" "${LLAMA8[@]}" --global-batch-size "$gbs" --use-distributed-optimizer "${lay[@]}" "${PREC[@]}"
-    est "llama-8b-$lname-$prec" "$n" "${LLAMA8[@]}" --global-batch-size "$gbs" --use-distributed-optimizer "${lay[@]}"
+    run "llama-8b-$lname-$prec" "$n" "${LLAMA8[@]}" --global-batch-size "$gbs" "${DISTOPT[@]}" "${lay[@]}" "${PREC[@]}"
+    est "llama-8b-$lname-$prec" "$n" "${LLAMA8[@]}" --global-batch-size "$gbs" "${DISTOPT[@]}" "${lay[@]}"
   done
 }
 has l8b4 && l8b_layouts 4 bf16 "${L8B_LAYOUTS4[@]}"
