@@ -1,6 +1,7 @@
 #include "inference/model_runner.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -26,6 +27,12 @@ ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, boo
       vocab_(m.config().orig_vocab_size),
       device_(m.device()),
       gemv_(small_rows_gemv) {
+  // MT_DECODE_FUSED=1: the opt-in decode kernels (ops::DecodeKernels, kernels/device.h) for this
+  // runner's passes, while they are measured and tested on GPUs against the default ones (issue
+  // #22); read here, not per step, so that one process (bench/generate_bench.cpp) can build a
+  // runner of each kind.
+  const char* fused = std::getenv("MT_DECODE_FUSED");
+  decode_kernels_ = fused && std::strcmp(fused, "1") == 0;
   const auto& c = m.config();
   // Tensor parallelism: each rank runs its heads and its ffn and vocabulary shards, and caches its
   // own key/value groups; every rank gets the whole logits (gathered), so all ranks pick the same
@@ -138,6 +145,7 @@ ModelRunner::~ModelRunner() = default;
 
 Tensor ModelRunner::device_forward(const Inputs& in) {
   const ops::InferenceGemv gemv(gemv_);  // decode steps' linears: the GEMV (eager and captured alike)
+  const ops::DecodeKernels decode_kernels(decode_kernels_);
   const model::TensorParallel& tp = m_.tensor_parallel();
   Tensor x;
   if (tp.on()) {  // the vocabulary-parallel lookup, summed over TP (each row is non-zero on one rank)
@@ -181,6 +189,10 @@ Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {
       graphs_.clear();
       return device_forward(in);
     }
+    // MT_DECODE_GRAPH_STATS=1: what a replay runs (memory nodes, programmatic edges; issue #22).
+    if (const char* st = std::getenv("MT_DECODE_GRAPH_STATS"); st && std::strcmp(st, "1") == 0)
+      log_info("decode graph at {} rows (decode kernels {}): {}", N, decode_kernels_ ? "fused" : "default",
+               g->graph.census());
   }
   ops::copy_into(g->in.ints, in.ints);
   if (in.floats.defined()) ops::copy_into(g->in.floats, in.floats);
@@ -264,6 +276,7 @@ StepOutput ModelRunner::step(const StepBatch& b, bool want_logits) {
   if (R == 0) return out;
   // The greedy ids on the logits' device: R ids to the host instead of R x V logits, which at
   // batch 64 and a 128k vocabulary cost more host time (copy, widen, scan) than the model.
+  const ops::DecodeKernels decode_kernels(decode_kernels_);
   const Tensor ids = ops::argmax_rows(l, vocab_).to_device(Device::CPU);
   out.argmax.assign(ids.data<int32_t>(), ids.data<int32_t>() + R);
   if (want_logits) out.logits = host_logits(l);

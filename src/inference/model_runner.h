@@ -59,6 +59,7 @@ class ModelRunner {
   int64_t vocab() const { return vocab_; }
   const model::GPTModel& model() const { return m_; }
   bool cuda_graphs() const { return graphs_on_; }
+  bool decode_kernels() const { return decode_kernels_; }  // MT_DECODE_FUSED=1 at construction
   int64_t graph_replays() const { return replays_; }
 
  private:
@@ -88,6 +89,7 @@ class ModelRunner {
   model::RopeTables rope_;                 // host tables for positions 0..max_len-1 (RoPE models)
   bool graphs_on_ = false;
   bool gemv_ = true;
+  bool decode_kernels_ = false;  // MT_DECODE_FUSED=1 (the constructor says why)
   int64_t replays_ = 0;
   std::map<int64_t, std::unique_ptr<Graph>> graphs_;  // per row count
   Tensor last_logits_;  // the last step's [rows, V'] on the device, for token_logprobs()

@@ -56,6 +56,7 @@ StreamGraph::~StreamGraph() = default;
 void StreamGraph::capture(const std::function<void()>&) { no_cuda("CUDA graphs"); }
 void StreamGraph::launch() { no_cuda("CUDA graphs"); }
 bool StreamGraph::ready() const { return false; }
+std::string StreamGraph::census() const { return "no graph (a build without CUDA)"; }
 
 }  // namespace mt::ops
 

@@ -95,6 +95,11 @@ class StreamGraph {
   void capture(const std::function<void()>& f);
   void launch();  // queues one replay on the compute stream
   bool ready() const;
+  // After capture: the captured graph's node census, one line ("181 nodes: 177 kernel, 1 memcpy,
+  // ..., 12 of 200 edges programmatic"), to see what a replay really runs: memory alloc/free nodes
+  // from allocations made during the capture, and whether dependent launches kept their
+  // programmatic edges (issue #22's decode accounting).
+  std::string census() const;
 
   struct Impl;
 
@@ -113,6 +118,26 @@ class InferenceGemv {
   ~InferenceGemv() { active_ = prev_; }
   InferenceGemv(const InferenceGemv&) = delete;
   InferenceGemv& operator=(const InferenceGemv&) = delete;
+  static bool active() { return active_; }
+
+ private:
+  bool prev_;
+  static inline thread_local bool active_ = false;
+};
+
+// Generation's opt-in decode kernels (issue #22; `MT_DECODE_FUSED=1`, read by
+// inference::ModelRunner at construction): while a DecodeKernels scope with `on` lives on this
+// thread, the GPU ops that have a decode-specific kernel use it: argmax_rows scans each row with
+// many blocks' worth of loads in flight (one block of 256 threads with 2-byte loads was latency
+// bound on a 128k vocabulary), and cached_attention at a few query rows runs the kernel that keeps
+// every key of a split in flight and shares each K/V load between the group's query heads. Off
+// (the default), the verified kernels run. Scopes nest, as InferenceGemv's.
+class DecodeKernels {
+ public:
+  explicit DecodeKernels(bool on = true) : prev_(active_) { active_ = on; }
+  ~DecodeKernels() { active_ = prev_; }
+  DecodeKernels(const DecodeKernels&) = delete;
+  DecodeKernels& operator=(const DecodeKernels&) = delete;
   static bool active() { return active_; }
 
  private:

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "engine_support.h"
+#include "gpu_support.h"
 #include "inference/model_runner.h"
 #include "kernels/ops.h"
 #include "support/gpu.h"
@@ -17,35 +18,8 @@ namespace {
 
 using inference::Request;
 
-#ifdef MT_HAVE_CUDA
-#define MT_REQUIRE_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible"; \
-  gpu()
-#else
-#define MT_REQUIRE_GPU() GTEST_SKIP() << "built without the CUDA backend"
-#endif
-
-// Values of a bf16-representable random tensor (CPU f32), from a linear congruential generator.
-Tensor random_bf16_values(const Shape& shape, uint32_t seed) {
-  Tensor t = Tensor::empty(shape);
-  uint32_t x = seed;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    x = x * 1664525u + 1013904223u;
-    t.data<float>()[i] = static_cast<float>((x >> 8) % 2001) / 1000.f - 1.f;
-  }
-  return t.to(DType::BF16).to(DType::F32);
-}
-
 Tensor to_gpu_bf16(const Tensor& t) { return t.to(DType::BF16).to_device(Device::CUDA); }
 Tensor from_gpu(const Tensor& t) { return t.to_device(Device::CPU).to(DType::F32); }
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.numel(), b.numel());
-  double m = 0;
-  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i)
-    m = std::max(m, static_cast<double>(std::fabs(a.data<float>()[i] - b.data<float>()[i])));
-  return m;
-}
 
 // Rows of several slots at various positions (some long, so the keys split over blocks), written
 // to the cache and attended: the GPU's caches equal the CPU's, its outputs are close.

@@ -16,6 +16,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/tensor_args.h"
+#include "kernels/device.h"
 #include "kernels/op_backends.h"
 
 namespace mt::cuda {
@@ -160,6 +161,136 @@ __global__ void decode_merge_kernel(const float* __restrict__ part, T* __restric
   }
 }
 
+// The decode kernel of ops::DecodeKernels (MT_DECODE_FUSED=1). Why another: at batch 1 the kernel
+// above is a latency chain (each warp has 2 keys x 2-byte loads in flight, K then V, ~6 rounds per
+// split) and each of a group's query heads re-reads the group's K/V. Here a block owns one
+// (row, key/value group, split) and all of the group's query heads: LPK = D/8 lanes hold one key's
+// 16-byte chunks, a warp covers 32/LPK keys per step, and every lane issues kGqaUnroll steps of K
+// and V loads before using any, so a split of up to kWarps*32/LPK*kGqaUnroll keys costs about one
+// memory round trip. Each K/V element is loaded once and used by the QMAX (>= Hq/G) heads.
+// Same partial-result layout as decode_attention_kernel (decode_merge_kernel merges both).
+constexpr int kGqaWarps = 4, kGqaUnroll = 4;
+
+template <int LPK>
+__device__ __forceinline__ float key_sum(float v) {  // over the LPK lanes that share a key
+#pragma unroll
+  for (int o = LPK / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Folds softmax state (mb, lb, accb) into (m, l, acc): the running max, the sum of exp(s - m)
+// and the exp-weighted V sum, either side possibly empty (max -inf).
+__device__ __forceinline__ void fold(float& m, float& l, float* acc, float mb, float lb, const float* accb) {
+  const float M = fmaxf(m, mb);
+  const float a = m == -INFINITY ? 0.f : __expf(m - M), b = mb == -INFINITY ? 0.f : __expf(mb - M);
+  l = l * a + lb * b;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] = acc[e] * a + accb[e] * b;
+  m = M;
+}
+
+template <typename T, int LPK, int QMAX>
+__global__ void __launch_bounds__(kGqaWarps * 32)
+    decode_attention_gqa_kernel(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
+                                const int32_t* __restrict__ slot, const int32_t* __restrict__ pos, T* __restrict__ out,
+                                float* __restrict__ part, int64_t N, int64_t Hq, int64_t G, int64_t L, int64_t slots,
+                                int splits, int64_t per_split, float scale) {
+  constexpr int D = LPK * 8, KPW = 32 / LPK;  // head dim; keys per warp step
+  allow_dependent_launch();
+  const int64_t i = blockIdx.x, g = blockIdx.y;
+  const int split = static_cast<int>(blockIdx.z);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int sub = lane / LPK, d0 = (lane % LPK) * 8;
+  const int qpg = static_cast<int>(Hq / G);
+  const int64_t s = slot[i], p = pos[i];
+  const bool valid = s >= 0 && s < slots && p >= 0 && p < L;
+  const int64_t begin = split * per_split, end = valid ? min(p + 1, begin + per_split) : begin;
+  const T* kb = kc + (valid ? (s * G + g) * L * D : 0);
+  const T* vb = vc + (valid ? (s * G + g) * L * D : 0);
+  float qv[QMAX][8], acc[QMAX][8], m[QMAX], l[QMAX];
+#pragma unroll
+  for (int h = 0; h < QMAX; ++h) {
+    m[h] = -INFINITY, l[h] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qv[h][e] = acc[h][e] = 0.f;
+    if (h < qpg) {
+      Vec<T>::load(q + ((g * qpg + h) * N + i) * D + d0, qv[h]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qv[h][e] *= scale;
+    }
+  }
+  for (int64_t j0 = begin + static_cast<int64_t>(warp) * KPW * kGqaUnroll; j0 < end;
+       j0 += static_cast<int64_t>(kGqaWarps) * KPW * kGqaUnroll) {
+    uint4 kr[kGqaUnroll], vr[kGqaUnroll];
+#pragma unroll
+    for (int u = 0; u < kGqaUnroll; ++u) {  // every load of the round issued before any is used
+      const int64_t j = j0 + u * KPW + sub;
+      kr[u] = j < end ? __ldg(reinterpret_cast<const uint4*>(kb + j * D + d0)) : make_uint4(0, 0, 0, 0);
+      vr[u] = j < end ? __ldg(reinterpret_cast<const uint4*>(vb + j * D + d0)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kGqaUnroll; ++u) {
+      const int64_t j = j0 + u * KPW + sub;
+      float kf[8], vf[8];
+      Vec<T>::unpack(kr[u], kf);
+      Vec<T>::unpack(vr[u], vf);
+#pragma unroll
+      for (int h = 0; h < QMAX; ++h) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot = fmaf(qv[h][e], kf[e], dot);
+        dot = key_sum<LPK>(dot);  // every lane shuffles (uniform), the invalid keys' result unused
+        if (h < qpg && j < end) {
+          float one[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) one[e] = vf[e];
+          fold(m[h], l[h], acc[h], dot, 1.f, one);
+        }
+      }
+    }
+  }
+  // The warp's key groups (lanes sub = 0..KPW-1 with the same channels), then the block's warps.
+#pragma unroll
+  for (int h = 0; h < QMAX; ++h) {
+#pragma unroll
+    for (int o = LPK; o < 32; o <<= 1) {
+      float accb[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) accb[e] = __shfl_xor_sync(0xffffffffu, acc[h][e], o);
+      const float mb = __shfl_xor_sync(0xffffffffu, m[h], o), lb = __shfl_xor_sync(0xffffffffu, l[h], o);
+      fold(m[h], l[h], acc[h], mb, lb, accb);
+    }
+  }
+  __shared__ float sm_m[kGqaWarps][QMAX], sm_l[kGqaWarps][QMAX], sm_acc[kGqaWarps][QMAX][D];
+  if (sub == 0) {
+#pragma unroll
+    for (int h = 0; h < QMAX; ++h) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sm_acc[warp][h][d0 + e] = acc[h][e];
+      if (lane == 0) sm_m[warp][h] = m[h], sm_l[warp][h] = l[h];
+    }
+  }
+  __syncthreads();
+  for (int idx = static_cast<int>(threadIdx.x); idx < qpg * D; idx += kGqaWarps * 32) {
+    const int h = idx / D, d = idx % D;
+    float M = -INFINITY;
+    for (int w = 0; w < kGqaWarps; ++w) M = fmaxf(M, sm_m[w][h]);
+    float Lsum = 0.f, o = 0.f;
+    for (int w = 0; w < kGqaWarps; ++w) {
+      const float sw = sm_m[w][h] == -INFINITY ? 0.f : __expf(sm_m[w][h] - M);
+      Lsum += sm_l[w][h] * sw;
+      o += sm_acc[w][h][d] * sw;
+    }
+    const int64_t hq = g * qpg + h, row = (i * Hq + hq) * splits + split;
+    if (splits == 1) {
+      out[i * Hq * D + hq * D + d] = from_f<T>(Lsum > 0.f ? o / Lsum : 0.f);
+    } else {
+      part[row * (D + 2) + d] = o;
+      if (d == 0) part[row * (D + 2) + D] = M, part[row * (D + 2) + D + 1] = Lsum;
+    }
+  }
+}
+
 int sm_count() {
   static const int n = [] {
     int dev = 0, v = 0;
@@ -185,6 +316,51 @@ CacheDims cache_dims(const Tensor& c, const Tensor& other, const char* what) {
   MT_CHECK(c.ndim() == 4 && other.shape() == c.shape() && other.dtype() == c.dtype(),
            "{}: caches {} and {} must both be [slots, G, L, D] of one dtype", what, c.shape_str(), other.shape_str());
   return {c.dim(0), c.dim(1), c.dim(2), c.dim(3)};
+}
+
+// The DecodeKernels path where it applies: half-precision caches, D 64 or 128, at most 8 query
+// heads per group, 16-byte aligned q and caches. Returns false to leave the call to the default.
+bool gqa_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const int32_t* sp,
+                   const int32_t* pp, const CacheDims& c, float scale, Tensor& out) {
+  const int64_t Hq = q.dim(1), N = q.dim(2), D = c.D, qpg = Hq / c.G;
+  if (!DecodeKernels::active() || q.dtype() == DType::F32 || (D != 64 && D != 128) || qpg > 8 ||
+      !cuda::aligned16(q.raw()) || !cuda::aligned16(k_cache.raw()) || !cuda::aligned16(v_cache.raw()))
+    return false;
+  MT_CHECK(c.G < 65536, "cached_attention: {} key/value groups exceed the grid", c.G);
+  const int64_t lpk = D / 8, keys_per_round = cuda::kGqaWarps * (32 / lpk) * cuda::kGqaUnroll;
+  // As the default: split the keys only while rows x groups leave SMs idle, here never below one
+  // round of the block's loads per split.
+  const int64_t blocks = N * c.G, want = 2 * static_cast<int64_t>(cuda::sm_count());
+  int splits = 1;
+  if (blocks < want)
+    splits = static_cast<int>(std::min<int64_t>({(want + blocks - 1) / blocks, (c.L + keys_per_round - 1) / keys_per_round, 64}));
+  splits = std::max(splits, 1);
+  const int64_t per_split = (c.L + splits - 1) / splits;
+  cuda::Scratch part(splits > 1 ? static_cast<size_t>(N * Hq * splits * (D + 2)) * sizeof(float) : 0,
+                     cuda::compute_stream());
+  const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(c.G), static_cast<unsigned>(splits));
+  with_float_type(q, [&](auto* qp) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
+    if constexpr (!std::is_same_v<T, float>) {
+      auto launch = [&](auto kernel) {
+        kernel<<<grid, cuda::kGqaWarps * 32, 0, cuda::compute_stream()>>>(
+            qp, k_cache.data<T>(), v_cache.data<T>(), sp, pp, out.data<T>(), part.as<float>(), N, Hq, c.G, c.L,
+            c.slots, splits, per_split, scale);
+        MT_CUDA_LAUNCH_CHECK();
+      };
+      if (D == 64 && qpg <= 4) launch(cuda::decode_attention_gqa_kernel<T, 8, 4>);
+      else if (D == 64) launch(cuda::decode_attention_gqa_kernel<T, 8, 8>);
+      else if (qpg <= 4) launch(cuda::decode_attention_gqa_kernel<T, 16, 4>);
+      else launch(cuda::decode_attention_gqa_kernel<T, 16, 8>);
+      if (splits > 1) {
+        const dim3 mgrid(static_cast<unsigned>(N), static_cast<unsigned>(Hq));
+        cuda::decode_merge_kernel<T><<<mgrid, static_cast<unsigned>(D), 0, cuda::compute_stream()>>>(
+            part.as<float>(), out.data<T>(), Hq, D, splits);
+        MT_CUDA_LAUNCH_CHECK();
+      }
+    }
+  });
+  return true;
 }
 
 }  // namespace
@@ -224,6 +400,7 @@ Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   MT_CHECK(Hq < 65536, "cached_attention: {} heads exceed the grid", Hq);
   const int32_t* sp = cuda_data<int32_t>(slot, DType::I32, N, "cached_attention (slot)");
   const int32_t* pp = cuda_data<int32_t>(pos, DType::I32, N, "cached_attention (pos)");
+  if (gqa_attention(q, k_cache, v_cache, sp, pp, c, scale, out)) return out;
   // Split the keys over blocks only while rows x heads leave SMs idle, and never below 128 keys
   // per split (the positions are not known on the host: the cache's length bounds them).
   const int64_t blocks = N * Hq, want = 2 * static_cast<int64_t>(cuda::sm_count());

@@ -1,6 +1,10 @@
 // ops::StreamGraph (kernels/device.h): stream capture of the compute stream into a CUDA graph.
 #include <cuda_runtime_api.h>
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "core/error.h"
 #include "kernels/cuda/context.h"
 #include "kernels/device.h"
@@ -55,6 +59,43 @@ void StreamGraph::capture(const std::function<void()>& f) {
 void StreamGraph::launch() {
   MT_CHECK(ready(), "StreamGraph::launch before a capture");
   MT_CUDA_CHECK(cudaGraphLaunch(impl_->exec, cuda::compute_stream()));
+}
+
+std::string StreamGraph::census() const {
+  if (!impl_->graph) return "no graph captured";
+  size_t n = 0;
+  MT_CUDA_CHECK(cudaGraphGetNodes(impl_->graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n) MT_CUDA_CHECK(cudaGraphGetNodes(impl_->graph, nodes.data(), &n));
+  std::map<std::string, int64_t> kinds;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t{};
+    MT_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    const char* name = "other";
+    switch (t) {
+      case cudaGraphNodeTypeKernel: name = "kernel"; break;
+      case cudaGraphNodeTypeMemcpy: name = "memcpy"; break;
+      case cudaGraphNodeTypeMemset: name = "memset"; break;
+      case cudaGraphNodeTypeMemAlloc: name = "mem-alloc"; break;
+      case cudaGraphNodeTypeMemFree: name = "mem-free"; break;
+      case cudaGraphNodeTypeEventRecord: name = "event-record"; break;
+      case cudaGraphNodeTypeWaitEvent: name = "event-wait"; break;
+      case cudaGraphNodeTypeEmpty: name = "empty"; break;
+      default: break;
+    }
+    ++kinds[name];
+  }
+  size_t e = 0;
+  MT_CUDA_CHECK(cudaGraphGetEdges(impl_->graph, nullptr, nullptr, nullptr, &e));
+  std::vector<cudaGraphNode_t> from(e), to(e);
+  std::vector<cudaGraphEdgeData> data(e);
+  if (e) MT_CUDA_CHECK(cudaGraphGetEdges(impl_->graph, from.data(), to.data(), data.data(), &e));
+  int64_t programmatic = 0;
+  for (size_t i = 0; i < e; ++i) programmatic += data[i].type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
+  std::string s = std::to_string(n) + " nodes:";
+  for (const auto& [k, c] : kinds) s += " " + std::to_string(c) + " " + k + ",";
+  s += " " + std::to_string(programmatic) + " of " + std::to_string(e) + " edges programmatic";
+  return s;
 }
 
 }  // namespace mt::ops
