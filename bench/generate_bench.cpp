@@ -10,7 +10,10 @@
 // --batch N (default 64), --ttft-prompt N (2048; 0 skips it), --layers N (16; fewer for a quick check),
 // --fp8 1 (the transformer layers' linears with FP8 weights quantised at load, as generate
 // --fp8-format e4m3: model/fp8_inference.h), --graphs-only 1 (skip the eager decode runs).
-// Every line says "fp8": true or false.
+// Every line says "fp8": true or false. The graphed decode runs are measured twice, with the
+// default decode kernels and with the opt-in ones (MT_DECODE_FUSED=1, set here per engine:
+// inference/model_runner.cpp reads it when the engine is built), their lines "path": "default"
+// or "fused"; the two runs' generated tokens are compared ("same_tokens").
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -76,6 +79,7 @@ std::vector<int32_t> random_prompt(int64_t n, uint32_t seed, int64_t V) {
 
 struct Timing {
   std::vector<Clock::time_point> token_times;  // per generated token, of request 0
+  std::vector<int32_t> tokens;                 // request 0's tokens
   Clock::time_point start, end;
   int64_t generated = 0;
 };
@@ -83,7 +87,10 @@ struct Timing {
 // Runs `batch` requests of `prompt` tokens generating `new_tokens` each (greedy) through a fresh
 // engine (decode steps as CUDA graphs or not, their linears on the small-row GEMV or cuBLASLt);
 // times every token of request 0 and the whole run.
-Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_tokens, bool graphs, bool gemv = true) {
+Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_tokens, bool graphs, bool gemv = true,
+           bool fused = false) {
+  if (fused) setenv("MT_DECODE_FUSED", "1", 1);
+  else unsetenv("MT_DECODE_FUSED");
   mt::inference::EngineOptions o;
   o.cuda_graphs = graphs;
   o.small_rows_gemv = gemv;
@@ -96,9 +103,12 @@ Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_to
     mt::inference::Request r;
     r.prompt = random_prompt(prompt, 17u + static_cast<uint32_t>(b), m.config().orig_vocab_size);
     r.max_new_tokens = new_tokens;
-    r.on_token = [&t, b](mt::inference::RequestId, int32_t, float) {
+    r.on_token = [&t, b](mt::inference::RequestId, int32_t token, float) {
       ++t.generated;
-      if (b == 0) t.token_times.push_back(Clock::now());
+      if (b == 0) {
+        t.token_times.push_back(Clock::now());
+        t.tokens.push_back(token);
+      }
     };
     e.submit(std::move(r));
   }
@@ -106,6 +116,7 @@ Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_to
   e.run_until_idle();
   mt::ops::gpu_context().synchronize();
   t.end = Clock::now();
+  unsetenv("MT_DECODE_FUSED");
   return t;
 }
 
@@ -169,22 +180,29 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   // Batch 1: eager, then graphed with the linears on cuBLASLt, then graphed on the GEMV (the
-  // default); --graphs-only 1 keeps the graphed GEMV run alone.
-  std::vector<std::pair<bool, bool>> modes{{false, true}, {true, false}, {true, true}};
-  if (graphs_only) modes = {{true, true}};
-  for (const auto& [graphs, gemv] : modes) {
-    run(m, 1, prompt, 8, graphs, gemv);  // warm-up: cuBLASLt plans, the allocator's pool
-    const Timing t = run(m, 1, prompt, new_tokens, graphs, gemv);
+  // default), then that with the opt-in decode kernels; --graphs-only 1 keeps the graphed GEMV
+  // runs alone.
+  struct Mode {
+    bool graphs, gemv, fused;
+  };
+  std::vector<Mode> modes{{false, true, false}, {true, false, false}, {true, true, false}, {true, true, true}};
+  if (graphs_only) modes = {{true, true, false}, {true, true, true}};
+  std::vector<int32_t> default_tokens;  // the graphed GEMV run's, for the fused run's check
+  for (const auto& [graphs, gemv, fused] : modes) {
+    run(m, 1, prompt, 8, graphs, gemv, fused);  // warm-up: cuBLASLt plans, the allocator's pool
+    const Timing t = run(m, 1, prompt, new_tokens, graphs, gemv, fused);
+    if (graphs && gemv && !fused) default_tokens = t.tokens;
     const size_t n = t.token_times.size();
     const double decode_s = seconds(t.token_times.front(), t.token_times.back());
     const double tps = static_cast<double>(n - 1) / decode_s;
     const double kv_avg = kv_per_position * (static_cast<double>(prompt) + static_cast<double>(new_tokens) / 2.0);
     const double bound = bw / (weight_bytes + kv_avg);
     std::printf("{\"bench\": \"decode_batch1\", \"fp8\": %s, \"cuda_graphs\": %s, \"linears\": \"%s\", "
-                "\"prompt\": %lld, \"new_tokens\": %lld, "
+                "\"path\": \"%s\", \"same_tokens\": %s, \"prompt\": %lld, \"new_tokens\": %lld, "
                 "\"tokens_per_s\": %.1f, \"ms_per_token\": %.3f, \"weight_bytes\": %.0f, "
                 "\"kv_bytes_per_token_avg\": %.0f, \"bound_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f}\n",
-                fp8_json, graphs ? "true" : "false", gemv ? "gemv" : "cublaslt", static_cast<long long>(prompt),
+                fp8_json, graphs ? "true" : "false", gemv ? "gemv" : "cublaslt", fused ? "fused" : "default",
+                !fused ? "null" : (t.tokens == default_tokens ? "true" : "false"), static_cast<long long>(prompt),
                 static_cast<long long>(new_tokens), tps, 1e3 / tps, weight_bytes, kv_avg, bound, tps / bound);
     std::fflush(stdout);
   }

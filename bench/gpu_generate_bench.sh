@@ -4,7 +4,9 @@
 # random bf16 weights, in the same call. Prints JSON lines:
 #   copy_bandwidth  measured device-to-device copy rate (read + write bytes/s)
 #   decode_batch1   tokens/s at batch 1 and fraction_of_bound: the HBM bound is (weight bytes +
-#                   KV cache bytes read per token) / the measured copy rate (target >= 0.70)
+#                   KV cache bytes read per token) / the measured copy rate (target >= 0.70);
+#                   the graphed GEMV run twice: "path": "default" and "fused" (the opt-in decode
+#                   kernels, MT_DECODE_FUSED=1), the latter with "same_tokens" (greedy ids equal)
 #   decode_batch64  generated tokens/s with 64 requests at once
 #   ttft_2048       ms to the first token of a 2,048-token prompt
 # Builds generate_bench into $MT_DEVICE_BUILD (default /tmp/mt_build) where it is missing.
@@ -12,6 +14,7 @@
 #   MT_HF_ARGS="--cache static"   (the anchor only: a static cache, compiled first)
 #   MT_GEN_FP8=1   also the engine with FP8 weights (generate_bench --fp8 1), its lines "fp8": true
 #   MT_GEN_HF=0    skip the transformers anchor
+#   MT_DECODE_GRAPH_STATS=1   log each decode graph's node census at capture (generate_bench.err)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mt_out}; mkdir -p "$OUT"
