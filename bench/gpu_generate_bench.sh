@@ -5,8 +5,10 @@
 #   copy_bandwidth  measured device-to-device copy rate (read + write bytes/s)
 #   decode_batch1   tokens/s at batch 1 and fraction_of_bound: the HBM bound is (weight bytes +
 #                   KV cache bytes read per token) / the measured copy rate (target >= 0.70);
-#                   the graphed GEMV run twice: "path": "default" and "fused" (the opt-in decode
-#                   kernels, MT_DECODE_FUSED=1), the latter with "same_tokens" (greedy ids equal)
+#                   the graphed GEMV run four times, "path": "default", "fused" (the opt-in decode
+#                   kernels, MT_DECODE_FUSED=1), "arena" (the graph's temporaries in an arena: no
+#                   memory nodes, MT_DECODE_ARENA=1) and "fused+arena", each opt-in run with
+#                   "same_tokens" (its greedy ids equal the default run's)
 #   decode_batch64  generated tokens/s with 64 requests at once
 #   ttft_2048       ms to the first token of a 2,048-token prompt
 # Builds generate_bench into $MT_DEVICE_BUILD (default /tmp/mt_build) where it is missing.

@@ -33,6 +33,10 @@ ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, boo
   // runner of each kind.
   const char* fused = std::getenv("MT_DECODE_FUSED");
   decode_kernels_ = fused && std::strcmp(fused, "1") == 0;
+  // MT_DECODE_ARENA=1: the decode graphs' temporaries in an arena of their own, so that the
+  // captures have no memory nodes (ops::DeviceArena; opt-in while measured, likewise).
+  const char* arena = std::getenv("MT_DECODE_ARENA");
+  arena_ = arena && std::strcmp(arena, "1") == 0;
   const auto& c = m.config();
   // Tensor parallelism: each rank runs its heads and its ffn and vocabulary shards, and caches its
   // own key/value groups; every rank gets the whole logits (gathered), so all ranks pick the same
@@ -138,6 +142,8 @@ struct ModelRunner::Graph {
   bool warmed = false;  // one eager step at this count ran (GEMM plans made)
   Inputs in;
   Tensor logits;
+  int64_t arena_bytes = 0;                 // what the eager step's tensors took (MT_DECODE_ARENA)
+  std::unique_ptr<ops::DeviceArena> arena;  // the replays' temporaries: destroyed after the graph
   ops::StreamGraph graph;
 };
 
@@ -171,18 +177,32 @@ Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {
   if (!g) g = std::make_unique<Graph>();
   if (!g->warmed) {  // eager, once: cuBLASLt picks and caches its plans outside the capture
     g->warmed = true;
-    return device_forward(in);
+    if (!arena_) return device_forward(in);
+    Tensor l;
+    g->arena_bytes = ops::DeviceArena::tally([&] { l = device_forward(in); });
+    return l;
   }
   if (!g->graph.ready()) {
     auto fixed = [](const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), t.device()) : Tensor(); };
     g->in = views(fixed(in.ints), fixed(in.floats), N);
     const int64_t Vp = m_.config().vocab_size;
     g->logits = Tensor::empty({N, Vp}, m_.word_embedding()->value.dtype(), device_);
+    auto step = [&] {
+      Tensor l = device_forward(g->in);
+      ops::copy_into(g->logits, l);
+    };
     try {
-      g->graph.capture([&] {
-        Tensor l = device_forward(g->in);
-        ops::copy_into(g->logits, l);
-      });
+      if (arena_) {
+        // The captured step allocates what the eager one did (the same code at the same count);
+        // the slack covers a capture-only request, and a miss still works (a memory node).
+        g->arena = std::make_unique<ops::DeviceArena>(g->arena_bytes + g->arena_bytes / 16 + (1 << 20));
+        g->graph.capture([&] { g->arena->serve(step); });
+        if (g->arena->misses() > 0)
+          log_warn("decode graph at {} rows: {} allocations did not fit its {} byte arena", N, g->arena->misses(),
+                   g->arena->bytes());
+      } else {
+        g->graph.capture(step);
+      }
     } catch (const Error& e) {
       log_warn("decode steps run without CUDA graphs: {}", e.what());
       graphs_on_ = false;
@@ -191,8 +211,8 @@ Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {
     }
     // MT_DECODE_GRAPH_STATS=1: what a replay runs (memory nodes, programmatic edges; issue #22).
     if (const char* st = std::getenv("MT_DECODE_GRAPH_STATS"); st && std::strcmp(st, "1") == 0)
-      log_info("decode graph at {} rows (decode kernels {}): {}", N, decode_kernels_ ? "fused" : "default",
-               g->graph.census());
+      log_info("decode graph at {} rows (decode kernels {}, arena {}): {}", N, decode_kernels_ ? "fused" : "default",
+               g->arena ? std::to_string(g->arena->used()) + " bytes" : std::string("off"), g->graph.census());
   }
   ops::copy_into(g->in.ints, in.ints);
   if (in.floats.defined()) ops::copy_into(g->in.floats, in.floats);

@@ -58,6 +58,14 @@ void StreamGraph::launch() { no_cuda("CUDA graphs"); }
 bool StreamGraph::ready() const { return false; }
 std::string StreamGraph::census() const { return "no graph (a build without CUDA)"; }
 
+int64_t DeviceArena::tally(const std::function<void()>& f) {
+  f();
+  return 0;
+}
+DeviceArena::DeviceArena(int64_t) { no_cuda("a device arena"); }
+DeviceArena::~DeviceArena() = default;
+void DeviceArena::serve(const std::function<void()>& f) { f(); }
+
 }  // namespace mt::ops
 
 #endif  // MT_HAVE_CUDA

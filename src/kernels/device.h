@@ -107,6 +107,37 @@ class StreamGraph {
   std::unique_ptr<Impl> impl_;
 };
 
+// Device memory of its own for a graph's temporaries, so that the capture has no memory nodes
+// (issue #22). Tensors allocated during a capture become the graph's memory alloc/free nodes: a
+// decode step's ~200 small tensors put hundreds of them between its kernels, where they may cost
+// scheduling time and stand between a GEMV and the kernel it is a programmatic dependent of.
+// Captured inside serve(), every device tensor allocation is bump-allocated from the arena
+// instead (no reuse: a replay's tensors never alias), and its frees are no-ops; the memory goes
+// back when the arena is destroyed, which must outlive every replay of the graph (and every
+// tensor that kept its memory). Size it with tally() over an eager run of the same work.
+// Opt-in while it is measured (inference::ModelRunner, MT_DECODE_ARENA=1).
+class DeviceArena {
+ public:
+  // Runs f and returns the bytes its device tensor allocations take in an arena: every request,
+  // rounded to 256 bytes, freed or not.
+  static int64_t tally(const std::function<void()>& f);
+  explicit DeviceArena(int64_t bytes);
+  ~DeviceArena();
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  // Runs f with the allocations served from the arena, from its start (a second serve reuses
+  // the memory: only for work that replaces the first's). Requests that do not fit go to the
+  // pool as before (misses()).
+  void serve(const std::function<void()>& f);
+  int64_t bytes() const { return bytes_; }
+  int64_t used() const { return used_; }
+  int64_t misses() const { return misses_; }
+
+ private:
+  char* base_ = nullptr;
+  int64_t bytes_ = 0, used_ = 0, misses_ = 0;
+};
+
 // Generation's linear layers (issue #22): while an InferenceGemv lives on this thread, a GPU
 // linear forward of at most 16 rows (a decode step's batch) runs the bandwidth-bound GEMV
 // (kernels/cuda/gemv.cu) instead of cuBLASLt, whose plans for so few rows read the weights well

@@ -1,5 +1,5 @@
 // The opt-in decode kernels (ops::DecodeKernels, MT_DECODE_FUSED=1; issue #22) against the CPU
-// references and against the default GPU kernels. Labelled gpu (test names *Gpu*).
+// references and against the default GPU kernels, and the decode graphs' arena (MT_DECODE_ARENA=1). Labelled gpu (test names *Gpu*).
 //   argmax_rows: exact (the same max-then-lowest-index rule, any scan order gives the same id).
 //   cached_attention: within 2e-2 of the CPU's fp32 result, the default kernel's tolerance (the
 //   output is rounded to bf16, |out| <= 1; fp32 sums in another order than the default kernel's).
@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "engine_support.h"
@@ -103,45 +105,113 @@ TEST(DecodeKernelsGpu, CachedAttentionMatchesTheCpu) {
   }
 }
 
-// The engine with MT_DECODE_FUSED=1 (read when the runner is built) against the default kernels:
-// the same greedy tokens, one request at a time and batched, eager and graphed.
-TEST(DecodeKernelsGpu, EngineTokensEqualTheDefaultKernels) {
+// Three greedy requests of different prompt lengths (2, 7, 12 tokens), 16 new tokens each.
+std::vector<inference::Request> three_requests(int64_t V, uint32_t seed) {
+  std::vector<inference::Request> reqs;
+  for (int i = 0; i < 3; ++i) {
+    inference::Request r;
+    r.prompt = make_prompt(2 + 5 * i, seed + static_cast<uint32_t>(i), V);
+    r.max_new_tokens = 16;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+// The engine's greedy tokens for `reqs` with the opt-in switch `env` (read when the runner is
+// built) set to 1 equal those without it, at batch 1 and 3, eager (unless graphs_only) and graphed.
+void expect_same_tokens_with(const char* env, model::GPTModel& m, const std::vector<inference::Request>& reqs,
+                             bool graphs_only, const std::string& what) {
+  for (const bool graphs : {false, true}) {
+    if (graphs_only && !graphs) continue;
+    for (const int64_t batch : {int64_t{1}, int64_t{3}}) {
+      inference::EngineOptions o;
+      o.max_batch = batch;
+      o.cuda_graphs = graphs;
+      unsetenv(env);
+      const auto want = run_engine(m, reqs, o);
+      setenv(env, "1", 1);
+      const auto got = run_engine(m, reqs, o);
+      unsetenv(env);
+      for (size_t i = 0; i < reqs.size(); ++i)
+        EXPECT_EQ(got[i].tokens, want[i].tokens)
+            << what << " " << env << " graphs " << graphs << " batch " << batch << " request " << i;
+    }
+  }
+}
+
+// The engine with each opt-in switch against the defaults: the same greedy tokens, one request
+// at a time and batched. MT_DECODE_FUSED=1 (other kernels) eager and graphed; MT_DECODE_ARENA=1
+// (the same kernels; only the buffers' addresses differ) where it applies, graphed.
+TEST(DecodeKernelsGpu, EngineTokensEqualWithEachOptInSwitch) {
   MT_REQUIRE_GPU();
   for (const std::string& f : {std::string("llama"), std::string("qwen3"), std::string("gpt2")}) {
     model::TransformerConfig c = family_config(f);
     c.bf16 = true;
     model::GPTModel m(c);
     m.to_device(Device::CUDA);
-    const int64_t V = c.orig_vocab_size;
-    std::vector<inference::Request> reqs;
-    for (int i = 0; i < 3; ++i) {
-      inference::Request r;
-      r.prompt = make_prompt(2 + 5 * i, 90 + static_cast<uint32_t>(i), V);
-      r.max_new_tokens = 16;
-      reqs.push_back(r);
-    }
-    for (const bool graphs : {false, true}) {
-      for (const int64_t batch : {int64_t{1}, int64_t{3}}) {
-        inference::EngineOptions o;
-        o.max_batch = batch;
-        o.cuda_graphs = graphs;
-        unsetenv("MT_DECODE_FUSED");
-        const auto want = run_engine(m, reqs, o);
-        setenv("MT_DECODE_FUSED", "1", 1);
-        const auto got = run_engine(m, reqs, o);
-        unsetenv("MT_DECODE_FUSED");
-        for (size_t i = 0; i < reqs.size(); ++i)
-          EXPECT_EQ(got[i].tokens, want[i].tokens) << f << " graphs " << graphs << " batch " << batch << " request " << i;
-      }
-    }
+    const std::vector<inference::Request> reqs = three_requests(c.orig_vocab_size, 90);
+    expect_same_tokens_with("MT_DECODE_FUSED", m, reqs, false, f);
+    expect_same_tokens_with("MT_DECODE_ARENA", m, reqs, true, f);
     setenv("MT_DECODE_FUSED", "1", 1);
-    inference::ModelRunner fused(m, 1, 32);
+    setenv("MT_DECODE_ARENA", "1", 1);
+    inference::ModelRunner opted(m, 1, 32, true);
     unsetenv("MT_DECODE_FUSED");
-    inference::ModelRunner dflt(m, 1, 32);
-    EXPECT_TRUE(fused.decode_kernels());
+    unsetenv("MT_DECODE_ARENA");
+    inference::ModelRunner dflt(m, 1, 32, true);
+    EXPECT_TRUE(opted.decode_kernels());
+    EXPECT_TRUE(opted.graph_arena());
     EXPECT_FALSE(dflt.decode_kernels());
+    EXPECT_FALSE(dflt.graph_arena());
   }
 }
+
+// ops::DeviceArena (MT_DECODE_ARENA=1): a capture served from an arena has no memory nodes, its
+// tally is every request rounded to 256 bytes, and its replays give the eager result bit for bit
+// (the same kernels on other addresses), also after the inputs change.
+TEST(DecodeArenaGpu, CaptureWithoutMemoryNodesReplaysTheEagerResult) {
+  MT_REQUIRE_GPU();
+  Tensor x = to_gpu(random_bf16_values({64, 250}, 5));
+  Tensor out = Tensor::zeros({64, 250}, DType::BF16, Device::CUDA);
+  auto step = [&] {  // out = 4 x, through two temporaries
+    Tensor t = Tensor::empty(x.shape(), x.dtype(), x.device());
+    ops::copy_into(t, x);
+    ops::add_inplace(t, x);
+    Tensor u = Tensor::empty(x.shape(), x.dtype(), x.device());
+    ops::copy_into(u, t);
+    ops::add_inplace(u, t);
+    ops::copy_into(out, u);
+  };
+  const int64_t bytes = ops::DeviceArena::tally(step);
+  EXPECT_EQ(bytes, 2 * 32256);  // 64 x 250 x 2 = 32000 bytes, rounded up to 256
+  const Tensor want = from_gpu(out);
+
+  ops::StreamGraph pooled;
+  pooled.capture(step);
+  std::printf("[ graph census ] pooled: %s\n", pooled.census().c_str());
+  ops::DeviceArena arena(bytes);
+  ops::StreamGraph g;
+  g.capture([&] { arena.serve(step); });
+  const std::string census = g.census();
+  std::printf("[ graph census ] arena: %s\n", census.c_str());
+  EXPECT_EQ(census.find("mem-alloc"), std::string::npos) << census;
+  EXPECT_EQ(census.find("mem-free"), std::string::npos) << census;
+  EXPECT_EQ(arena.used(), bytes);
+  EXPECT_EQ(arena.misses(), 0);
+
+  ops::copy_into(out, Tensor::zeros(out.shape(), out.dtype(), Device::CUDA));
+  g.launch();
+  const Tensor got = from_gpu(out);
+  EXPECT_EQ(0, std::memcmp(got.data<float>(), want.data<float>(), sizeof(float) * static_cast<size_t>(want.numel())));
+
+  ops::copy_into(x, to_gpu(random_bf16_values({64, 250}, 6)));
+  step();  // eager, into out
+  const Tensor want2 = from_gpu(out);
+  ops::copy_into(out, Tensor::zeros(out.shape(), out.dtype(), Device::CUDA));
+  g.launch();
+  const Tensor got2 = from_gpu(out);
+  EXPECT_EQ(0, std::memcmp(got2.data<float>(), want2.data<float>(), sizeof(float) * static_cast<size_t>(want2.numel())));
+}
+
 
 }  // namespace
 }  // namespace mt::test

@@ -26,9 +26,16 @@ CudaAllocator::CudaAllocator(int device, cudaStream_t stream, uint64_t release_t
 
 void* CudaAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
+  if (tallying_) tally_ += arena_round(bytes);
   void* p = nullptr;
-  const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
-  if (e != cudaSuccess) out_of_memory(e, bytes, "");
+  if (arena_ && arena_used_ + arena_round(bytes) <= arena_size_) {
+    p = arena_ + arena_used_;
+    arena_used_ += arena_round(bytes);
+  } else {
+    if (arena_) ++arena_misses_;
+    const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
+    if (e != cudaSuccess) out_of_memory(e, bytes, "");
+  }
   in_use_ += bytes;
   if (in_use_ > peak_) peak_ = in_use_;
   if (in_use_ + scratch_ > peak_all_) peak_all_ = in_use_ + scratch_;
@@ -60,9 +67,38 @@ void CudaAllocator::deallocate(void* ptr, size_t bytes) {
   if (!ptr) return;
   memory_timeline::on_free(Device::CUDA, ptr);
   // Destructors must not throw: a failing free here means the context is already broken, and
-  // the next checked call reports it.
-  if (cudaFreeAsync(ptr, stream_) != cudaSuccess) cudaGetLastError();
+  // the next checked call reports it. An arena's memory goes back with the arena, all at once.
+  if (!owned_by_arena(ptr) && cudaFreeAsync(ptr, stream_) != cudaSuccess) cudaGetLastError();
   in_use_ -= bytes <= in_use_ ? bytes : in_use_;
+}
+
+void CudaAllocator::begin_tally() {
+  tallying_ = true;
+  tally_ = 0;
+}
+
+size_t CudaAllocator::end_tally() {
+  tallying_ = false;
+  return tally_;
+}
+
+void CudaAllocator::serve_from(char* base, size_t bytes) {
+  arena_ = base;
+  arena_size_ = base ? bytes : 0;
+  arena_used_ = arena_misses_ = 0;
+  if (base && !owned_by_arena(base)) arena_ranges_.emplace_back(base, base + bytes);
+}
+
+void CudaAllocator::release_arena(const char* base) {
+  if (arena_ == base) serve_from(nullptr, 0);
+  std::erase_if(arena_ranges_, [&](const auto& r) { return r.first == base; });
+}
+
+bool CudaAllocator::owned_by_arena(const void* p) const {
+  const auto* c = static_cast<const char*>(p);
+  for (const auto& [b, e] : arena_ranges_)
+    if (c >= b && c < e) return true;
+  return false;
 }
 
 void CudaAllocator::trim(size_t keep_bytes) {

@@ -62,12 +62,32 @@ class CudaAllocator final : public Allocator {
   // Returns cached, unused pool memory to the driver, keeping at most `keep_bytes`.
   void trim(size_t keep_bytes = 0);
 
+  // Graph capture without memory nodes (ops::DeviceArena, kernels/device.h). Allocations made
+  // during a stream capture become the graph's memory alloc/free nodes; a decode step's ~200 small
+  // tensors put hundreds of them between its kernels. While a tally runs, every request's size
+  // (rounded as the arena rounds) is summed; while an arena serves, requests are bump-allocated
+  // from it (requests that do not fit go to the pool and are counted), and frees of its memory
+  // are no-ops until the arena is released.
+  static size_t arena_round(size_t bytes) { return (bytes + 255) / 256 * 256; }
+  void begin_tally();
+  size_t end_tally();
+  void serve_from(char* base, size_t bytes);  // base null: serve from the pool again
+  size_t arena_used() const { return arena_used_; }
+  size_t arena_misses() const { return arena_misses_; }
+  void release_arena(const char* base);  // its memory is about to be freed: forget its range
+
  private:
+  bool owned_by_arena(const void* p) const;
   int device_;
   cudaStream_t stream_;
   cudaMemPool_t pool_ = nullptr;
   size_t in_use_ = 0, peak_ = 0;
   size_t scratch_ = 0, peak_all_ = 0;
+  bool tallying_ = false;
+  size_t tally_ = 0;
+  char* arena_ = nullptr;  // the arena serving now
+  size_t arena_size_ = 0, arena_used_ = 0, arena_misses_ = 0;
+  std::vector<std::pair<const char*, const char*>> arena_ranges_;  // every live arena's [begin, end)
 };
 
 // Creates (once) a CudaAllocator for `device` on `stream`, registers it with core so Device::CUDA

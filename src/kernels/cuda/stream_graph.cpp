@@ -98,4 +98,46 @@ std::string StreamGraph::census() const {
   return s;
 }
 
+int64_t DeviceArena::tally(const std::function<void()>& f) {
+  cuda::CudaAllocator& a = *cuda::context().alloc;
+  a.begin_tally();
+  try {
+    f();
+  } catch (...) {
+    a.end_tally();
+    throw;
+  }
+  return static_cast<int64_t>(a.end_tally());
+}
+
+DeviceArena::DeviceArena(int64_t bytes) : bytes_(bytes) {
+  MT_CHECK(bytes >= 0, "DeviceArena of {} bytes", bytes);
+  // Plain cudaMalloc (not the pool): made before the capture, it is no node of the graph.
+  if (bytes > 0) MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), static_cast<size_t>(bytes)));
+}
+
+DeviceArena::~DeviceArena() {
+  if (!base_) return;
+  cuda::context().alloc->release_arena(base_);
+  // cudaFree waits for the device: no replay still reads the memory. Destructors do not throw.
+  if (cudaFree(base_) != cudaSuccess) cudaGetLastError();
+}
+
+void DeviceArena::serve(const std::function<void()>& f) {
+  cuda::CudaAllocator& a = *cuda::context().alloc;
+  a.serve_from(base_, static_cast<size_t>(bytes_));
+  auto done = [&] {
+    used_ = static_cast<int64_t>(a.arena_used());
+    misses_ = static_cast<int64_t>(a.arena_misses());
+    a.serve_from(nullptr, 0);  // the range stays registered: its tensors' frees stay no-ops
+  };
+  try {
+    f();
+  } catch (...) {
+    done();
+    throw;
+  }
+  done();
+}
+
 }  // namespace mt::ops
