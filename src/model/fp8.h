@@ -135,13 +135,21 @@ struct Fp8Linear {
     Fp8Format format = Fp8Format::E4M3;
     DType dtype = DType::BF16;      // the activation type (of the GEMMs' outputs)
     Tensor q, qt;                   // U8 [rows, cols] and, where a GEMM reads it, [cols, rows]
+    // Current scaling (MT_FP8_SWIGLU_GRAD_CODES): the scale is not known yet. The producer first
+    // writes the operand's amax into `amax` in a pass that stores nothing, then
+    // producer_current_scale sets the scale from it, then the producer writes the codes.
+    bool current = false;
   };
   // Whether the producer casts: the forward's input (a first training forward that keeps the
   // transposed codes: nothing else reads the tensor), or with `grad` the due backward's output
-  // gradient (with FP8 wgrad).
+  // gradient (with FP8 wgrad). Delayed scaling; current scaling the gradient only, with
+  // MT_FP8_SWIGLU_GRAD_CODES (its producer then takes two passes: amax, codes).
   bool producer_casts(int64_t rows, Device d, const Tensor& w, const PassContext& ctx, bool grad) const;
   // Where the producer writes, and with which scale: an operand [rows, cols].
   ProducerCast producer_cast(int64_t rows, int64_t cols, DType dtype, bool grad) const;
+  // pc.current: the scale from the amax its producer found (reduced over TP), and pc.amax moved to
+  // a scratch tensor for the codes' pass (the state's amax is final).
+  void producer_current_scale(ProducerCast& pc, bool grad) const;
   // y = x w^T (+ residual, in the GEMM's epilogue). x is cast once, row-major for this GEMM and,
   // with keep_x_t, transposed for the weight gradient (kept instead of the caller's x). x_amax:
   // max |x| from x's producer (takes_producer_amax), consumed; else the cast finds it itself.
@@ -190,6 +198,24 @@ bool fp8_producer_amax();
 void set_fp8_producer_amax(bool on);
 // The casts that took their amax or their codes from a producer, since the process started (tests).
 int64_t fp8_producer_fusions();
+
+// Opt-in changes to the GPU path's casts (issue #18), each giving the default path's bits; off by
+// default until measured on a GPU (bench/gpu_fp8_bench.sh MT_FP8_AB=1 runs each). Read from the
+// environment once ("1" turns one on); tests set them with set_fp8_switches.
+//   MT_FP8_FUSED_SCALE=1: under current scaling the cast kernel computes the scale from the amax
+//     and writes the scale, its copy and inverse itself: one launch per cast, not three
+//     (fp8_current_scale and fp8_snapshot_scale were one-thread kernels around every cast).
+//   MT_FP8_WT_FROM_CODES=1: the data gradient's transposed weight is the transpose of the step's
+//     cached weight codes (1 byte read per element), not a re-cast of the bf16 weight (2 bytes).
+//   MT_FP8_SWIGLU_GRAD_CODES=1: under current scaling SwiGLU's backward takes the amax of linear_fc1's
+//     output gradient in a pass that stores nothing, then writes its FP8 codes (and transpose)
+//     itself from dy and h, as under delayed scaling: the gradient never stored in bf16 nor
+//     read back (256 MiB each way per llama-1.5b layer and micro-batch).
+struct Fp8Switches {
+  bool fused_scale = false, wt_from_codes = false, swiglu_grad_codes = false;
+};
+Fp8Switches fp8_switches();
+void set_fp8_switches(const Fp8Switches& s);
 
 // FP8's health over a log interval: the elements clipped to the formats' max (scales too large:
 // a saturating recipe) and the range of the per-tensor scales (a huge one: FP8's range wasted on

@@ -67,6 +67,14 @@ void cast(const Tensor& x, Fp8TensorState& s, Fp8Format fmt, const Fp8Store& sto
       ops::fp8_amax(x, s.amax);
     }
     store.reduce_amax(s.amax, tp, l);
+    if (fp8_switches().fused_scale) {
+      // MT_FP8_FUSED_SCALE: the scale, its copy and inverse from the cast's own kernel (the amax
+      // is final: the kernel reduces none; nothing else follows under current scaling).
+      used = scalar(s.scale.device());
+      used_inv = scalar(s.scale.device());
+      ops::fp8_cast_transpose_current(x, s.amax, fmt, s.scale, used, used_inv, q, qt, s.saturated);
+      return;
+    }
     ops::fp8_current_scale(s.amax, s.scale, fp8_max(fmt));
   } else {
     s.amax.zero_();  // the cast max-reduces into it
@@ -77,23 +85,44 @@ void cast(const Tensor& x, Fp8TensorState& s, Fp8Format fmt, const Fp8Store& sto
 
 // x cast again with a scale already used (a recomputed forward, the backward's transposes): the
 // same codes as the first cast; amax and clipped count were recorded then and are dropped here.
-void recast(Fp8LinearState& l, const Tensor& x, const Tensor& scale, Fp8Format fmt, Tensor& q, Tensor* qt) {
-  if (!l.recast_amax.defined() || l.recast_amax.device() != x.device()) {
-    l.recast_amax = Tensor::zeros({1}, DType::F32, x.device());
-    l.recast_saturated = Tensor::zeros({1}, DType::I64, x.device());
+// Where casts put the amax (and clipped count) nobody reads: made once per linear and device.
+Tensor& scratch_amax(Fp8LinearState& l, Device d) {
+  if (!l.recast_amax.defined() || l.recast_amax.device() != d) {
+    l.recast_amax = Tensor::zeros({1}, DType::F32, d);
+    l.recast_saturated = Tensor::zeros({1}, DType::I64, d);
   }
-  ops::fp8_cast_transpose(x, scale, fmt, q, qt, l.recast_amax, l.recast_saturated);
+  return l.recast_amax;
+}
+
+void recast(Fp8LinearState& l, const Tensor& x, const Tensor& scale, Fp8Format fmt, Tensor& q, Tensor* qt) {
+  ops::fp8_cast_transpose(x, scale, fmt, q, qt, scratch_amax(l, x.device()), l.recast_saturated);
 }
 
 bool mult16(int64_t v) { return v > 0 && v % 16 == 0; }
 
+bool env_on(const char* name) {
+  const char* e = std::getenv(name);
+  return e && *e && std::string(e) != "0";
+}
+
 // MT_FP8_UNFUSED=1: every cast finds its amax itself (the A/B switch of the producer fusion).
-std::atomic<bool> producer_amax_on{[] {
-  const char* e = std::getenv("MT_FP8_UNFUSED");
-  return !(e && *e && std::string(e) != "0");
-}()};
+std::atomic<bool> producer_amax_on{!env_on("MT_FP8_UNFUSED")};
+
+// The opt-in switches (model/fp8.h, Fp8Switches), read once at start-up.
+std::atomic<bool> fused_scale_on{env_on("MT_FP8_FUSED_SCALE")}, wt_from_codes_on{env_on("MT_FP8_WT_FROM_CODES")},
+    swiglu_grad_codes_on{env_on("MT_FP8_SWIGLU_GRAD_CODES")};
 
 }  // namespace
+
+Fp8Switches fp8_switches() {
+  return Fp8Switches{fused_scale_on.load(std::memory_order_relaxed), wt_from_codes_on.load(std::memory_order_relaxed),
+                     swiglu_grad_codes_on.load(std::memory_order_relaxed)};
+}
+void set_fp8_switches(const Fp8Switches& s) {
+  fused_scale_on.store(s.fused_scale, std::memory_order_relaxed);
+  wt_from_codes_on.store(s.wt_from_codes, std::memory_order_relaxed);
+  swiglu_grad_codes_on.store(s.swiglu_grad_codes, std::memory_order_relaxed);
+}
 
 bool fp8_producer_amax() { return producer_amax_on.load(std::memory_order_relaxed); }
 void set_fp8_producer_amax(bool on) { producer_amax_on.store(on, std::memory_order_relaxed); }
@@ -115,8 +144,10 @@ bool Fp8Linear::takes_producer_amax(int64_t rows, Device d, const Tensor& w, con
 
 bool Fp8Linear::producer_casts(int64_t rows, Device d, const Tensor& w, const PassContext& ctx, bool grad) const {
   // Without FP8 wgrad the weight gradient reads the operands in the activation type: no codes only.
-  if (!on() || !fp8_producer_amax() || store->config().recipe != Fp8Recipe::Delayed || !store->config().wgrad)
-    return false;
+  if (!on() || !fp8_producer_amax() || !store->config().wgrad) return false;
+  const Fp8Recipe r = store->config().recipe;
+  if (r == Fp8Recipe::Tensorwise) return grad && fp8_switches().swiglu_grad_codes && backward_is_real();
+  if (r != Fp8Recipe::Delayed) return false;
   if (grad) return backward_is_real();
   if (!ctx.training || ctx.recomputing || (d != Device::CUDA && !store->real_gemms_on_cpu)) return false;
   return w.ndim() == 2 && mult16(w.dim(0)) && mult16(w.dim(1)) && mult16(rows);
@@ -125,7 +156,8 @@ bool Fp8Linear::producer_casts(int64_t rows, Device d, const Tensor& w, const Pa
 Fp8Linear::ProducerCast Fp8Linear::producer_cast(int64_t rows, int64_t cols, DType dtype, bool grad) const {
   const Fp8Config& c = store->config();
   Fp8TensorState& s = grad ? state->grad : state->input;
-  s.amax.zero_();  // the producer max-reduces into it
+  const bool current = c.recipe == Fp8Recipe::Tensorwise;
+  if (!current) s.amax.zero_();  // the producer max-reduces into it (current: its amax pass sets it)
   const Device d = s.scale.device();
   ProducerCast pc;
   pc.scale = s.scale;
@@ -133,11 +165,20 @@ Fp8Linear::ProducerCast Fp8Linear::producer_cast(int64_t rows, int64_t cols, DTy
   pc.saturated = s.saturated;
   pc.format = grad ? c.grad_format() : c.forward_format();
   pc.dtype = dtype;
+  pc.current = current;
   pc.q = codes(rows, cols, d);
   // The forward's input is kept as transposed codes for the weight gradient; the output
   // gradient's transpose is that GEMM's other operand.
   if (!grad || c.wgrad) pc.qt = codes(cols, rows, d);
   return pc;
+}
+
+void Fp8Linear::producer_current_scale(ProducerCast& pc, bool grad) const {
+  MT_CHECK(pc.current, "{}: a current scale for a delayed-scaling producer", state->name);
+  Fp8TensorState& s = grad ? state->grad : state->input;
+  store->reduce_amax(s.amax, tp, *state);
+  ops::fp8_current_scale(s.amax, s.scale, fp8_max(pc.format));
+  pc.amax = scratch_amax(*state, s.amax.device());
 }
 
 void Fp8Linear::weight_codes(const Tensor& w, const PassContext& ctx, Tensor& q, Tensor& scale,
@@ -239,7 +280,9 @@ Tensor Fp8Linear::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor&
     }
     weight_codes(w, ctx, wq, w_scale, w_scale_inv);
     Tensor none;
-    if (state->param_gathered) ops::fp8_transpose_codes(wq, w_t);  // the model's copy is not kept
+    // The codes transposed are the re-cast's bytes (the same scale on the same weight); reading
+    // them moves 1 byte per element where the bf16 weight moves 2 (MT_FP8_WT_FROM_CODES).
+    if (state->param_gathered || fp8_switches().wt_from_codes) ops::fp8_transpose_codes(wq, w_t);
     else recast(*state, w, w_scale, ff, none, &w_t);
   }
   Tensor dx = Tensor::empty({rows, in}, pc ? pc->dtype : dy.dtype(), dev);

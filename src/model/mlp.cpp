@@ -48,11 +48,16 @@ Tensor MLP::forward(const Tensor& x, Saved& s, PassContext& ctx, const Tensor* r
 
 Tensor MLP::backward(const Tensor& dy, Saved& s, PassContext& ctx) const {
   Tensor da = fc2.backward(dy, s.a, ctx);
-  if (cfg.swiglu && fc1.wants_grad_codes(ctx)) {  // delayed scaling: SwiGLU's backward casts
+  // Delayed scaling (and current scaling with MT_FP8_SWIGLU_GRAD_CODES): SwiGLU's backward casts.
+  if (cfg.swiglu && fc1.wants_grad_codes(ctx)) {
     const int64_t rows = s.h.numel() / s.h.dim(-1);
     Fp8Linear::ProducerCast pc = fc1.fp8.producer_cast(rows, s.h.dim(-1), da.dtype(), true);
     {
       ScopedOpTimer t(ctx.times, &OpTimes::elementwise);
+      if (pc.current) {  // the amax first, in a pass that stores nothing (model/fp8.h)
+        ops::swiglu_backward_amax(da, s.h, pc.amax);
+        fc1.fp8.producer_current_scale(pc, true);
+      }
       ops::swiglu_backward_fp8(da, s.h, pc.scale, pc.format, pc.q, &pc.qt, pc.amax, pc.saturated);
     }
     Tensor dx = fc1.backward_codes(pc, s.x, ctx);

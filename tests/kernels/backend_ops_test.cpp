@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/fp8_codes.h"
 #include "kernels/ops.h"
 #include "support/gpu.h"
 #include "test_util.h"
@@ -570,6 +571,35 @@ std::vector<Case> cases() {
                  Tensor dw = f32(d, {in, in}, 75);  // += qt qt^T over the rows, f32 in and out
                  fp8_gemm_into(qt, Fp8Format::E4M3, one, qt, Fp8Format::E4M3, one, &dw, dw);
                  return Outputs{dw};
+               }});
+  // The opt-in casts (model/fp8.h, Fp8Switches): current scaling's cast computing its own scale
+  // (the vector kernel and, 37 rows, the three ops it stands for), the transpose of codes (the
+  // vector kernel, and an odd shape's scalar one) and SwiGLU backward's amax without its output.
+  // Codes and scales exactly (the amax is an input: the same on both devices).
+  c.push_back({"fp8_opt_in_casts", 1e-7, [=](Device d) {
+                 const Tensor x = act(d, {rows, in}, 77, -3, 3), odd = act(d, {37, 40}, 78, -2, 2);
+                 const Tensor ax = f32(d, std::vector<float>{2.5f}, {1}), aodd = f32(d, std::vector<float>{0.f}, {1});
+                 auto scalar = [&] { return Tensor::zeros({1}, DType::F32, d); };
+                 Tensor sx = scalar(), ux = scalar(), ix = scalar(), so = scalar(), uo = scalar(), io = scalar();
+                 Tensor sat = Tensor::zeros({1}, DType::I64, d), none;
+                 Tensor qx = Tensor::empty({rows, in}, DType::U8, d), qxt = Tensor::empty({in, rows}, DType::U8, d);
+                 Tensor qot = Tensor::empty({40, 37}, DType::U8, d);
+                 fp8_cast_transpose_current(x, ax, Fp8Format::E4M3, sx, ux, ix, qx, &qxt, sat);  // 3 > 2.5: clips
+                 fp8_cast_transpose_current(odd, aodd, Fp8Format::E5M2, so, uo, io, none, &qot, sat);
+                 Tensor tx = Tensor::empty({in, rows}, DType::U8, d), todd = Tensor::empty({37, 40}, DType::U8, d);
+                 fp8_transpose_codes(qx, tx);
+                 fp8_transpose_codes(qot, todd);
+                 const float n_sat = static_cast<float>(*sat.to_device(Device::CPU).data<int64_t>());
+                 return Outputs{decoded(qx, Fp8Format::E4M3), decoded(qxt, Fp8Format::E4M3),
+                                decoded(qot, Fp8Format::E5M2), sx, ux, ix, so, uo, io,
+                                decoded(tx, Fp8Format::E4M3), decoded(todd, Fp8Format::E5M2),
+                                Tensor::from_vector(std::vector<float>{n_sat}, {1})};
+               }});
+  c.push_back({"swiglu_backward_amax", 2e-2, [=](Device d) {  // bf16 against fp32 gradients
+                 const Tensor h = act(d, {rows, 256}, 79, -3, 3), dy = act(d, {rows, 128}, 80);
+                 Tensor a = Tensor::zeros({1}, DType::F32, d);
+                 swiglu_backward_amax(dy, h, a);
+                 return Outputs{a};
                }});
   // Greedy decoding's argmax over the real vocabulary (the padded tail holds larger values that
   // must be left out), with ties (the lowest index wins), bf16 rounding (the same values on both

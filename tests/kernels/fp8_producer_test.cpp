@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/fp8.h"
+#include "kernels/fp8_codes.h"
 #include "kernels/ops.h"
 #include "support/gpu.h"
 #include "test_util.h"
@@ -126,6 +127,57 @@ void expect_fused_cast_is_unfused(Device d) {
                   fp8_cast_transpose(swiglu_backward(dy, h), scale, Fp8Format::E5M2, c.q, &c.qt, c.amax, c.sat);
                 }));
   }
+}
+
+// The opt-in casts (model/fp8.h, Fp8Switches) against what they replace, on one device: the same
+// bytes. fp8_cast_transpose_current against fp8_current_scale + fp8_cast_transpose +
+// fp8_snapshot_scale, fp8_transpose_codes of the codes against the transposed re-cast, and
+// swiglu_backward_amax against swiglu_backward's amax. Model shapes (multiples of 64) and a few
+// magnitudes, one of them clipping.
+void expect_opt_in_casts_are_the_defaults(Device d) {
+  const int64_t rows = 128, F = 192;
+  for (const double mag : {0.01, 1.0, 300.0}) {
+    SCOPED_TRACE(mag);
+    const Tensor x = input(d, {rows, 2 * F}, 60, -mag, mag);
+    Tensor amax = scalar(d);
+    fp8_amax(x, amax);
+    for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+      // An amax below the truth (about a quarter of it), as a TP peer's could never be but a
+      // saturating cast needs: the clipped counts must agree too.
+      Tensor four = scalar(d), low = scalar(d), ignored = scalar(d);
+      fp8_current_scale(amax, four, 4.f);         // 4 / amax
+      fp8_snapshot_scale(four, ignored, low);     // amax / 4
+      for (const Tensor* a : {&amax, &low}) {
+        Tensor s1 = scalar(d), u1 = scalar(d), i1 = scalar(d), sat1 = Tensor::zeros({1}, DType::I64, d);
+        Tensor q1 = Tensor::empty({rows, 2 * F}, DType::U8, d), qt1 = Tensor::empty({2 * F, rows}, DType::U8, d);
+        fp8_cast_transpose_current(x, *a, f, s1, u1, i1, q1, &qt1, sat1);
+        Tensor s2 = scalar(d), u2 = scalar(d), i2 = scalar(d), seen = scalar(d), sat2 = Tensor::zeros({1}, DType::I64, d);
+        Tensor q2 = Tensor::empty({rows, 2 * F}, DType::U8, d), qt2 = Tensor::empty({2 * F, rows}, DType::U8, d);
+        fp8_current_scale(*a, s2, fp8_max(f));
+        fp8_cast_transpose(x, s2, f, q2, &qt2, seen, sat2);
+        fp8_snapshot_scale(s2, u2, i2);
+        const std::pair<Tensor*, Tensor*> same[] = {{&q1, &q2}, {&qt1, &qt2}, {&s1, &s2},
+                                                    {&u1, &u2}, {&i1, &i2}, {&sat1, &sat2}};
+        for (const auto& [p, q] : same) EXPECT_TRUE(same_bytes(*p, *q));
+        Tensor t = Tensor::empty({2 * F, rows}, DType::U8, d);
+        fp8_transpose_codes(q1, t);
+        EXPECT_TRUE(same_bytes(t, qt1)) << "the transposed codes are not the transposed cast";
+      }
+    }
+    const Tensor h = input(d, {rows, 2 * F}, 61, -3, 3), dy = input(d, {rows, F}, 62, -mag, mag);
+    Tensor fused = scalar(d), plain = scalar(d);
+    swiglu_backward_amax(dy, h, fused);
+    swiglu_backward(dy, h, &plain);
+    EXPECT_TRUE(same_bytes(fused, plain)) << "SwiGLU backward's amax without its output";
+  }
+}
+
+TEST(Fp8OptInCasts, CpuComposesTheDefaults) { expect_opt_in_casts_are_the_defaults(Device::CPU); }
+
+TEST(Fp8OptInCastsGpu, SameBytesAsTheDefaults) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
+  expect_opt_in_casts_are_the_defaults(Device::CUDA);
 }
 
 TEST(Fp8ProducerCast, CpuComposesTheOpAndCast) { expect_fused_cast_is_unfused(Device::CPU); }

@@ -317,6 +317,70 @@ void expect_producer_codes_change_nothing(Device d) {
   EXPECT_FALSE(ln.producer_casts(kRows, Device::CPU, Tensor::zeros({kOut, kIn}), ctx, false));  // wgrad reads x
 }
 
+// The opt-in switches (model/fp8.h, Fp8Switches) change no bit under current scaling: the fused
+// scale, the transposed weight from the cached codes, and the output gradient's codes from its
+// producer (fp8_amax and fp8_cast_transpose stand in for SwiGLU backward's two passes, ops-tested
+// on their own). Two micro-batches a step, so that the second reads the cached weight codes.
+void expect_switches_change_nothing(Device d) {
+  Fp8Store plain(config(Fp8Recipe::Tensorwise)), switched(config(Fp8Recipe::Tensorwise));
+  plain.real_gemms_on_cpu = switched.real_gemms_on_cpu = true;
+  Fp8Linear lp = make_fp8_linear(plain, "l.weight", nullptr), ls = make_fp8_linear(switched, "l.weight", nullptr);
+  if (d != Device::CPU) {
+    plain.to_device(d);
+    switched.to_device(d);
+  }
+  set_fp8_producer_amax(true);
+  const Fp8Switches before = fp8_switches();
+  const Fp8Switches off{}, on_all{true, true, true};
+  PassContext ctx;
+  const int64_t uses = fp8_producer_fusions();
+  const double mags[] = {2000.0, 3.0, 0.05};
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(step);
+    const uint64_t s = 100 * static_cast<uint64_t>(step);
+    const Tensor w = on(data({kOut, kIn}, s + 1, 0.5), d);
+    for (int mb = 0; mb < 2; ++mb) {  // the second's output gradient: through its producer's codes
+      const Tensor x = on(data({kRows, kIn}, s + 2 + mb, mags[step]), d),
+                   dy = on(data({kRows, kOut}, s + 4 + mb, 1e-3 * mags[step]), d);
+      set_fp8_switches(off);
+      EXPECT_FALSE(lp.producer_casts(kRows, d, w, ctx, true));
+      const std::vector<float> yp = host(lp.gemm_forward(x, w, nullptr, true, ctx));
+      Tensor dw_p = Tensor::zeros({kOut, kIn}, DType::F32, d), dw_s = Tensor::zeros({kOut, kIn}, DType::F32, d);
+      const std::vector<float> dxp = host(lp.gemm_backward(dy, Tensor(), w, dw_p, false, ctx));
+      set_fp8_switches(on_all);
+      EXPECT_FALSE(ls.producer_casts(kRows, d, w, ctx, true));  // no forward waits for its backward
+      EXPECT_EQ(host(ls.gemm_forward(x, w, nullptr, true, ctx)), yp);
+      ASSERT_TRUE(ls.producer_casts(kRows, d, w, ctx, true));
+      std::vector<float> dxs;
+      if (mb == 0) {
+        dxs = host(ls.gemm_backward(dy, Tensor(), w, dw_s, false, ctx));
+      } else {
+        Fp8Linear::ProducerCast pc = ls.producer_cast(kRows, kOut, dy.dtype(), true);
+        ASSERT_TRUE(pc.current);
+        ops::fp8_amax(dy, pc.amax);
+        ls.producer_current_scale(pc, true);
+        ops::fp8_cast_transpose(dy, pc.scale, pc.format, pc.q, &pc.qt, pc.amax, pc.saturated);
+        dxs = host(ls.gemm_backward(Tensor(), Tensor(), w, dw_s, false, ctx, nullptr, &pc));
+      }
+      EXPECT_EQ(dxs, dxp);
+      EXPECT_EQ(host(dw_s), host(dw_p));
+    }
+    expect_same_state(plain, switched);
+    EXPECT_EQ(host(switched.linears().front().grad.amax), host(plain.linears().front().grad.amax));
+    plain.weights_changed();
+    switched.weights_changed();
+  }
+  EXPECT_EQ(fp8_producer_fusions(), uses + 3);  // the second micro-batches' output gradients
+  set_fp8_switches(before);
+}
+
+TEST(Fp8Gemms, OptInSwitchesChangeNoBit) { expect_switches_change_nothing(Device::CPU); }
+TEST(Fp8GemmsGpu, OptInSwitchesChangeNoBit) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
+  expect_switches_change_nothing(Device::CUDA);
+}
+
 TEST(Fp8Gemms, ProducerAmaxChangesNoBit) { expect_producer_amax_changes_nothing(Device::CPU); }
 TEST(Fp8Gemms, ProducerCodesChangeNoBit) { expect_producer_codes_change_nothing(Device::CPU); }
 TEST(Fp8GemmsGpu, ProducerCodesChangeNoBit) {

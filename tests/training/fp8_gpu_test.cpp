@@ -111,6 +111,30 @@ TEST(Fp8TrainingGpu, TensorwiseProducerFusionChangesNoBit) {
 }
 TEST(Fp8TrainingGpu, DelayedProducerFusionChangesNoBit) { expect_fusion_changes_nothing(model::Fp8Recipe::Delayed, 2); }
 
+// The opt-in switches of the GPU path's casts (model/fp8.h, Fp8Switches: the fused current scale,
+// the transposed weight from the cached codes, SwiGLU backward's codes) change no bit of
+// tensorwise training either: the same losses and scales as the default path, with them all on.
+TEST(Fp8TrainingGpu, TensorwiseOptInSwitchesChangeNoBit) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
+  const Arguments a = args("cuda", model::Fp8Recipe::Tensorwise);
+  model::set_fp8_producer_amax(true);
+  const model::Fp8Switches before = model::fp8_switches();
+  model::set_fp8_switches({});
+  const TrainRun plain = train(a);
+  model::set_fp8_switches({true, true, true});
+  const int64_t fused_before = model::fp8_producer_fusions();
+  const TrainRun switched = train(a);
+  const int64_t fusions = model::fp8_producer_fusions() - fused_before;
+  model::set_fp8_switches(before);
+  EXPECT_TRUE(plain.real && switched.real);
+  // Per layer and micro-batch: the three input amaxes and, now as codes, fc1's output gradient.
+  const int64_t micro_batches = kIters * (a.global_batch_size / a.micro_batch_size);
+  EXPECT_GE(fusions, 4 * a.model.num_layers * micro_batches);
+  EXPECT_EQ(switched.losses, plain.losses);
+  EXPECT_EQ(switched.scales, plain.scales);
+}
+
 TEST(Fp8TrainingGpu, DelayedTracksTheCpuEmulation) { expect_tracks(model::Fp8Recipe::Delayed); }
 TEST(Fp8TrainingGpu, TensorwiseTracksTheCpuEmulation) { expect_tracks(model::Fp8Recipe::Tensorwise); }
 

@@ -138,6 +138,16 @@ void swiglu_backward_fp8(const Tensor& dy, const Tensor& h, const Tensor& scale,
   fp8_cast_transpose(swiglu_backward(dy, h, nullptr), scale, format, q, qt, amax, saturated);
 }
 
+void fp8_cast_transpose_current(const Tensor& x, const Tensor& amax, Fp8Format format, Tensor& scale, Tensor& used,
+                                Tensor& used_inv, Tensor& q, Tensor* qt, Tensor& saturated) {
+  fp8_current_scale(amax, scale, fp8_max(format));
+  Tensor ignored = Tensor::zeros({1});  // the cast's own amax: x's, known already
+  fp8_cast_transpose(x, scale, format, q, qt, ignored, saturated);
+  fp8_snapshot_scale(scale, used, used_inv);
+}
+
+void swiglu_backward_amax(const Tensor& dy, const Tensor& h, Tensor& amax) { swiglu_backward(dy, h, &amax); }
+
 Tensor fp8_gemm(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b, Fp8Format b_format,
                 const Tensor& b_scale_inv, DType out_dtype) {
   MT_CHECK(out_dtype == DType::F32, "fp8_gemm: the CPU writes f32, asked for {}", dtype_name(out_dtype));

@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/fp8_tile.cuh"
 #include "kernels/cuda/tensor_args.h"
 #include "kernels/fp8_scale.h"
 #include "kernels/op_backends.h"
@@ -170,7 +171,6 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_
 // from the producer's inputs (SwiGLU's h, its backward's dy and h) and round them to the storage
 // type exactly as the producer's own kernel stores them, so the codes are those of the unfused
 // path bit for bit, without the tensor ever written in bf16 or read back.
-constexpr int kVecTile = 64, kVecThreads = 256, kVecPitch = kVecTile + 4;  // pitch: 17 words, fewer conflicts
 
 template <typename T>
 struct PlainLoad {
@@ -192,6 +192,22 @@ struct SwigluLoad {
   }
 };
 
+// The gate's and the up half's gradients of row r, output columns j..j+7, from dy [R, F] and
+// h [R, 2F], rounded to T as swiglu_backward stores them.
+template <typename T>
+__device__ __forceinline__ void swiglu_grads8(const T* __restrict__ dy, const T* __restrict__ h, int64_t F, int64_t r,
+                                              int64_t j, float* dg, float* du) {
+  float d[8], g[8], u[8];
+  load8(dy + r * F + j, d);
+  load8(h + r * 2 * F + j, g);
+  load8(h + r * 2 * F + F + j, u);
+  for (int k = 0; k < 8; ++k) {
+    swiglu_grads(d[k], g[k], u[k], dg[k], du[k]);
+    dg[k] = to_f(from_f<T>(dg[k]));
+    du[k] = to_f(from_f<T>(du[k]));
+  }
+}
+
 // SwiGLU's input gradient dh [R, 2F] = [d gate | d up] from the output's gradient dy [R, F] and h:
 // columns below F are the gate's (F % 8 == 0: a vector never straddles the halves). The other
 // half's tiles re-read dy and the gate, mostly from L2 (the tiles of a row band run together).
@@ -202,26 +218,48 @@ struct SwigluGradLoad {
   int64_t F;
   __device__ __forceinline__ void operator()(int64_t r, int64_t c, float* v) const {
     const bool gate = c < F;
-    const int64_t j = gate ? c : c - F;
-    float d[8], g[8], u[8];
-    load8(dy + r * F + j, d);
-    load8(h + r * 2 * F + j, g);
-    load8(h + r * 2 * F + F + j, u);
-    for (int k = 0; k < 8; ++k) {
-      float dg, du;
-      swiglu_grads(d[k], g[k], u[k], dg, du);
-      v[k] = to_f(from_f<T>(gate ? dg : du));
-    }
+    float dg[8], du[8];
+    swiglu_grads8(dy, h, F, r, gate ? c : c - F, dg, du);
+    for (int k = 0; k < 8; ++k) v[k] = gate ? dg[k] : du[k];
   }
 };
+
+// Current scaling's bookkeeping done by the cast (fp8_cast_transpose_current): with `amax` set,
+// every block computes the scale from it (the same fp32 expression as current_scale_kernel) and
+// block (0, 0) stores the scale, its copy and its inverse, as current_scale_kernel and
+// snapshot_scale_kernel would in launches of their own.
+struct CurrentScale {
+  const float* amax = nullptr;
+  float *scale = nullptr, *used = nullptr, *used_inv = nullptr;
+};
+
+// max |dh| over SwiGLU's input gradient dh [R, 2F] as stored in T, from dy [R, F] and h without
+// writing dh: each 8-vector of dy gives the gate's and the up half's 8 gradients at once (h and dy
+// read once). n8 = R * F / 8 vectors (F % 8 == 0).
+template <typename T>
+__global__ void swiglu_grad_amax_kernel(const T* __restrict__ dy, const T* __restrict__ h, int64_t n8, int64_t F,
+                                        float* amax) {
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n8; i += int64_t{gridDim.x} * blockDim.x) {
+    float dg[8], du[8];
+    swiglu_grads8(dy, h, F, (8 * i) / F, (8 * i) % F, dg, du);
+    for (int k = 0; k < 8; ++k) m = fmaxf(m, fmaxf(fabsf(dg[k]), fabsf(du[k])));
+  }
+  commit_amax(m, amax);
+}
 
 template <typename Load>
 __global__ void __launch_bounds__(kVecThreads)
     cast_transpose_vec_kernel(Load load, int64_t R, int64_t C, const float* scale, bool e5m2, float fp8_max,
                               uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
-                              unsigned long long* saturated) {
+                              unsigned long long* saturated, CurrentScale cur) {
   __shared__ __align__(8) uint8_t tile[kVecTile][kVecPitch];
-  const float s = *scale;
+  const float s = cur.amax ? fp8::scale_from_amax(*cur.amax, fp8_max, 1.f) : *scale;
+  if (cur.amax && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    *cur.scale = s;
+    *cur.used = s;
+    *cur.used_inv = 1.f / s;
+  }
   const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
   const int64_t r0 = int64_t{blockIdx.y} * kVecTile, c0 = int64_t{blockIdx.x} * kVecTile;
   const int tc = (threadIdx.x % 8) * 8;  // this thread's 8 columns in the tile
@@ -274,22 +312,10 @@ __global__ void __launch_bounds__(kVecThreads)
       bm = fmaxf(bm, block_max[w]);
       bc += block_clipped[w];
     }
-    atomic_max_nonneg(amax, bm);
+    if (amax) atomic_max_nonneg(amax, bm);  // none where the amax is known already
     if (bc) atomicAdd(saturated, bc);
   }
-  if (!qt) return;
-  // qt [C, R]: tile column cc is a row of qt; each thread writes 8 consecutive rows of x there.
-  for (int j = threadIdx.x; j < kVecTile * 8; j += kVecThreads) {
-    const int cc = j / 8, rv = (j % 8) * 8;
-    const int64_t c = c0 + cc, r = r0 + rv;
-    if (c >= C || r >= R) continue;  // R % 8 == 0
-    uint32_t lo = 0, hi = 0;
-    for (int k = 0; k < 4; ++k) {
-      lo |= uint32_t{tile[rv + k][cc]} << (8 * k);
-      hi |= uint32_t{tile[rv + 4 + k][cc]} << (8 * k);
-    }
-    *reinterpret_cast<uint2*>(qt + c * R + r) = make_uint2(lo, hi);
-  }
+  if (qt) store_tile_transposed(tile, r0, c0, R, C, qt);
 }
 
 }  // namespace
@@ -383,14 +409,15 @@ struct CastOut {
   bool e5m2;
   float max;
   const char* what;
-  CastOut(int64_t r, int64_t c, const Tensor& sc, Fp8Format f, Tensor& q_, Tensor* qt_, Tensor& am, Tensor& sat,
+  // am: where the cast max-reduces |x| (null: nowhere, the amax being known already).
+  CastOut(int64_t r, int64_t c, const Tensor& sc, Fp8Format f, Tensor& q_, Tensor* qt_, Tensor* am, Tensor& sat,
           const char* w)
       : R(r), C(c), e5m2(f == Fp8Format::E5M2), max(fp8_max(f)), what(w) {
     q = q_.defined() ? cuda_data<uint8_t>(q_, DType::U8, R * C, w) : nullptr;
     MT_CHECK(q || qt_, "{}: neither q nor qt asked for", w);
     qt = qt_ ? cuda_data<uint8_t>(*qt_, DType::U8, R * C, w) : nullptr;
     scale = cuda_data<float>(sc, DType::F32, 1, w);
-    amax = cuda_data<float>(am, DType::F32, 1, w);
+    amax = am ? cuda_data<float>(*am, DType::F32, 1, w) : nullptr;
     saturated = reinterpret_cast<unsigned long long*>(cuda_data<int64_t>(sat, DType::I64, 1, w));
   }
   // Whether the vector kernel serves it, its inputs `in` 16-byte aligned (codes are fresh
@@ -402,11 +429,11 @@ struct CastOut {
     return ok;
   }
   template <typename Load>
-  void launch_vec(const Load& load) const {
+  void launch_vec(const Load& load, const cuda::CurrentScale& cur = {}) const {
     const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kVecTile)),
                     static_cast<unsigned>(cuda::ceil_div(R, cuda::kVecTile)));
     cuda::cast_transpose_vec_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(load, R, C, scale, e5m2, max, q,
-                                                                                      qt, amax, saturated);
+                                                                                      qt, amax, saturated, cur);
     MT_CUDA_LAUNCH_CHECK();
   }
 };
@@ -416,7 +443,7 @@ struct CastOut {
 void fp8_cast_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, Tensor& q, Tensor* qt, Tensor& amax,
                         Tensor& saturated) {
   MT_CHECK(x.ndim() == 2, "fp8_cast_transpose: [R, C], got {}", x.shape_str());
-  const CastOut o(x.dim(0), x.dim(1), scale, format, q, qt, amax, saturated, "fp8_cast_transpose");
+  const CastOut o(x.dim(0), x.dim(1), scale, format, q, qt, &amax, saturated, "fp8_cast_transpose");
   if (o.R * o.C == 0) return;
   const bool vec = o.vec({x.raw()});
   MT_CHECK(vec || cuda::ceil_div(o.R, cuda::kTileDim) < 65536, "fp8_cast_transpose: {} rows exceed the grid", o.R);
@@ -434,6 +461,47 @@ void fp8_cast_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, 
   }, "fp8_cast_transpose");
 }
 
+void fp8_cast_transpose_current(const Tensor& x, const Tensor& amax, Fp8Format format, Tensor& scale, Tensor& used,
+                                Tensor& used_inv, Tensor& q, Tensor* qt, Tensor& saturated) {
+  MT_CHECK(x.ndim() == 2, "fp8_cast_transpose_current: [R, C], got {}", x.shape_str());
+  const CastOut o(x.dim(0), x.dim(1), scale, format, q, qt, nullptr, saturated, "fp8_cast_transpose_current");
+  cuda::CurrentScale cur;
+  cur.amax = cuda_data<float>(amax, DType::F32, 1, "fp8_cast_transpose_current (amax)");
+  cur.scale = cuda_data<float>(scale, DType::F32, 1, "fp8_cast_transpose_current (scale)");
+  cur.used = cuda_data<float>(used, DType::F32, 1, "fp8_cast_transpose_current (used)");
+  cur.used_inv = cuda_data<float>(used_inv, DType::F32, 1, "fp8_cast_transpose_current (used_inv)");
+  if (o.R * o.C > 0 && o.vec({x.raw()})) {
+    with_float_type(x, [&](auto* p) {
+      using T = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
+      o.launch_vec(cuda::PlainLoad<T>{p, o.C}, cur);
+    }, "fp8_cast_transpose_current");
+    return;
+  }
+  // Shapes the vector kernel does not serve (and empty ones): the three ops, the same bits.
+  fp8_current_scale(amax, scale, fp8_max(format));
+  Tensor ignored = Tensor::zeros({1}, DType::F32, Device::CUDA);
+  fp8_cast_transpose(x, scale, format, q, qt, ignored, saturated);
+  fp8_snapshot_scale(scale, used, used_inv);
+}
+
+void swiglu_backward_amax(const Tensor& dy, const Tensor& h, Tensor& amax) {
+  MT_CHECK(h.ndim() == 2 && h.dim(1) % 2 == 0 && dy.numel() == h.numel() / 2,
+           "swiglu_backward_amax: dy [R, F] and h [R, 2F], got {} and {}", dy.shape_str(), h.shape_str());
+  const int64_t F = h.dim(1) / 2, n = dy.numel();
+  const bool vec = h.dtype() == DType::BF16 && dy.dtype() == DType::BF16 && F % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(h.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(dy.raw()) % 16 == 0;
+  if (!vec) {  // the op and its amax (the model's shapes take the kernel)
+    swiglu_backward(dy, h, &amax);
+    return;
+  }
+  float* a = cuda_data<float>(amax, DType::F32, 1, "swiglu_backward_amax (amax)");
+  MT_CUDA_CHECK(cudaMemsetAsync(a, 0, sizeof(float), compute_stream()));
+  if (n == 0) return;
+  cuda::swiglu_grad_amax_kernel<<<cuda::grid_for(n / 8, cuda::kThreads, 2048), cuda::kThreads, 0, compute_stream()>>>(
+      dy.data<cuda::bf16>(), h.data<cuda::bf16>(), n / 8, F, a);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
 // The fused casts of SwiGLU's output and of its input gradient: one kernel where the vector
 // kernel serves the shape (the model's case), else the unfused pair (the same bits, by the
 // definition of the op).
@@ -441,7 +509,7 @@ void swiglu_forward_fp8(const Tensor& h, const Tensor& scale, Fp8Format format, 
                         Tensor& saturated) {
   MT_CHECK(h.ndim() == 2 && h.dim(1) % 2 == 0, "swiglu_forward_fp8: h [R, 2F], got {}", h.shape_str());
   const int64_t F = h.dim(1) / 2;
-  const CastOut o(h.dim(0), F, scale, format, q, qt, amax, saturated, "swiglu_forward_fp8");
+  const CastOut o(h.dim(0), F, scale, format, q, qt, &amax, saturated, "swiglu_forward_fp8");
   if (o.R * o.C == 0) return;
   if (h.dtype() == DType::BF16 && o.vec({h.raw()})) {
     o.launch_vec(cuda::SwigluLoad<cuda::bf16>{h.data<cuda::bf16>(), F});
@@ -455,7 +523,7 @@ void swiglu_backward_fp8(const Tensor& dy, const Tensor& h, const Tensor& scale,
   MT_CHECK(h.ndim() == 2 && h.dim(1) % 2 == 0 && dy.numel() == h.numel() / 2,
            "swiglu_backward_fp8: dy [R, F] and h [R, 2F], got {} and {}", dy.shape_str(), h.shape_str());
   const int64_t F = h.dim(1) / 2;
-  const CastOut o(h.dim(0), 2 * F, scale, format, q, qt, amax, saturated, "swiglu_backward_fp8");
+  const CastOut o(h.dim(0), 2 * F, scale, format, q, qt, &amax, saturated, "swiglu_backward_fp8");
   if (o.R * o.C == 0) return;
   if (h.dtype() == DType::BF16 && dy.dtype() == DType::BF16 && F % 8 == 0 && o.vec({h.raw(), dy.raw()})) {
     o.launch_vec(cuda::SwigluGradLoad<cuda::bf16>{dy.data<cuda::bf16>(), h.data<cuda::bf16>(), F});
