@@ -26,6 +26,12 @@
 #   dp8 l8b8 l8b8fp8 moe8 big30b   #25: its 8-GPU parts (weak scaling, llama-8b layouts, a 12.7B MoE, a 28.6B Llama)
 #   kprof     #22 / #17: bench/gpu_kernel_profile.sh decode moe (ncu kernel times: decode tokens, one MoE step)
 #   fp8pg     #23: llama-1.5b DP=2 dist-opt bf16 / FP8 / FP8 with --fp8-param-gather (2 GPUs)
+#   optests   #18 / #22: the GPU tests of the opt-in paths not yet run on a GPU (FP8 cast switches,
+#             decode kernels, the decode graph arena) and of what they replace
+#   fp8optin  #18: bf16, tensorwise, and tensorwise with each opt-in cast switch and all three
+#             (MT_FP8_OPTIN=1 bench/gpu_fp8_bench.sh), 8 iterations
+#   genopt    #22: batch-1 decode, graphs only: default / fused / arena / fused+arena, with each
+#             graph's node census (memory nodes, programmatic edges); no HF anchor
 # Every part's log stays in /tmp/mt_logs; $OUT gets summary.txt and logs.tar.gz (two files: the
 # device tool returns at most 8). Run: bash bench/gpu_issue_checks.sh build,tests,longseq,...
 set -uo pipefail
@@ -44,7 +50,7 @@ part() {  # part NAME SECONDS COMMAND...: runs it with a bound, its output kept,
   local t0; t0=$(date +%s)
   timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
   say "== $name: rc $? in $(( $(date +%s) - t0 )) s"
-  grep -E '^\{|passed|failed|Failed|error|speedup|breakdown|overlap:|of 2x|scaling|estimated|kernels,|^  +[0-9.]+%|held-out|iteration 1[01] |loss' "$OUT/$name.log" | tail -25 | tee -a "$S"
+  grep -E '^\{|passed|failed|Failed|error|speedup|breakdown|overlap:|of 2x|scaling|estimated|kernels,|^  +[0-9.]+%|held-out|iteration 1[01] |loss|decode graph at' "$OUT/$name.log" | tail -25 | tee -a "$S"
 }
 say "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | tr -s ' '), commit $MT_COMMIT"
 for p in ${PARTS//,/ }; do
@@ -78,6 +84,10 @@ for p in ${PARTS//,/ }; do
     moe8|big30b) MT_RUN_TIMEOUT=540 part "$p" 600 bash bench/gpu_dist_bench.sh "$p" ;;
     kprof) part kprof 600 bash bench/gpu_kernel_profile.sh decode moe ;;
     fp8pg) MT_SKIP_LLAMA8=1 MT_RUN_TIMEOUT=200 part fp8pg 400 bash bench/gpu_dist_bench.sh fp8 ;;
+    optests) part optests 400 bash -c "cd $B && ctest -L gpu -R 'Fp8|BackendOps|Decode|InferenceGpu|KvCache' --output-on-failure" ;;
+    fp8optin) MT_BENCH_ITERS=8 MT_FP8_RECIPES=tensorwise MT_FP8_OPTIN=1 part fp8optin 500 bash bench/gpu_fp8_bench.sh ;;
+    genopt) MT_DECODE_GRAPH_STATS=1 MT_GEN_HF=0 MT_GEN_ARGS="--graphs-only 1 --ttft-prompt 0" part genopt 300 bash -c \
+              "bash bench/gpu_generate_bench.sh && grep -h 'decode graph at' $OUT/generate_bench.err | head -8" ;;
     *) say "unknown part $p" ;;
   esac
 done
