@@ -200,7 +200,7 @@ void set_fp8_producer_amax(bool on);
 int64_t fp8_producer_fusions();
 
 // Opt-in changes to the GPU path's casts (issue #18), each giving the default path's bits; off by
-// default until measured on a GPU (bench/gpu_fp8_bench.sh MT_FP8_AB=1 runs each). Read from the
+// default until measured on a GPU (bench/gpu_fp8_bench.sh MT_FP8_OPTIN=1 runs each). Read from the
 // environment once ("1" turns one on); tests set them with set_fp8_switches.
 //   MT_FP8_FUSED_SCALE=1: under current scaling the cast kernel computes the scale from the amax
 //     and writes the scale, its copy and inverse itself: one launch per cast, not three
