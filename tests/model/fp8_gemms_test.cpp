@@ -37,6 +37,24 @@ Fp8Config config(Fp8Recipe r, bool wgrad = true, bool hybrid = true) {
   return c;
 }
 
+// Two stores of one recipe on the real-GEMM path, each with a linear of the same name (so the same
+// initial state), on device d: an A/B pair whose outputs and states must agree bit for bit.
+struct TwinLinears {
+  Fp8Store a, b;
+  Fp8Linear la, lb;
+  explicit TwinLinears(Fp8Recipe r, Device d = Device::CPU) : a(config(r)), b(config(r)), la(make(a)), lb(make(b)) {
+    if (d == Device::CPU) return;
+    a.to_device(d);
+    b.to_device(d);
+  }
+
+ private:
+  static Fp8Linear make(Fp8Store& s) {
+    s.real_gemms_on_cpu = true;
+    return make_fp8_linear(s, "l.weight", nullptr);
+  }
+};
+
 // Values in [-mag, mag] that bf16 holds exactly (so that a GPU copy is the same numbers).
 Tensor data(Shape s, uint64_t seed, double mag) {
   std::mt19937_64 gen(seed);
@@ -162,9 +180,9 @@ TEST(Fp8Gemms, BlockwiseWithoutFp8WgradMatchesTheEmulation) {
 TEST(Fp8Gemms, BlockwiseRecomputedForwardKeepsTheCodes) {
   const Dims d = kBlockDims;
   const Tensor w = data({d.out, d.in}, 1, 0.5), x = data({d.rows, d.in}, 2, 2000), dy = data({d.rows, d.out}, 3, 1e-3);
-  Fp8Store a(config(Fp8Recipe::Blockwise)), b(config(Fp8Recipe::Blockwise));
-  a.real_gemms_on_cpu = b.real_gemms_on_cpu = true;
-  Fp8Linear la = make_fp8_linear(a, "l.weight", nullptr), lb = make_fp8_linear(b, "l.weight", nullptr);
+  TwinLinears t(Fp8Recipe::Blockwise);
+  Fp8Store& a = t.a;
+  Fp8Linear &la = t.la, &lb = t.lb;
   PassContext ctx, re;
   re.recomputing = true;
   const std::vector<float> y = la.gemm_forward(x, w, nullptr, false, ctx).to_vector();
@@ -185,9 +203,9 @@ TEST(Fp8Gemms, RecomputedForwardKeepsTheFirstScaleAndTheCodes) {
   const Tensor w = data({kOut, kIn}, 1, 0.5), x = data({kRows, kIn}, 2, 2000), dy = data({kRows, kOut}, 3, 1e-3);
   // A: a first forward that keeps nothing (inside a recomputed group), its re-run keeps the
   // codes, the backward gets no x. B: one forward, the backward re-casts x.
-  Fp8Store a(config(Fp8Recipe::Delayed)), b(config(Fp8Recipe::Delayed));
-  a.real_gemms_on_cpu = b.real_gemms_on_cpu = true;
-  Fp8Linear la = make_fp8_linear(a, "l.weight", nullptr), lb = make_fp8_linear(b, "l.weight", nullptr);
+  TwinLinears t(Fp8Recipe::Delayed);
+  Fp8Store& a = t.a;
+  Fp8Linear &la = t.la, &lb = t.lb;
   PassContext ctx, re;
   re.recomputing = true;
   const std::vector<float> y = la.gemm_forward(x, w, nullptr, false, ctx).to_vector();  // saturates at scale 1
@@ -222,13 +240,9 @@ TEST(Fp8Gemms, EligibilityNeedsMultiplesOf16Or128ForBlocks) {
 // themselves, and the same scaling state, over steps whose magnitudes move the scales. Only
 // current scaling takes it; the eligibility follows the real-GEMM path's.
 void expect_producer_amax_changes_nothing(Device d) {
-  Fp8Store plain(config(Fp8Recipe::Tensorwise)), fused(config(Fp8Recipe::Tensorwise));
-  plain.real_gemms_on_cpu = fused.real_gemms_on_cpu = true;
-  Fp8Linear lp = make_fp8_linear(plain, "l.weight", nullptr), lf = make_fp8_linear(fused, "l.weight", nullptr);
-  if (d != Device::CPU) {
-    plain.to_device(d);
-    fused.to_device(d);
-  }
+  TwinLinears t(Fp8Recipe::Tensorwise, d);
+  Fp8Store &plain = t.a, &fused = t.b;
+  Fp8Linear &lp = t.la, &lf = t.lb;
   set_fp8_producer_amax(true);  // whatever MT_FP8_UNFUSED says
   PassContext ctx, re;
   re.recomputing = true;
@@ -274,13 +288,9 @@ void expect_producer_amax_changes_nothing(Device d) {
 // scale (here fp8_cast_transpose stands in for SwiGLU's fused kernels, ops-tested on their own);
 // the GEMMs and the scaling state are those of the casts the linear makes itself, bit for bit.
 void expect_producer_codes_change_nothing(Device d) {
-  Fp8Store plain(config(Fp8Recipe::Delayed)), fused(config(Fp8Recipe::Delayed));
-  plain.real_gemms_on_cpu = fused.real_gemms_on_cpu = true;
-  Fp8Linear lp = make_fp8_linear(plain, "l.weight", nullptr), lf = make_fp8_linear(fused, "l.weight", nullptr);
-  if (d != Device::CPU) {
-    plain.to_device(d);
-    fused.to_device(d);
-  }
+  TwinLinears t(Fp8Recipe::Delayed, d);
+  Fp8Store &plain = t.a, &fused = t.b;
+  Fp8Linear &lp = t.la, &lf = t.lb;
   set_fp8_producer_amax(true);
   PassContext ctx, eval;
   eval.training = false;
@@ -322,13 +332,9 @@ void expect_producer_codes_change_nothing(Device d) {
 // producer (fp8_amax and fp8_cast_transpose stand in for SwiGLU backward's two passes, ops-tested
 // on their own). Two micro-batches a step, so that the second reads the cached weight codes.
 void expect_switches_change_nothing(Device d) {
-  Fp8Store plain(config(Fp8Recipe::Tensorwise)), switched(config(Fp8Recipe::Tensorwise));
-  plain.real_gemms_on_cpu = switched.real_gemms_on_cpu = true;
-  Fp8Linear lp = make_fp8_linear(plain, "l.weight", nullptr), ls = make_fp8_linear(switched, "l.weight", nullptr);
-  if (d != Device::CPU) {
-    plain.to_device(d);
-    switched.to_device(d);
-  }
+  TwinLinears t(Fp8Recipe::Tensorwise, d);
+  Fp8Store &plain = t.a, &switched = t.b;
+  Fp8Linear &lp = t.la, &ls = t.lb;
   set_fp8_producer_amax(true);
   const Fp8Switches before = fp8_switches();
   const Fp8Switches off{}, on_all{true, true, true};

@@ -118,8 +118,14 @@ DeviceArena::DeviceArena(int64_t bytes) : bytes_(bytes) {
 
 DeviceArena::~DeviceArena() {
   if (!base_) return;
-  cuda::context().alloc->release_arena(base_);
-  // cudaFree waits for the device: no replay still reads the memory. Destructors do not throw.
+  // Destructors do not throw: with the context already gone (process teardown) there is no
+  // allocator to tell, and the driver takes the memory back with the process.
+  try {
+    cuda::context().alloc->release_arena(base_);
+  } catch (const Error&) {
+    return;
+  }
+  // cudaFree waits for the device: no replay still reads the memory.
   if (cudaFree(base_) != cudaSuccess) cudaGetLastError();
 }
 
