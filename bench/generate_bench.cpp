@@ -10,12 +10,12 @@
 // --batch N (default 64), --ttft-prompt N (2048; 0 skips it), --layers N (16; fewer for a quick check),
 // --fp8 1 (the transformer layers' linears with FP8 weights quantised at load, as generate
 // --fp8-format e4m3: model/fp8_inference.h), --graphs-only 1 (skip the eager decode runs).
-// Every line says "fp8": true or false. The graphed decode runs are measured twice, with the
-// default decode kernels and with the opt-in ones (MT_DECODE_FUSED=1, set here per engine:
-// inference/model_runner.cpp reads it when the engine is built), their lines "path": "default"
-// or "fused", and with the decode graphs' temporaries in an arena of their own (MT_DECODE_ARENA=1:
-// no memory nodes in the graph), "arena" and "fused+arena"; each opt-in run's generated tokens are
-// compared with the default run's ("same_tokens").
+// Every line says "fp8": true or false. The graphed decode runs are measured with the default
+// decode kernels ("path": "default"), with the general ones (MT_DECODE_FUSED=0, set here per
+// engine: inference/model_runner.cpp reads it when the engine is built; "general"), and with the
+// decode graphs' temporaries in an arena of their own (MT_DECODE_ARENA=1: no memory nodes in the
+// graph; "default+arena"); each variant's generated tokens are compared with the default run's
+// ("same_tokens": greedy ties on a random model may break differently under another summation order).
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -90,11 +90,10 @@ struct Timing {
 // engine (decode steps as CUDA graphs or not, their linears on the small-row GEMV or cuBLASLt);
 // times every token of request 0 and the whole run.
 Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_tokens, bool graphs, bool gemv = true,
-           bool fused = false, bool arena = false) {
+           bool fused = true, bool arena = false) {
   if (arena) setenv("MT_DECODE_ARENA", "1", 1);
   else unsetenv("MT_DECODE_ARENA");
-  if (fused) setenv("MT_DECODE_FUSED", "1", 1);
-  else unsetenv("MT_DECODE_FUSED");
+  setenv("MT_DECODE_FUSED", fused ? "1" : "0", 1);
   mt::inference::EngineOptions o;
   o.cuda_graphs = graphs;
   o.small_rows_gemv = gemv;
@@ -185,22 +184,22 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   // Batch 1: eager, then graphed with the linears on cuBLASLt, then graphed on the GEMV (the
-  // default), then that with the opt-in decode kernels, the graph arena, and both; --graphs-only 1
-  // keeps the graphed GEMV runs alone.
+  // default: GEMV linears, the decode kernels), then that with the general kernels
+  // (MT_DECODE_FUSED=0) and with the graph arena; --graphs-only 1 keeps the graphed GEMV runs alone.
   struct Mode {
     bool graphs, gemv, fused, arena;
   };
-  const std::vector<Mode> opt_ins{{true, true, true, false}, {true, true, false, true}, {true, true, true, true}};
-  std::vector<Mode> modes{{false, true, false, false}, {true, false, false, false}, {true, true, false, false}};
-  if (graphs_only) modes = {{true, true, false, false}};
-  modes.insert(modes.end(), opt_ins.begin(), opt_ins.end());
-  std::vector<int32_t> default_tokens;  // the graphed GEMV run's, for the fused run's check
+  const std::vector<Mode> variants{{true, true, false, false}, {true, true, true, true}};
+  std::vector<Mode> modes{{false, true, true, false}, {true, false, true, false}, {true, true, true, false}};
+  if (graphs_only) modes = {{true, true, true, false}};
+  modes.insert(modes.end(), variants.begin(), variants.end());
+  std::vector<int32_t> default_tokens;  // the default graphed run's, for the variants' check
   for (const auto& [graphs, gemv, fused, arena] : modes) {
     run(m, 1, prompt, 8, graphs, gemv, fused, arena);  // warm-up: cuBLASLt plans, the allocator's pool
     const Timing t = run(m, 1, prompt, new_tokens, graphs, gemv, fused, arena);
-    const bool opt_in = fused || arena;
-    if (graphs && gemv && !opt_in) default_tokens = t.tokens;
-    const char* path = fused && arena ? "fused+arena" : fused ? "fused" : arena ? "arena" : "default";
+    const bool variant = !fused || arena;
+    if (graphs && gemv && !variant) default_tokens = t.tokens;
+    const char* path = !fused ? "general" : arena ? "default+arena" : "default";
     const size_t n = t.token_times.size();
     const double decode_s = seconds(t.token_times.front(), t.token_times.back());
     const double tps = static_cast<double>(n - 1) / decode_s;
@@ -211,7 +210,7 @@ int main(int argc, char** argv) {
                 "\"tokens_per_s\": %.1f, \"ms_per_token\": %.3f, \"weight_bytes\": %.0f, "
                 "\"kv_bytes_per_token_avg\": %.0f, \"bound_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f}\n",
                 fp8_json, graphs ? "true" : "false", gemv ? "gemv" : "cublaslt", path,
-                !opt_in ? "null" : (t.tokens == default_tokens ? "true" : "false"), static_cast<long long>(prompt),
+                !variant ? "null" : (t.tokens == default_tokens ? "true" : "false"), static_cast<long long>(prompt),
                 static_cast<long long>(new_tokens), tps, 1e3 / tps, weight_bytes, kv_avg, bound, tps / bound);
     std::fflush(stdout);
   }

@@ -10,10 +10,10 @@
 #                    block-scaled GEMMs in E4M3 throughout, Transformer Engine's blockwise default)
 #   MT_FP8_AB=1      each recipe also with MT_FP8_UNFUSED=1 (the casts without the producer
 #                    fusion, model/fp8.h): the fusion's gain measured on the same machine
-#   MT_FP8_OPTIN=1   tensorwise also with each opt-in switch of model/fp8.h (Fp8Switches) alone and
-#                    with all three ("-fused-scale", "-wt-from-codes", "-swiglu-grad-codes",
-#                    "-optin-all" in the bench name), the default path's line first: old and new
-#                    in one call on one card; the breakdown then runs with all three too
+#   MT_FP8_OPTIN=1   tensorwise also with each switch of model/fp8.h (Fp8Switches) flipped from its
+#                    default ("-no-fused-scale", "-no-wt-from-codes", "-swiglu-grad-codes" in the
+#                    bench name), the default path's line first: old and new in one call on one
+#                    card; the breakdown then also runs with the two default-on switches off
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 source bench/llama_1_5b.sh
@@ -73,13 +73,11 @@ for recipe in ${MT_FP8_RECIPES:-delayed tensorwise}; do
   [ "${MT_FP8_AB:-0}" = 1 ] && MT_FP8_UNFUSED=1 run "fp8-$recipe-unfused" $(fp8_args "$recipe")
   if [ "${MT_FP8_OPTIN:-0}" = 1 ] && [ "$recipe" = tensorwise ]; then
     # shellcheck disable=SC2046
-    MT_FP8_FUSED_SCALE=1 run "fp8-$recipe-fused-scale" $(fp8_args "$recipe")
+    MT_FP8_FUSED_SCALE=0 run "fp8-$recipe-no-fused-scale" $(fp8_args "$recipe")
     # shellcheck disable=SC2046
-    MT_FP8_WT_FROM_CODES=1 run "fp8-$recipe-wt-from-codes" $(fp8_args "$recipe")
+    MT_FP8_WT_FROM_CODES=0 run "fp8-$recipe-no-wt-from-codes" $(fp8_args "$recipe")
     # shellcheck disable=SC2046
     MT_FP8_SWIGLU_GRAD_CODES=1 run "fp8-$recipe-swiglu-grad-codes" $(fp8_args "$recipe")
-    # shellcheck disable=SC2046
-    MT_FP8_FUSED_SCALE=1 MT_FP8_WT_FROM_CODES=1 MT_FP8_SWIGLU_GRAD_CODES=1 run "fp8-$recipe-optin-all" $(fp8_args "$recipe")
   fi
 done
 # Where the time goes, bf16 and the faster FP8 recipe (CUDA events cost a few percent: own runs).
@@ -93,8 +91,7 @@ if [ -n "$best" ]; then
   grep "time breakdown" "$OUT/fp8-$best-timed.txt" | tail -1 | sed "s/^/fp8 $best: /"
   if [ "${MT_FP8_OPTIN:-0}" = 1 ] && [ "$best" = tensorwise ]; then
     # shellcheck disable=SC2046
-    MT_FP8_FUSED_SCALE=1 MT_FP8_WT_FROM_CODES=1 MT_FP8_SWIGLU_GRAD_CODES=1 \
-      run "fp8-$best-optin-all-timed" $(fp8_args "$best") --log-op-breakdown >/dev/null
-    grep "time breakdown" "$OUT/fp8-$best-optin-all-timed.txt" | tail -1 | sed "s/^/fp8 $best opt-in all: /"
+    MT_FP8_FUSED_SCALE=0 MT_FP8_WT_FROM_CODES=0 run "fp8-$best-switches-off-timed" $(fp8_args "$best") --log-op-breakdown >/dev/null
+    grep "time breakdown" "$OUT/fp8-$best-switches-off-timed.txt" | tail -1 | sed "s/^/fp8 $best switches off: /"
   fi
 fi

@@ -5,9 +5,9 @@
 #   copy_bandwidth  measured device-to-device copy rate (read + write bytes/s)
 #   decode_batch1   tokens/s at batch 1 and fraction_of_bound: the HBM bound is (weight bytes +
 #                   KV cache bytes read per token) / the measured copy rate (target >= 0.70);
-#                   the graphed GEMV run four times, "path": "default", "fused" (the opt-in decode
-#                   kernels, MT_DECODE_FUSED=1), "arena" (the graph's temporaries in an arena: no
-#                   memory nodes, MT_DECODE_ARENA=1) and "fused+arena", each opt-in run with
+#                   the graphed GEMV run three times, "path": "default" (the decode kernels),
+#                   "general" (MT_DECODE_FUSED=0) and "default+arena" (the graph's temporaries in
+#                   an arena: no memory nodes, MT_DECODE_ARENA=1), each variant with
 #                   "same_tokens" (its greedy ids equal the default run's)
 #   decode_batch64  generated tokens/s with 64 requests at once
 #   ttft_2048       ms to the first token of a 2,048-token prompt

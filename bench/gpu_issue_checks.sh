@@ -28,9 +28,9 @@
 #   fp8pg     #23: llama-1.5b DP=2 dist-opt bf16 / FP8 / FP8 with --fp8-param-gather (2 GPUs)
 #   optests   #18 / #22: the GPU tests of the opt-in paths not yet run on a GPU (FP8 cast switches,
 #             decode kernels, the decode graph arena) and of what they replace
-#   fp8optin  #18: bf16, tensorwise, and tensorwise with each opt-in cast switch and all three
+#   fp8optin  #18: bf16, tensorwise, and tensorwise with each cast switch flipped from its default
 #             (MT_FP8_OPTIN=1 bench/gpu_fp8_bench.sh), 8 iterations
-#   genopt    #22: batch-1 decode, graphs only: default / fused / arena / fused+arena, with each
+#   genopt    #22: batch-1 decode, graphs only: default / general / default+arena, with each
 #             graph's node census (memory nodes, programmatic edges); no HF anchor
 # Every part's log stays in /tmp/mt_logs; $OUT gets summary.txt and logs.tar.gz (two files: the
 # device tool returns at most 8). Run: bash bench/gpu_issue_checks.sh build,tests,longseq,...

@@ -59,7 +59,7 @@ class ModelRunner {
   int64_t vocab() const { return vocab_; }
   const model::GPTModel& model() const { return m_; }
   bool cuda_graphs() const { return graphs_on_; }
-  bool decode_kernels() const { return decode_kernels_; }  // MT_DECODE_FUSED=1 at construction
+  bool decode_kernels() const { return decode_kernels_; }  // unless MT_DECODE_FUSED=0 at construction
   bool graph_arena() const { return arena_; }                // MT_DECODE_ARENA=1 at construction
   int64_t graph_replays() const { return replays_; }
 
@@ -90,7 +90,7 @@ class ModelRunner {
   model::RopeTables rope_;                 // host tables for positions 0..max_len-1 (RoPE models)
   bool graphs_on_ = false;
   bool gemv_ = true;
-  bool decode_kernels_ = false;  // MT_DECODE_FUSED=1 (the constructor says why)
+  bool decode_kernels_ = true;  // unless MT_DECODE_FUSED=0 (the constructor says why)
   bool arena_ = false;           // the decode graphs' temporaries in a DeviceArena (MT_DECODE_ARENA=1)
   int64_t replays_ = 0;
   std::map<int64_t, std::unique_ptr<Graph>> graphs_;  // per row count

@@ -199,20 +199,22 @@ void set_fp8_producer_amax(bool on);
 // The casts that took their amax or their codes from a producer, since the process started (tests).
 int64_t fp8_producer_fusions();
 
-// Opt-in changes to the GPU path's casts (issue #18), each giving the default path's bits; off by
-// default until measured on a GPU (bench/gpu_fp8_bench.sh MT_FP8_OPTIN=1 runs each). Read from the
-// environment once ("1" turns one on); tests set them with set_fp8_switches.
-//   MT_FP8_FUSED_SCALE=1: under current scaling the cast kernel computes the scale from the amax
-//     and writes the scale, its copy and inverse itself: one launch per cast, not three
-//     (fp8_current_scale and fp8_snapshot_scale were one-thread kernels around every cast).
-//   MT_FP8_WT_FROM_CODES=1: the data gradient's transposed weight is the transpose of the step's
-//     cached weight codes (1 byte read per element), not a re-cast of the bf16 weight (2 bytes).
-//   MT_FP8_SWIGLU_GRAD_CODES=1: under current scaling SwiGLU's backward takes the amax of linear_fc1's
-//     output gradient in a pass that stores nothing, then writes its FP8 codes (and transpose)
-//     itself from dy and h, as under delayed scaling: the gradient never stored in bf16 nor
-//     read back (256 MiB each way per llama-1.5b layer and micro-batch).
+// Changes to the GPU path's casts (issue #18), each giving the default path's bits. Read from the
+// environment once; tests set them with set_fp8_switches. Measured on an H200 (session 16, 8
+// iterations of llama-1.5b tensorwise: bench/gpu_fp8_bench.sh MT_FP8_OPTIN=1 A/Bs each):
+//   MT_FP8_FUSED_SCALE (on; "0" turns it off, +0.4%): under current scaling the cast kernel
+//     computes the scale from the amax and writes the scale, its copy and inverse itself: one
+//     launch per cast, not three (fp8_current_scale and fp8_snapshot_scale were one-thread kernels
+//     around every cast).
+//   MT_FP8_WT_FROM_CODES (on; "0" turns it off, +0.4%): the data gradient's transposed weight is
+//     the transpose of the step's cached weight codes (1 byte read per element), not a re-cast of
+//     the bf16 weight (2 bytes).
+//   MT_FP8_SWIGLU_GRAD_CODES (off; "1" turns it on, -1.5%: its amax-only pass costs more than the
+//     bf16 round trip it saves): under current scaling SwiGLU's backward takes the amax of
+//     linear_fc1's output gradient in a pass that stores nothing, then writes its FP8 codes (and
+//     transpose) itself from dy and h, as under delayed scaling.
 struct Fp8Switches {
-  bool fused_scale = false, wt_from_codes = false, swiglu_grad_codes = false;
+  bool fused_scale = false, wt_from_codes = false, swiglu_grad_codes = false;  // {}: every switch off
 };
 Fp8Switches fp8_switches();
 void set_fp8_switches(const Fp8Switches& s);

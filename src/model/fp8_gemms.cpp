@@ -108,8 +108,14 @@ bool env_on(const char* name) {
 // MT_FP8_UNFUSED=1: every cast finds its amax itself (the A/B switch of the producer fusion).
 std::atomic<bool> producer_amax_on{!env_on("MT_FP8_UNFUSED")};
 
-// The opt-in switches (model/fp8.h, Fp8Switches), read once at start-up.
-std::atomic<bool> fused_scale_on{env_on("MT_FP8_FUSED_SCALE")}, wt_from_codes_on{env_on("MT_FP8_WT_FROM_CODES")},
+// "0" turns a default-on switch off; anything but "0" turns an opt-in one on.
+bool env_off(const char* name) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == "0";
+}
+
+// The switches (model/fp8.h, Fp8Switches), read once at start-up.
+std::atomic<bool> fused_scale_on{!env_off("MT_FP8_FUSED_SCALE")}, wt_from_codes_on{!env_off("MT_FP8_WT_FROM_CODES")},
     swiglu_grad_codes_on{env_on("MT_FP8_SWIGLU_GRAD_CODES")};
 
 }  // namespace

@@ -1,9 +1,10 @@
-// The opt-in decode kernels (ops::DecodeKernels, MT_DECODE_FUSED=1; issue #22) against the CPU
-// references and against the default GPU kernels, and the decode graphs' arena (MT_DECODE_ARENA=1). Labelled gpu (test names *Gpu*).
+// The decode kernels (ops::DecodeKernels, the default since session 16; MT_DECODE_FUSED=0 turns
+// them off; issue #22) against the CPU references and against the general GPU kernels, and the
+// decode graphs' arena (MT_DECODE_ARENA=1). Labelled gpu (test names *Gpu*).
 //   argmax_rows: exact (the same max-then-lowest-index rule, any scan order gives the same id).
 //   cached_attention: within 2e-2 of the CPU's fp32 result, the default kernel's tolerance (the
 //   output is rounded to bf16, |out| <= 1; fp32 sums in another order than the default kernel's).
-//   The engine: the same greedy tokens as the default kernels (as GEMV vs cuBLASLt: differences
+//   The engine: the same greedy tokens as the general kernels (as GEMV vs cuBLASLt: differences
 //   only in fp32 summation order).
 #include <gtest/gtest.h>
 
@@ -117,8 +118,8 @@ std::vector<inference::Request> three_requests(int64_t V, uint32_t seed) {
   return reqs;
 }
 
-// The engine's greedy tokens for `reqs` with the opt-in switch `env` (read when the runner is
-// built) set to 1 equal those without it, at batch 1 and 3, eager (unless graphs_only) and graphed.
+// The engine's greedy tokens for `reqs` with the switch `env` (read when the runner is built) set
+// to 1 equal those with it set to 0, at batch 1 and 3, eager (unless graphs_only) and graphed.
 void expect_same_tokens_with(const char* env, model::GPTModel& m, const std::vector<inference::Request>& reqs,
                              bool graphs_only, const std::string& what) {
   for (const bool graphs : {false, true}) {
@@ -127,7 +128,7 @@ void expect_same_tokens_with(const char* env, model::GPTModel& m, const std::vec
       inference::EngineOptions o;
       o.max_batch = batch;
       o.cuda_graphs = graphs;
-      unsetenv(env);
+      setenv(env, "0", 1);
       const auto want = run_engine(m, reqs, o);
       setenv(env, "1", 1);
       const auto got = run_engine(m, reqs, o);
@@ -139,9 +140,9 @@ void expect_same_tokens_with(const char* env, model::GPTModel& m, const std::vec
   }
 }
 
-// The engine with each opt-in switch against the defaults: the same greedy tokens, one request
-// at a time and batched. MT_DECODE_FUSED=1 (other kernels) eager and graphed; MT_DECODE_ARENA=1
-// (the same kernels; only the buffers' addresses differ) where it applies, graphed.
+// The engine with each switch on and off: the same greedy tokens, one request at a time and
+// batched. MT_DECODE_FUSED (other kernels) eager and graphed; MT_DECODE_ARENA (the same kernels;
+// only the buffers' addresses differ) where it applies, graphed.
 TEST(DecodeKernelsGpu, EngineTokensEqualWithEachOptInSwitch) {
   MT_REQUIRE_GPU();
   for (const std::string& f : {std::string("llama"), std::string("qwen3"), std::string("gpt2")}) {
@@ -155,12 +156,15 @@ TEST(DecodeKernelsGpu, EngineTokensEqualWithEachOptInSwitch) {
     setenv("MT_DECODE_FUSED", "1", 1);
     setenv("MT_DECODE_ARENA", "1", 1);
     inference::ModelRunner opted(m, 1, 32, true);
-    unsetenv("MT_DECODE_FUSED");
+    setenv("MT_DECODE_FUSED", "0", 1);
     unsetenv("MT_DECODE_ARENA");
+    inference::ModelRunner general(m, 1, 32, true);
+    unsetenv("MT_DECODE_FUSED");
     inference::ModelRunner dflt(m, 1, 32, true);
     EXPECT_TRUE(opted.decode_kernels());
     EXPECT_TRUE(opted.graph_arena());
-    EXPECT_FALSE(dflt.decode_kernels());
+    EXPECT_FALSE(general.decode_kernels());
+    EXPECT_TRUE(dflt.decode_kernels());  // the decode kernels are the default (session 16)
     EXPECT_FALSE(dflt.graph_arena());
   }
 }
@@ -170,8 +174,8 @@ TEST(DecodeKernelsGpu, EngineTokensEqualWithEachOptInSwitch) {
 // (the same kernels on other addresses), also after the inputs change.
 TEST(DecodeArenaGpu, CaptureWithoutMemoryNodesReplaysTheEagerResult) {
   MT_REQUIRE_GPU();
-  Tensor x = to_gpu(random_bf16_values({64, 250}, 5));
-  Tensor out = Tensor::zeros({64, 250}, DType::BF16, Device::CUDA);
+  Tensor x = to_gpu(random_bf16_values({64, 251}, 5));
+  Tensor out = Tensor::zeros({64, 251}, DType::BF16, Device::CUDA);
   auto step = [&] {  // out = 4 x, through two temporaries
     Tensor t = Tensor::empty(x.shape(), x.dtype(), x.device());
     ops::copy_into(t, x);
@@ -182,7 +186,7 @@ TEST(DecodeArenaGpu, CaptureWithoutMemoryNodesReplaysTheEagerResult) {
     ops::copy_into(out, u);
   };
   const int64_t bytes = ops::DeviceArena::tally(step);
-  EXPECT_EQ(bytes, 2 * 32256);  // 64 x 250 x 2 = 32000 bytes, rounded up to 256
+  EXPECT_EQ(bytes, 2 * 32256);  // 64 x 251 x 2 = 32128 bytes, rounded up to 256
   const Tensor want = from_gpu(out);
 
   ops::StreamGraph pooled;
