@@ -25,6 +25,7 @@
 #   dp4 l8b4 l8b4fp8 moe4   #24: bench/gpu_dist_bench.sh's 4-GPU parts (weak scaling, llama-8b layouts, moe-2b EP)
 #   dp8 l8b8 l8b8fp8 moe8 big30b   #25: its 8-GPU parts (weak scaling, llama-8b layouts, a 12.7B MoE, a 28.6B Llama)
 #   kprof     #22 / #17: bench/gpu_kernel_profile.sh decode moe (ncu kernel times: decode tokens, one MoE step)
+#   kprofdec  #22: the decode profile alone, with each kernel per grid (shape): time, DRAM bytes, GB/s
 #   fp8pg     #23: llama-1.5b DP=2 dist-opt bf16 / FP8 / FP8 with --fp8-param-gather (2 GPUs)
 #   optests   #18 / #22: the GPU tests of the opt-in paths not yet run on a GPU (FP8 cast switches,
 #             decode kernels, the decode graph arena) and of what they replace
@@ -50,7 +51,7 @@ part() {  # part NAME SECONDS COMMAND...: runs it with a bound, its output kept,
   local t0; t0=$(date +%s)
   timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
   say "== $name: rc $? in $(( $(date +%s) - t0 )) s"
-  grep -E '^\{|passed|failed|Failed|error|speedup|breakdown|overlap:|of 2x|scaling|estimated|kernels,|^  +[0-9.]+%|held-out|iteration 1[01] |loss|decode graph at' "$OUT/$name.log" | tail -25 | tee -a "$S"
+  grep -E '^\{|passed|failed|Failed|error|speedup|breakdown|overlap:|of 2x|scaling|estimated|kernels,|^  +[0-9.]+%|held-out|iteration 1[01] |loss|decode graph at|^  x[0-9]' "$OUT/$name.log" | tail -25 | tee -a "$S"
 }
 say "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | tr -s ' '), commit $MT_COMMIT"
 for p in ${PARTS//,/ }; do
@@ -83,6 +84,7 @@ for p in ${PARTS//,/ }; do
     dp4|l8b4|l8b4fp8|moe4|dp8|l8b8|l8b8fp8) MT_RUN_TIMEOUT=300 part "$p" 900 bash bench/gpu_dist_bench.sh "$p" ;;
     moe8|big30b) MT_RUN_TIMEOUT=540 part "$p" 600 bash bench/gpu_dist_bench.sh "$p" ;;
     kprof) part kprof 600 bash bench/gpu_kernel_profile.sh decode moe ;;
+    kprofdec) part kprofdec 300 bash -c "bash bench/gpu_kernel_profile.sh decode | tail -32" ;;
     fp8pg) MT_SKIP_LLAMA8=1 MT_RUN_TIMEOUT=200 part fp8pg 400 bash bench/gpu_dist_bench.sh fp8 ;;
     optests) part optests 400 bash -c "cd $B && ctest -L gpu -R 'Fp8|BackendOps|Decode|InferenceGpu|KvCache' --output-on-failure" ;;
     fp8optin) MT_BENCH_ITERS=8 MT_FP8_RECIPES=tensorwise MT_FP8_OPTIN=1 part fp8optin 500 bash bench/gpu_fp8_bench.sh ;;

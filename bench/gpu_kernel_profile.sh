@@ -47,6 +47,27 @@ for key, us in tot.most_common(25):
     print(f"  {100 * us / total:5.1f}%  {us / 1e3:9.3f} ms  x{cnt[key]:<6d} {key}")
 print(json.dumps({"bench": f"kernel-profile-{name}", "kernels": sum(cnt.values()), "kernel_ms": round(total / 1e3, 3),
                   "top": [[key, round(100 * us / total, 1)] for key, us in tot.most_common(8)], "commit": commit}))
+# With the grid size and the DRAM bytes read (the decode capture asks for them): each kernel per
+# grid, i.e. per shape (a GEMV's grid is its output width), with its mean time and the bandwidth
+# it reached, so that the slow shapes show (issue #22: which GEMVs sit below the bound).
+if "launch__grid_size" in cols and "dram__bytes_read.sum" in cols:
+    g, d = cols.index("launch__grid_size"), cols.index("dram__bytes_read.sum")
+    bunit = rows[head + 1][d]
+    bscale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}.get(bunit, 1)
+    us_by, b_by, n_by = collections.Counter(), collections.Counter(), collections.Counter()
+    for r in rows[head + 2:]:
+        try:
+            v, b = float(r[t].replace(",", "")) * scale, float(r[d].replace(",", "")) * bscale
+        except (ValueError, IndexError):
+            continue
+        key = (r[k].split("(")[0].strip()[:60], r[g])
+        us_by[key] += v
+        b_by[key] += b
+        n_by[key] += 1
+    print(f"{name} by kernel and grid: count, mean us, mean MB read, GB/s (DRAM read / kernel time)")
+    for key, us in us_by.most_common(20):
+        n = n_by[key]
+        print(f"  x{n:<5d} {us / n:8.2f} us {b_by[key] / n / 1e6:9.2f} MB {b_by[key] / (us * 1e3):8.1f} GB/s  grid {key[1]:>7s}  {key[0]}")
 EOF
 }
 
@@ -60,7 +81,7 @@ for what in "${@:-decode moe}"; do
       # (MT_PROF_SKIP / MT_PROF_COUNT move it).
       # Clocks and caches as in a real run (ncu's defaults lock base clocks and flush the caches
       # before every kernel, which inflated each small decode kernel and every GEMV's L2 prefetch).
-      timeout 400 "$NCU" --metrics gpu__time_duration.sum --csv --page raw \
+      timeout 400 "$NCU" --metrics gpu__time_duration.sum,launch__grid_size,dram__bytes_read.sum --csv --page raw \
         --clock-control none --cache-control none --launch-skip "${MT_PROF_SKIP:-3000}" --launch-count "${MT_PROF_COUNT:-2000}" \
         "$GB" --prompt 128 --new 64 --batch 1 --ttft-prompt 0 \
         >"$OUT/profile_decode.csv" 2>"$OUT/profile_decode.err"
