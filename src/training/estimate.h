@@ -4,7 +4,7 @@
 // ParamStore's flat buffers, the tensors each module's Saved keeps between forward and backward,
 // the pipeline schedule's in-flight passes), so it predicts the trainer's "peak GPU memory" line
 // rather than a generic transformer formula; tests/training/estimate_test.cpp holds it to the
-// peaks measured in BENCHMARKS.md.
+// peaks measured in BENCHMARKS.md, estimate_fp8_test.cpp its FP8 part (training/estimate_fp8.h).
 #include <cstdint>
 #include <string>
 #include <vector>
