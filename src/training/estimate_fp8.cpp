@@ -27,7 +27,7 @@ struct Gemm {
 
 // A rank's share of one MLP's two linears (dense, or an MoE layer's shared expert) of width f.
 // `input_elsewhere`: the MLP's input stays saved by someone else (the MoE router), so fc1's codes
-// replace nothing.
+// replace nothing. `nothing_saved`: the MLP's Saved is dropped anyway (--recompute-modules moe).
 void add_mlp(std::vector<Gemm>& g, const Arguments& a, const Dims& d, int64_t rows, int64_t f, bool input_elsewhere,
              bool nothing_saved) {
   const auto& c = a.model;
@@ -72,7 +72,8 @@ std::vector<Gemm> layer_gemms(const Arguments& a, const Dims& d, int64_t layer) 
   const int64_t local = m.num_experts / a.expert_model_parallel_size;
   // Routed rows per local expert on average (the dispatch's rows over the rank's experts); used
   // for the emulation's transient read-back copies only.
-  const int64_t expert_rows = static_cast<int64_t>(d.tsp * static_cast<double>(m.topk) * d.etp / static_cast<double>(local));
+  const double routed = d.tsp * static_cast<double>(m.topk) * d.etp;
+  const int64_t expert_rows = static_cast<int64_t>(routed / static_cast<double>(local));
   const int64_t f = m.moe_ffn_hidden_size / etp;
   g.push_back({.in = h, .out = (c.swiglu ? 2 : 1) * f, .rows = expert_rows, .count = local, .bias = c.add_bias_linear,
                .expert = true});

@@ -39,7 +39,8 @@ struct Fp8LayerBytes {
 // `recomputed`: the layer sits in a full-recomputation group (its first forward keeps no codes,
 // its rebuild re-casts the inputs: input_codes then count in the rebuild only). `real_gemms`: whether the device runs the cuBLASLt path
 // (the GPU; tests set it for the CPU reference of that path, as Fp8Store::real_gemms_on_cpu).
-Fp8LayerBytes fp8_layer_bytes(const Arguments& a, int64_t layer, bool gpu, bool recomputed, bool real_gemms);
+Fp8LayerBytes fp8_layer_bytes(const Arguments& a, int64_t layer, bool gpu, bool recomputed,
+                              bool real_gemms);
 
 // cuBLASLt's FP8 handle workspace (kernels/cuda/fp8_lt.h), cudaMalloc'd once per process outside
 // the tensor pool: 0 without FP8 or off the GPU.
