@@ -4,7 +4,7 @@
 // ParamStore's flat buffers, the tensors each module's Saved keeps between forward and backward,
 // the pipeline schedule's in-flight passes), so it predicts the trainer's "peak GPU memory" line
 // rather than a generic transformer formula; tests/training/estimate_test.cpp holds it to the
-// peaks measured in BENCHMARKS.md.
+// peaks measured in BENCHMARKS.md, estimate_fp8_test.cpp its FP8 part (training/estimate_fp8.h).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -39,9 +39,18 @@ struct StageMemory {
   double logits = 0;                  // the head's logits (and their gradient) at the peak
   double workspace = 0;               // transient buffers of the backward at the peak
   double layer_activation = 0;        // one layer, one micro-batch (for the report)
+  // FP8 (--fp8-format; training/estimate_fp8.h), all zero without it. Kept for the whole run:
+  double fp8_weights = 0;           // weight codes cached per step (--fp8-param-gather: its buffers)
+  double fp8_emulated_weights = 0;  // emulated linears' quantized weights, read back and cached per step
+  double fp8_state = 0;             // amax histories, scales
+  // Parts of `activations` and `workspace` (already counted there), for the report:
+  double fp8_input_codes = 0;     // the transposed input codes (and scales) the passes in flight keep
+  double fp8_inputs_dropped = 0;  // the bf16 inputs those codes replace (not in activations)
+  double fp8_backward = 0;        // the backward's casts (output gradient codes, transposed weight)
 
   double states() const { return weights + main_params + grads + optimizer; }
-  double pool_peak() const { return states() + activations + logits + workspace; }
+  double fp8_persistent() const { return fp8_weights + fp8_emulated_weights + fp8_state; }
+  double pool_peak() const { return states() + fp8_persistent() + activations + logits + workspace; }
 };
 
 // One communication group's traffic per training step, per rank (bytes this rank sends).
@@ -61,6 +70,7 @@ struct Estimate {
   // cuDNN's deterministic attention backward: a B*Hq*S*S*2-byte workspace (one layer at a time),
   // drawn from the pool but outside the tensor peak line. 0 where the flash kernels run instead.
   double attention_workspace = 0;
+  double fp8_gemm_workspace = 0;  // cuBLASLt's FP8 handle workspace (cudaMalloc'd, outside the pool)
   double slack_fraction = 0;      // allocator fragmentation allowance (see slack())
   std::vector<CommVolume> comm;   // for the busiest pipeline rank
   double flops_per_step = 0;      // model FLOPs of one global batch (Megatron's formula)
@@ -69,7 +79,9 @@ struct Estimate {
   // peak (stream-ordered pool); on the CPU a share of the activations and workspaces, the many
   // mid-sized blocks glibc's heap keeps mapped after they are freed.
   double slack(const StageMemory& s) const;
-  double needed(const StageMemory& s) const { return s.pool_peak() + slack(s) + outside_pool + attention_workspace; }
+  double needed(const StageMemory& s) const {
+    return s.pool_peak() + slack(s) + outside_pool + attention_workspace + fp8_gemm_workspace;
+  }
   // The stage needing the most, and what one GPU (or the host) needs for it.
   const StageMemory& peak_stage() const;
   double needed_bytes() const { return needed(peak_stage()); }

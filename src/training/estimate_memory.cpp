@@ -8,33 +8,11 @@
 #include "parallel/pipeline_layout.h"
 #include "parallel/schedule.h"
 #include "training/estimate.h"
+#include "training/estimate_dims.h"
+#include "training/estimate_fp8.h"
 
 namespace mt::estimate {
 namespace {
-
-// The sizes every formula below uses, for one micro-batch on one rank.
-struct Dims {
-  double t = 0;    // tokens a rank's attention and MLP GEMMs see: micro-batch x seq / CP
-  double tsp = 0;  // tokens of the residual stream on a rank: t / TP under sequence parallelism
-  double e = 2;    // bytes of a stored activation (bf16/fp16 on the GPU; the CPU stores fp32)
-  double h = 0, tp = 1, etp = 1, ep = 1;
-  bool gpu = true;
-};
-
-Dims dims_of(const Arguments& a, bool gpu) {
-  Dims d;
-  d.gpu = gpu;
-  d.tp = static_cast<double>(a.tensor_model_parallel_size);
-  d.ep = static_cast<double>(a.expert_model_parallel_size);
-  d.etp = static_cast<double>(a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size
-                                                                : a.tensor_model_parallel_size);
-  d.t = static_cast<double>(a.micro_batch_size) * static_cast<double>(a.model.seq_length) /
-        static_cast<double>(a.context_parallel_size);
-  d.tsp = a.sequence_parallel ? d.t / d.tp : d.t;
-  d.e = gpu ? 2.0 : 4.0;
-  d.h = static_cast<double>(a.model.hidden_size);
-  return d;
-}
 
 // Query heads and key/value groups of one TP rank (Megatron replicates a group over TP / G
 // ranks when TP > G).
@@ -141,9 +119,13 @@ HeadBytes head_bytes(const Arguments& a, const Dims& d) {
 }
 
 // Activations one pass of a chunk of `n` layers (from global index `first`) keeps, with full
-// recomputation applied, and the extra bytes its backward rebuilds at once.
+// recomputation applied, and the extra bytes its backward rebuilds at once. `fp8` sums the
+// chunk's FP8 bytes: the persistent ones over its layers, the per-pass ones as one pass keeps
+// them (input codes of the layers that keep their activations), the backward's the largest.
 struct ChunkBytes {
   double kept = 0, rebuild = 0, workspace = 0;
+  double workspace_without_fp8 = 0;  // the same without FP8's backward casts (for the report)
+  Fp8LayerBytes fp8;
 };
 ChunkBytes chunk_bytes(const Arguments& a, const Dims& d, int64_t first, int64_t n) {
   const auto& c = a.model;
@@ -154,8 +136,24 @@ ChunkBytes chunk_bytes(const Arguments& a, const Dims& d, int64_t first, int64_t
   for (int64_t j = 0; j < n; ++j) {
     const int64_t l = first + j;
     const bool moe = c.moe.is_moe_layer(l);
-    const double full = layer_activation_bytes(a, l, d.gpu);
-    cb.workspace = std::max(cb.workspace, layer_backward_workspace(a, d, moe));
+    // configure_recompute's groups: uniform recomputes every layer, block the first N.
+    const bool recomputed = c.recompute_full() && (c.recompute_method == "uniform" || j < N);
+    const Fp8LayerBytes f = fp8_layer_bytes(a, l, d.gpu, recomputed, d.gpu);
+    cb.fp8.weight_codes += f.weight_codes;
+    cb.fp8.emulated_weights += f.emulated_weights;
+    cb.fp8.state += f.state;
+    cb.fp8.pass_scales += f.pass_scales;
+    cb.fp8.backward = std::max(cb.fp8.backward, f.backward);
+    cb.kept += f.pass_scales;
+    // What the layer keeps when it keeps its activations (FP8: input codes for bf16 inputs).
+    const double full = layer_activation_bytes(a, l, d.gpu) + f.codes_for_inputs();
+    const double ws = layer_backward_workspace(a, d, moe);
+    cb.workspace = std::max(cb.workspace, ws + f.backward);
+    cb.workspace_without_fp8 = std::max(cb.workspace_without_fp8, ws);
+    if (!recomputed) {
+      cb.fp8.input_codes += f.input_codes;
+      cb.fp8.inputs_dropped += f.inputs_dropped;
+    }
     if (!c.recompute_full()) {
       cb.kept += full;
       // Selective recomputation rebuilds one layer's core output in its backward.
@@ -182,33 +180,40 @@ ChunkBytes chunk_bytes(const Arguments& a, const Dims& d, int64_t first, int64_t
 }
 
 // Passes (micro-batch, chunk) holding activations at once on pipeline rank r, by walking its
-// schedule (1F1B: PP - r; interleaved: Megatron's warm-up + 1), weighted by each chunk's bytes.
-// Returns the largest sum, and the passes it counts.
-std::pair<double, int64_t> in_flight(const Arguments& a, int r, const std::vector<double>& per_chunk) {
+// schedule (1F1B: PP - r; interleaved: Megatron's warm-up + 1), weighted by each chunk's bytes:
+// the largest sum, and how many passes of each chunk it counts.
+struct InFlight {
+  double bytes = 0;
+  int64_t passes = 0;
+  std::vector<int64_t> of_chunk;
+};
+InFlight in_flight(const Arguments& a, int r, const std::vector<double>& per_chunk) {
   const int pp = static_cast<int>(a.pipeline_model_parallel_size), vpp = static_cast<int>(per_chunk.size());
   const int64_t M = a.global_batch_size / (a.micro_batch_size * a.data_parallel_size);
   parallel::ScheduleSpec spec{.pp = pp, .vpp = vpp, .rank = r, .microbatches = M,
                               .group = a.microbatch_group_size_per_vp_stage};
+  InFlight best;
+  best.of_chunk.assign(per_chunk.size(), 0);
   // Walking the schedule is linear in M x VPP; beyond a million passes the steady state is
   // reached long before: warm-up + 1 passes of the largest chunk.
   if (M * vpp > (int64_t{1} << 20)) {
     const int64_t n = std::min(parallel::warmup_passes(spec) + 1, M * vpp);
-    return {static_cast<double>(n) * *std::max_element(per_chunk.begin(), per_chunk.end()), n};
+    const auto big = std::max_element(per_chunk.begin(), per_chunk.end());
+    best.bytes = static_cast<double>(n) * *big;
+    best.passes = n;
+    best.of_chunk[static_cast<size_t>(big - per_chunk.begin())] = n;
+    return best;
   }
-  double live = 0, best = 0;
-  int64_t count = 0, best_count = 0;
+  InFlight live = best;
   for (const parallel::Action& act : parallel::build_schedule(spec)) {
-    const double b = per_chunk[static_cast<size_t>(act.chunk)];
-    if (act.kind == parallel::Action::Forward) {
-      live += b;
-      ++count;
-      if (live > best) best = live, best_count = count;
-    } else {
-      live -= b;
-      --count;
-    }
+    const size_t k = static_cast<size_t>(act.chunk);
+    const int64_t step = act.kind == parallel::Action::Forward ? 1 : -1;
+    live.bytes += static_cast<double>(step) * per_chunk[k];
+    live.passes += step;
+    live.of_chunk[k] += step;
+    if (step > 0 && live.bytes > best.bytes) best = live;
   }
-  return {best, best_count};
+  return best;
 }
 
 }  // namespace
@@ -262,7 +267,8 @@ Estimate estimate(const Arguments& a, const Options& o) {
     s.head = r == layout.pp() - 1;
     int64_t params = 0, expert = 0;
     std::vector<double> per_chunk;
-    double rebuild = 0, workspace = 0;
+    std::vector<Fp8LayerBytes> fp8_chunk;
+    double rebuild = 0, workspace = 0, workspace_without_fp8 = 0;
     const auto chunks = layout.chunks(r);
     for (size_t ci = 0; ci < chunks.size(); ++ci) {
       const auto [b, en] = chunks[ci];
@@ -274,9 +280,17 @@ Estimate estimate(const Arguments& a, const Options& o) {
       }
       const ChunkBytes cb = chunk_bytes(a, d, b, en - b);
       per_chunk.push_back(cb.kept);
+      fp8_chunk.push_back(cb.fp8);
+      s.fp8_weights += cb.fp8.weight_codes;
+      s.fp8_emulated_weights += cb.fp8.emulated_weights;
+      s.fp8_state += cb.fp8.state;
       rebuild = std::max(rebuild, cb.rebuild);
       workspace = std::max(workspace, cb.workspace);
-      if (en > b) s.layer_activation = layer_activation_bytes(a, b, e.gpu);
+      workspace_without_fp8 = std::max(workspace_without_fp8, cb.workspace_without_fp8);
+      if (en > b) {
+        const Fp8LayerBytes f = fp8_layer_bytes(a, b, e.gpu, false, e.gpu);
+        s.layer_activation = layer_activation_bytes(a, b, e.gpu) + f.codes_for_inputs() + f.pass_scales;
+      }
     }
     const int64_t h = c.hidden_size, V = c.vocab_size / e.tp;
     if (s.embedding)
@@ -299,19 +313,26 @@ Estimate estimate(const Arguments& a, const Options& o) {
     const double dense_shards = a.use_distributed_optimizer ? static_cast<double>(e.dp * e.cp) : 1.0;
     const double expert_shards = a.use_distributed_optimizer ? static_cast<double>(e.edp) : 1.0;
     s.optimizer = state * ((n - ne) / dense_shards + ne / expert_shards);
-    const auto [act, passes] = in_flight(a, r, per_chunk);
-    s.in_flight = passes;
+    const InFlight live = in_flight(a, r, per_chunk);
+    s.in_flight = live.passes;
+    for (size_t k = 0; k < fp8_chunk.size(); ++k) {
+      const double passes = static_cast<double>(live.of_chunk[k]);
+      s.fp8_input_codes += passes * (fp8_chunk[k].input_codes + fp8_chunk[k].pass_scales);
+      s.fp8_inputs_dropped += passes * fp8_chunk[k].inputs_dropped;
+    }
     // At the peak: the passes in flight, then the next backward's transients. The head's
     // backward comes first (its logits still alive); a layer's backward comes after the logits
     // of that pass are freed, on top of what recomputation rebuilt for it. (Where an interleaved
     // schedule holds several passes of the head's chunk, the others' logits count under
     // activations.)
     const double kept_logits = s.head ? hb.kept : 0.0;
-    s.activations = act - kept_logits;
+    s.activations = live.bytes - kept_logits;
     s.logits = kept_logits;
-    const double layer_ws = rebuild + workspace;
-    s.workspace = std::max(s.head ? hb.transient : 0.0, layer_ws - kept_logits);
-    s.workspace = std::max(s.workspace, 0.0);
+    auto peak_workspace = [&](double layer_ws) {
+      return std::max({s.head ? hb.transient : 0.0, rebuild + layer_ws - kept_logits, 0.0});
+    };
+    s.workspace = peak_workspace(workspace);
+    s.fp8_backward = s.workspace - peak_workspace(workspace_without_fp8);
     e.stages.push_back(s);
   }
   if (e.gpu) {
@@ -324,6 +345,7 @@ Estimate estimate(const Arguments& a, const Options& o) {
     e.outside_pool = (0.6 + 0.3 * comms) * double(1 << 30);
     e.slack_fraction = 0.05;  // the stream-ordered pool's fragmentation
     e.attention_workspace = cudnn_attention_workspace(a, o);
+    e.fp8_gemm_workspace = fp8_gemm_workspace(a, e.gpu);
   } else {
     // The process itself (binary, libraries, OpenBLAS): the quickstart shape measured 677 MiB of
     // resident memory with a CPU-only build against 635 MiB of tensors here, and 831-867 MiB

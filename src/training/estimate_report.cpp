@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "training/estimate.h"
@@ -36,6 +37,24 @@ std::string describe_recompute(const Arguments& a) {
   return "none";
 }
 
+// The FP8 settings as the memory rows depend on them, e.g. "hybrid, tensorwise scaling, layers
+// 2-31 of 32 (the first and last in bf16), weights all-gathered as FP8 codes".
+std::string describe_fp8(const Arguments& a) {
+  const model::Fp8Config& f = a.model.fp8;
+  const int64_t L = a.model.num_layers;
+  int64_t first = -1, last = -1;
+  for (int64_t l = 0; l < L; ++l)
+    if (f.layer_in_fp8(l, L)) {
+      if (first < 0) first = l;
+      last = l;
+    }
+  std::string layers = first < 0 ? "no layer" : fmt::format("layers {}-{} of {}", first + 1, last + 1, L);
+  if (first >= 0 && (first > 0 || last < L - 1)) layers += " (the others in bf16)";
+  return fmt::format("{}, {} scaling, {}{}{}", f.hybrid ? "hybrid (E4M3 forward, E5M2 gradients)" : "e4m3",
+                     model::fp8_recipe_name(f.recipe), layers, f.wgrad ? "" : ", bf16 weight gradients",
+                     f.param_gather ? ", weights all-gathered as FP8 codes" : "");
+}
+
 }  // namespace
 
 std::string report(const Arguments& a, const Estimate& e, const Options& o, const std::vector<Suggestion>& sugg) {
@@ -60,6 +79,7 @@ std::string report(const Arguments& a, const Estimate& e, const Options& o, cons
                    a.micro_batch_size, m.seq_length, a.global_batch_size, e.microbatches, e.microbatches == 1 ? "" : "es",
                    describe_recompute(a),
                    a.optimizer.type, a.use_distributed_optimizer ? " (distributed)" : ""));
+  if (m.fp8.enabled) line("fp8: " + describe_fp8(a));
   if (e.cp > 1)
     line("note: pretrain does not train with --context-parallel-size > 1 yet; this models Megatron's ring attention");
 
@@ -82,12 +102,28 @@ std::string report(const Arguments& a, const Estimate& e, const Options& o, cons
   row("grads (fp32 main grads)", [](const StageMemory& s) { return gib(s.grads); });
   row(a.use_distributed_optimizer ? "optimizer (sharded over DP)" : "optimizer state",
       [](const StageMemory& s) { return gib(s.optimizer); });
+  const bool fp8 = m.fp8.enabled;
+  if (fp8) {
+    row(a.model.fp8.param_gather ? "FP8 weight codes (gathered)" : "FP8 weight codes (per step)",
+        [](const StageMemory& s) { return gib(s.fp8_weights); });
+    if (std::any_of(e.stages.begin(), e.stages.end(), [](const StageMemory& s) { return s.fp8_emulated_weights > 0; }))
+      row("FP8 emulated weights", [](const StageMemory& s) { return gib(s.fp8_emulated_weights); });
+    row("FP8 scaling state (MiB)",
+        [](const StageMemory& s) { return fmt::format("{:.1f}", s.fp8_state / (1 << 20)); });
+  }
   row("activations", [](const StageMemory& s) { return gib(s.activations); });
   row("  passes in flight at the peak", [](const StageMemory& s) { return fmt::format("{}", s.in_flight); });
   row("  one layer, one micro-batch (MiB)",
       [](const StageMemory& s) { return fmt::format("{:.0f}", s.layer_activation / (1 << 20)); });
+  if (fp8) {
+    row("  FP8 input codes (x^T)", [](const StageMemory& s) { return gib(s.fp8_input_codes); });
+    row(fmt::format("  {} inputs not kept", prec), [](const StageMemory& s) {
+      return gib(s.fp8_inputs_dropped > 0 ? -s.fp8_inputs_dropped : 0.0);  // no "-0.00"
+    });
+  }
   row("logits and head", [](const StageMemory& s) { return gib(s.logits); });
   row("backward workspace", [](const StageMemory& s) { return gib(s.workspace); });
+  if (fp8) row("  of which FP8 casts", [](const StageMemory& s) { return gib(s.fp8_backward); });
   row(e.gpu ? "= tensor pool peak (*)" : "= tensors at the peak", [](const StageMemory& s) { return gib(s.pool_peak()); });
   row(e.gpu ? "+ allocator slack (5%)" : "+ heap slack (10% of activations)",
       [&e](const StageMemory& s) { return gib(e.slack(s)); });
@@ -95,6 +131,8 @@ std::string report(const Arguments& a, const Estimate& e, const Options& o, cons
       [&e](const StageMemory&) { return gib(e.outside_pool); });
   if (e.attention_workspace > 0)
     row("+ cuDNN attention backward workspace", [&e](const StageMemory&) { return gib(e.attention_workspace); });
+  if (e.fp8_gemm_workspace > 0)
+    row("+ cuBLASLt FP8 workspace", [&e](const StageMemory&) { return gib(e.fp8_gemm_workspace); });
   row("= needed", [&e](const StageMemory& s) { return gib(e.needed(s)); });
   if (e.stages.size() > stages.size())
     line(fmt::format("  (stages 2-{} hold what stage 1 holds, give or take their layer counts)", e.stages.size() - 3));

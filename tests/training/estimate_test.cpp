@@ -10,41 +10,22 @@
 #include "model/config.h"
 #include "model/gpt_model.h"
 #include "support/tiny_models.h"
+#include "training/estimate_args.h"
 
 namespace mt::estimate {
 namespace {
 
-using Args = std::vector<std::string>;
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+using namespace shapes;  // NOLINT(google-build-using-namespace): the shared shapes and run()
 
-Args operator+(Args a, const Args& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-// The bench scripts' shapes (bench/llama_1_5b.sh, bench/moe_2b.sh, bench/gpu_bench.sh,
-// bench/gpu_dist_bench.sh, bench/cpu_train_bench.sh) and the flags every GPU run adds.
-// A Llama-3-style model (GQA 8 groups, SwiGLU, RoPE base 500000, untied, the 128k vocabulary).
-Args llama(const char* layers, const char* hidden, const char* heads, const char* ffn, const char* seq, const char* mbs) {
-  return {"--num-layers", layers, "--hidden-size", hidden, "--num-attention-heads", heads, "--group-query-attention",
-          "--num-query-groups", "8", "--ffn-hidden-size", ffn, "--seq-length", seq, "--max-position-embeddings", seq,
-          "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--rotary-base", "500000",
-          "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--vocab-size", "128255",
-          "--micro-batch-size", mbs};
-}
-const Args kLlama15 = llama("16", "2048", "32", "8192", "2048", "4");
 const Args kMoE2b = kLlama15 + Args{"--num-experts", "8", "--moe-ffn-hidden-size", "2048", "--moe-router-topk", "2",
                                     "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-2",
                                     "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"};
-const Args kLlama8 = llama("32", "4096", "32", "14336", "4096", "1");
 const Args kGpt2 = {"--num-layers", "12", "--hidden-size", "768", "--num-attention-heads", "12", "--seq-length",
                     "1024", "--max-position-embeddings", "1024", "--vocab-size", "50257", "--micro-batch-size", "16",
                     "--global-batch-size", "16"};
 const Args kGpt2XL = {"--num-layers", "48", "--hidden-size", "1600", "--num-attention-heads", "25", "--seq-length",
                       "1024", "--max-position-embeddings", "1024", "--vocab-size", "50257", "--micro-batch-size", "8",
                       "--global-batch-size", "8"};
-const Args kGpu = {"--bf16", "--device", "cuda", "--attention-dropout", "0", "--hidden-dropout", "0", "--lr", "1e-4",
-                   "--clip-grad", "1.0"};
 const Args kCpuBench = {"--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "8",
                         "--group-query-attention", "--num-query-groups", "4", "--ffn-hidden-size", "384",
                         "--seq-length", "128", "--max-position-embeddings", "128", "--normalization", "RMSNorm",
@@ -52,26 +33,6 @@ const Args kCpuBench = {"--num-layers", "4", "--hidden-size", "128", "--num-atte
                         "--untie-embeddings-and-output-weights", "--attention-dropout", "0.0", "--hidden-dropout",
                         "0.0", "--vocab-size", "50257", "--micro-batch-size", "8", "--global-batch-size", "16",
                         "--device", "cpu"};
-
-Arguments run_args(const Args& argv, int64_t world, const Options& base = {}) {
-  Arguments a = parse_pretrain_args(argv, "estimate", {});
-  Options o = base;
-  o.world_size = world;
-  return validated(a, o, a.tokenizer.vocab_size);
-}
-
-Estimate run(const Args& argv, int64_t world = 1, const Options& o = {}) {
-  return estimate(run_args(argv, world, o), o);
-}
-
-// What the trainer's "peak GPU memory" line reports: rank 0's tensor pool (the log line is
-// printed by global rank 0, the first pipeline stage). Until d8fa4fc (session 9) the GPU AdamW
-// took its moments with raw cudaMalloc, outside the pool, so rows measured before it read the
-// pool without the optimizer state (BENCHMARKS.md, session 9: 36.44 against 25.27 GiB).
-double logged_peak_gib(const Estimate& e, bool moments_in_pool) {
-  const StageMemory& s = e.stages.front();
-  return (s.pool_peak() - (moments_in_pool ? 0.0 : s.optimizer)) / kGiB;
-}
 
 void expect_within_10pct(double estimate_gib, double measured_gib, const char* row) {
   EXPECT_NEAR(estimate_gib, measured_gib, 0.10 * measured_gib) << row;
@@ -350,6 +311,8 @@ TEST(Estimate, CommunicationVolumes) {
 
 namespace mt::estimate {
 namespace {
+
+using namespace shapes;  // NOLINT(google-build-using-namespace)
 
 // The per-layer model against the tensors a layer really keeps: a CPU forward of each shape,
 // TransformerLayer::saved_bytes of every layer (fp32 on the CPU, as the estimate's CPU bytes).
