@@ -3,7 +3,10 @@
 //   copy_bandwidth   device-to-device cudaMemcpy, measured here (read + write bytes per second)
 //   decode_batch1    decode tokens/s at batch 1, and the HBM bound: (weight bytes + KV cache bytes
 //                    read per token) / the measured copy bandwidth; eager, graphed with the
-//                    linears on cuBLASLt, graphed on the small-row GEMV (the engine's default)
+//                    linears on cuBLASLt, graphed on the small-row GEMV (the engine's default);
+//                    graphed lines add graph_gpu_ms_per_token (the decode graph replayed 200
+//                    times back to back after the run: GPU time alone), host_gap_ms_per_token
+//                    (ms_per_token minus that) and gpu_fraction_of_bound (the GPU time's fraction)
 //   decode_batch64   generated tokens/s with 64 requests decoding together
 //   ttft_2048        time to first token of a 2,048-token prompt (prefill + one sample)
 // Options: --prompt N (decode benches' prompt, default 128), --new N (tokens generated, 256),
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "inference/engine.h"
+#include "inference/model_runner.h"
 #include "kernels/device.h"
 #include "model/fp8_inference.h"
 #include "model/gpt_model.h"
@@ -84,6 +88,7 @@ struct Timing {
   std::vector<int32_t> tokens;                 // request 0's tokens
   Clock::time_point start, end;
   int64_t generated = 0;
+  double replay_ms = 0;  // the batch-1 decode graph replayed back to back: GPU ms per token (0: no graph)
 };
 
 // Runs `batch` requests of `prompt` tokens generating `new_tokens` each (greedy) through a fresh
@@ -119,6 +124,10 @@ Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_to
   e.run_until_idle();
   mt::ops::gpu_context().synchronize();
   t.end = Clock::now();
+  // After the timed run: the decode graph alone, 200 replays with no host work between (after 10
+  // untimed), so that GPU time and host gaps per token are told apart.
+  if (graphs && batch == 1 && e.runner().graph_replay_seconds(1, 10) > 0)
+    t.replay_ms = 1e3 * e.runner().graph_replay_seconds(1, 200);
   unsetenv("MT_DECODE_FUSED");
   unsetenv("MT_DECODE_ARENA");
   return t;
@@ -207,11 +216,14 @@ int main(int argc, char** argv) {
     const double bound = bw / (weight_bytes + kv_avg);
     std::printf("{\"bench\": \"decode_batch1\", \"fp8\": %s, \"cuda_graphs\": %s, \"linears\": \"%s\", "
                 "\"path\": \"%s\", \"same_tokens\": %s, \"prompt\": %lld, \"new_tokens\": %lld, "
-                "\"tokens_per_s\": %.1f, \"ms_per_token\": %.3f, \"weight_bytes\": %.0f, "
+                "\"tokens_per_s\": %.1f, \"ms_per_token\": %.3f, \"graph_gpu_ms_per_token\": %.3f, "
+                "\"host_gap_ms_per_token\": %.3f, \"gpu_fraction_of_bound\": %.3f, \"weight_bytes\": %.0f, "
                 "\"kv_bytes_per_token_avg\": %.0f, \"bound_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f}\n",
                 fp8_json, graphs ? "true" : "false", gemv ? "gemv" : "cublaslt", path,
                 !variant ? "null" : (t.tokens == default_tokens ? "true" : "false"), static_cast<long long>(prompt),
-                static_cast<long long>(new_tokens), tps, 1e3 / tps, weight_bytes, kv_avg, bound, tps / bound);
+                static_cast<long long>(new_tokens), tps, 1e3 / tps, t.replay_ms,
+                t.replay_ms > 0 ? 1e3 / tps - t.replay_ms : 0.0, t.replay_ms > 0 ? 1e3 / t.replay_ms / bound : 0.0,
+                weight_bytes, kv_avg, bound, tps / bound);
     std::fflush(stdout);
   }
   const std::vector<bool> graph_modes = graphs_only ? std::vector<bool>{true} : std::vector<bool>{false, true};

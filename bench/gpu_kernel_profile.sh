@@ -58,8 +58,10 @@ for what in "${@:-decode moe}"; do
       # Its warm-up (a 128-token prefill and 8 tokens, ~1,800 kernels) and the timed run's prefill
       # are skipped by count, so the window is ~10 decode tokens of the timed run
       # (MT_PROF_SKIP / MT_PROF_COUNT move it).
+      # Clocks and caches as in a real run (ncu's defaults lock base clocks and flush the caches
+      # before every kernel, which inflated each small decode kernel and every GEMV's L2 prefetch).
       timeout 400 "$NCU" --metrics gpu__time_duration.sum --csv --page raw \
-        --launch-skip "${MT_PROF_SKIP:-3000}" --launch-count "${MT_PROF_COUNT:-2000}" \
+        --clock-control none --cache-control none --launch-skip "${MT_PROF_SKIP:-3000}" --launch-count "${MT_PROF_COUNT:-2000}" \
         "$GB" --prompt 128 --new 64 --batch 1 --ttft-prompt 0 \
         >"$OUT/profile_decode.csv" 2>"$OUT/profile_decode.err"
       echo "decode capture: exit $?"

@@ -115,6 +115,7 @@ class Engine {
   bool wait_for_work(std::chrono::milliseconds timeout);
   int64_t max_seq_len() const;
   int64_t vocab_size() const;  // the tokenizer's (unpadded) vocabulary: valid ids are below it
+  ModelRunner& runner() { return *runner_; }  // benches: the decode graphs' GPU time (graph_replay_seconds)
 
  private:
   struct Sequence;

@@ -221,6 +221,18 @@ Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {
   return g->logits;
 }
 
+double ModelRunner::graph_replay_seconds(int64_t rows, int n) {
+  const auto it = graphs_.find(rows);
+  if (it == graphs_.end() || !it->second->graph.ready() || n <= 0) return 0.0;
+  ops::EventTimeline t(1);
+  t.mark(-1);  // the span before this boundary is nobody's
+  for (int i = 0; i < n; ++i) it->second->graph.launch();
+  t.mark(0);
+  double s = 0.0;
+  t.resolve(&s);
+  return s / n;
+}
+
 // A pass's inputs as views of its two packed uploads (device_logits): ints holds N ids, slots
 // and positions, then the logit rows; floats (RoPE models) N rows of cos, then N of sin.
 ModelRunner::Inputs ModelRunner::views(const Tensor& ints, const Tensor& floats, int64_t N) {

@@ -62,6 +62,12 @@ class ModelRunner {
   bool decode_kernels() const { return decode_kernels_; }  // unless MT_DECODE_FUSED=0 at construction
   bool graph_arena() const { return arena_; }                // MT_DECODE_ARENA=1 at construction
   int64_t graph_replays() const { return replays_; }
+  // Benches (issue #22): the decode graph of `rows` rows replayed `n` times back to back, with no
+  // host work between, timed by compute-stream events: the GPU seconds of one replay, to set
+  // beside the end-to-end time per token (the difference is host time between replays). 0 where
+  // no graph of that row count was captured. The replays redo the last step: they rewrite its KV
+  // cache position and its logits with the same values.
+  double graph_replay_seconds(int64_t rows, int n);
 
  private:
   struct Inputs {  // one pass's inputs on the device
