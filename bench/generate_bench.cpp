@@ -13,12 +13,15 @@
 // --batch N (default 64), --ttft-prompt N (2048; 0 skips it), --layers N (16; fewer for a quick check),
 // --fp8 1 (the transformer layers' linears with FP8 weights quantised at load, as generate
 // --fp8-format e4m3: model/fp8_inference.h), --graphs-only 1 (skip the eager decode runs).
-// Every line says "fp8": true or false. The graphed decode runs are measured with the default
-// decode kernels ("path": "default"), with the general ones (MT_DECODE_FUSED=0, set here per
-// engine: inference/model_runner.cpp reads it when the engine is built; "general"), and with the
-// decode graphs' temporaries in an arena of their own (MT_DECODE_ARENA=1: no memory nodes in the
-// graph; "default+arena"); each variant's generated tokens are compared with the default run's
-// ("same_tokens": greedy ties on a random model may break differently under another summation order).
+// Every line says "fp8": true or false. The graphed decode runs are measured with the engine's
+// defaults ("path": "default": the decode kernels, their fusions, the Wide GEMV) and with each
+// A/B variant, a switch set here per engine (inference/model_runner.cpp reads them when the
+// engine is built): "general" (MT_DECODE_FUSED=0: the general kernels, no fusions),
+// "default-fusions" (MT_DECODE_FUSIONS=0: the decode kernels without the norm/SwiGLU/KV-write
+// fusions), "default+gemv-base" (MT_GEMV_KERNEL=base: session 16's GEMV kernel) and
+// "default+arena" (MT_DECODE_ARENA=1: the graphs' temporaries in an arena, no memory nodes);
+// each variant's generated tokens are compared with the default run's ("same_tokens": greedy
+// ties on a random model may break differently under another summation order).
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -94,11 +97,17 @@ struct Timing {
 // Runs `batch` requests of `prompt` tokens generating `new_tokens` each (greedy) through a fresh
 // engine (decode steps as CUDA graphs or not, their linears on the small-row GEMV or cuBLASLt);
 // times every token of request 0 and the whole run.
+// The switches inference::ModelRunner reads when an engine is built, for the A/B variants.
+const char* const kSwitches[] = {"MT_DECODE_FUSED", "MT_DECODE_ARENA", "MT_DECODE_FUSIONS", "MT_GEMV_KERNEL"};
+
+// `env`: "NAME=VALUE" settings of kSwitches for this engine (the others unset: the defaults).
 Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_tokens, bool graphs, bool gemv = true,
-           bool fused = true, bool arena = false) {
-  if (arena) setenv("MT_DECODE_ARENA", "1", 1);
-  else unsetenv("MT_DECODE_ARENA");
-  setenv("MT_DECODE_FUSED", fused ? "1" : "0", 1);
+           const std::vector<std::string>& env = {}) {
+  for (const char* s : kSwitches) unsetenv(s);
+  for (const std::string& kv : env) {
+    const size_t eq = kv.find('=');
+    setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+  }
   mt::inference::EngineOptions o;
   o.cuda_graphs = graphs;
   o.small_rows_gemv = gemv;
@@ -128,8 +137,7 @@ Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_to
   // untimed), so that GPU time and host gaps per token are told apart.
   if (graphs && batch == 1 && e.runner().graph_replay_seconds(1, 10) > 0)
     t.replay_ms = 1e3 * e.runner().graph_replay_seconds(1, 200);
-  unsetenv("MT_DECODE_FUSED");
-  unsetenv("MT_DECODE_ARENA");
+  for (const char* s : kSwitches) unsetenv(s);
   return t;
 }
 
@@ -196,19 +204,23 @@ int main(int argc, char** argv) {
   // default: GEMV linears, the decode kernels), then that with the general kernels
   // (MT_DECODE_FUSED=0) and with the graph arena; --graphs-only 1 keeps the graphed GEMV runs alone.
   struct Mode {
-    bool graphs, gemv, fused, arena;
+    bool graphs, gemv;
+    const char* path;  // "default": the engine's defaults; else the variant's name
+    std::vector<std::string> env;
   };
-  const std::vector<Mode> variants{{true, true, false, false}, {true, true, true, true}};
-  std::vector<Mode> modes{{false, true, true, false}, {true, false, true, false}, {true, true, true, false}};
-  if (graphs_only) modes = {{true, true, true, false}};
+  const std::vector<Mode> variants{{true, true, "general", {"MT_DECODE_FUSED=0"}},
+                                   {true, true, "default-fusions", {"MT_DECODE_FUSIONS=0"}},
+                                   {true, true, "default+gemv-base", {"MT_GEMV_KERNEL=base"}},
+                                   {true, true, "default+arena", {"MT_DECODE_ARENA=1"}}};
+  std::vector<Mode> modes{{false, true, "default", {}}, {true, false, "default", {}}, {true, true, "default", {}}};
+  if (graphs_only) modes = {{true, true, "default", {}}};
   modes.insert(modes.end(), variants.begin(), variants.end());
   std::vector<int32_t> default_tokens;  // the default graphed run's, for the variants' check
-  for (const auto& [graphs, gemv, fused, arena] : modes) {
-    run(m, 1, prompt, 8, graphs, gemv, fused, arena);  // warm-up: cuBLASLt plans, the allocator's pool
-    const Timing t = run(m, 1, prompt, new_tokens, graphs, gemv, fused, arena);
-    const bool variant = !fused || arena;
+  for (const auto& [graphs, gemv, path, env] : modes) {
+    run(m, 1, prompt, 8, graphs, gemv, env);  // warm-up: cuBLASLt plans, the allocator's pool
+    const Timing t = run(m, 1, prompt, new_tokens, graphs, gemv, env);
+    const bool variant = !env.empty();
     if (graphs && gemv && !variant) default_tokens = t.tokens;
-    const char* path = !fused ? "general" : arena ? "default+arena" : "default";
     const size_t n = t.token_times.size();
     const double decode_s = seconds(t.token_times.front(), t.token_times.back());
     const double tps = static_cast<double>(n - 1) / decode_s;

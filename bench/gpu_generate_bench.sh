@@ -5,10 +5,14 @@
 #   copy_bandwidth  measured device-to-device copy rate (read + write bytes/s)
 #   decode_batch1   tokens/s at batch 1 and fraction_of_bound: the HBM bound is (weight bytes +
 #                   KV cache bytes read per token) / the measured copy rate (target >= 0.70);
-#                   the graphed GEMV run three times, "path": "default" (the decode kernels),
-#                   "general" (MT_DECODE_FUSED=0) and "default+arena" (the graph's temporaries in
-#                   an arena: no memory nodes, MT_DECODE_ARENA=1), each variant with
-#                   "same_tokens" (its greedy ids equal the default run's)
+#                   graphed lines add graph_gpu_ms_per_token (the graph replayed back to back:
+#                   GPU time alone), host_gap_ms_per_token and gpu_fraction_of_bound; the graphed
+#                   GEMV run five times, "path": "default" (the decode kernels, their fusions,
+#                   the Wide GEMV), "general" (MT_DECODE_FUSED=0), "default-fusions"
+#                   (MT_DECODE_FUSIONS=0), "default+gemv-base" (MT_GEMV_KERNEL=base) and
+#                   "default+arena" (the graph's temporaries in an arena: no memory nodes,
+#                   MT_DECODE_ARENA=1), each variant with "same_tokens" (its greedy ids equal the
+#                   default run's)
 #   decode_batch64  generated tokens/s with 64 requests at once
 #   ttft_2048       ms to the first token of a 2,048-token prompt
 # Builds generate_bench into $MT_DEVICE_BUILD (default /tmp/mt_build) where it is missing.

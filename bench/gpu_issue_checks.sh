@@ -31,8 +31,11 @@
 #             decode kernels, the decode graph arena) and of what they replace
 #   fp8optin  #18: bf16, tensorwise, and tensorwise with each cast switch flipped from its default
 #             (MT_FP8_OPTIN=1 bench/gpu_fp8_bench.sh), 8 iterations
-#   genopt    #22: batch-1 decode, graphs only: default / general / default+arena, with each
-#             graph's node census (memory nodes, programmatic edges); no HF anchor
+#   genopt    #22: the decode ops' GPU tests (ctest -L gpu -R 'Decode|Gemv|InferenceGpu|KvCache':
+#             the fusions, both GEMV kernels, the decode kernels, the engine), then batch-1 decode,
+#             graphs only: default / general / default-fusions / default+gemv-base / default+arena,
+#             each with graph_gpu_ms_per_token (the graph alone) and host_gap_ms_per_token, and each
+#             graph's node census (kernels, memory nodes, programmatic edges); no HF anchor
 # Every part's log stays in /tmp/mt_logs; $OUT gets summary.txt and logs.tar.gz (two files: the
 # device tool returns at most 8). Run: bash bench/gpu_issue_checks.sh build,tests,longseq,...
 set -uo pipefail
@@ -88,8 +91,9 @@ for p in ${PARTS//,/ }; do
     fp8pg) MT_SKIP_LLAMA8=1 MT_RUN_TIMEOUT=200 part fp8pg 400 bash bench/gpu_dist_bench.sh fp8 ;;
     optests) part optests 400 bash -c "cd $B && ctest -L gpu -R 'Fp8|BackendOps|Decode|InferenceGpu|KvCache' --output-on-failure" ;;
     fp8optin) MT_BENCH_ITERS=8 MT_FP8_RECIPES=tensorwise MT_FP8_OPTIN=1 part fp8optin 500 bash bench/gpu_fp8_bench.sh ;;
-    genopt) MT_DECODE_GRAPH_STATS=1 MT_GEN_HF=0 MT_GEN_ARGS="--graphs-only 1 --ttft-prompt 0" part genopt 300 bash -c \
-              "bash bench/gpu_generate_bench.sh && grep -h 'decode graph at' $OUT/generate_bench.err | head -8" ;;
+    genopt) MT_DECODE_GRAPH_STATS=1 MT_GEN_HF=0 MT_GEN_ARGS="--graphs-only 1 --ttft-prompt 0" part genopt 500 bash -c \
+              "(cd $B && ctest -L gpu -R 'Decode|Gemv|InferenceGpu|KvCache' --output-on-failure | tail -30);
+               bash bench/gpu_generate_bench.sh && grep -h 'decode graph at' $OUT/generate_bench.err | head -12" ;;
     *) say "unknown part $p" ;;
   esac
 done

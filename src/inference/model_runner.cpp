@@ -37,6 +37,15 @@ ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, boo
   // captures have no memory nodes (ops::DeviceArena; opt-in while measured, likewise).
   const char* arena = std::getenv("MT_DECODE_ARENA");
   arena_ = arena && std::strcmp(arena, "1") == 0;
+  // The decode fusions (fused_linear_forward, qkv_split_to_cache): part of the decode kernels on
+  // the GEMV; MT_DECODE_FUSIONS=0 leaves them out alone (A/B runs).
+  const char* fusions = std::getenv("MT_DECODE_FUSIONS");
+  fusions_ = decode_kernels_ && small_rows_gemv && device_ == Device::CUDA && !(fusions && std::strcmp(fusions, "0") == 0);
+  // MT_GEMV_KERNEL=wide|base: the GEMV kernel (kernels/device.h, InferenceGemv), for A/B runs.
+  if (const char* k = std::getenv("MT_GEMV_KERNEL"); k && *k) {
+    if (std::strcmp(k, "base") == 0) gemv_kernel_ = ops::InferenceGemv::Kernel::Base;
+    else if (std::strcmp(k, "wide") != 0) fail("MT_GEMV_KERNEL={}: expected wide or base", k);
+  }
   const auto& c = m.config();
   // Tensor parallelism: each rank runs its heads and its ffn and vocabulary shards, and caches its
   // own key/value groups; every rank gets the whole logits (gathered), so all ranks pick the same
@@ -83,23 +92,34 @@ Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Inputs& in) 
   const int64_t N = x.dim(0), G = c.num_query_groups / m_.tensor_parallel().size(), D = c.kv_channels;
   PassContext ctx;
   ctx.training = false;
-  Norm::Saved ns;
-  const Tensor xn = L.input_norm.forward(x, ns, ctx);
+  Tensor qkv;
+  if (L.input_norm.rms && fusable(A.qkv, in)) {  // the input norm inside the QKV GEMV
+    const Tensor g = L.input_norm.scale();
+    qkv = ops::fused_linear_forward(x, A.qkv.weight->value, A.qkv.bias ? &A.qkv.bias->value : nullptr,
+                                    {&g, L.input_norm.eps});
+  } else {
+    Norm::Saved ns;
+    qkv = A.qkv.forward(L.input_norm.forward(x, ns, ctx), ctx);
+  }
   Tensor q, k, v;
   // RoPE inside the split where nothing runs between them (no qk-norm), as the training forward.
   const bool fused = A.rope && !c.qk_layernorm;
   const ops::RopeRef rope = fused ? ops::RopeRef{&cos, &sin, rope_.rot_dim} : ops::RopeRef{};
-  ops::qkv_split(A.qkv.forward(xn, ctx), q, k, v, N, 1, G, c.q_per_group(), D, rope);
-  if (c.qk_layernorm) {
-    Norm::Saved qs, ks;
-    q = A.q_norm.forward(q.view({-1, D}), qs, ctx).view(q.shape());
-    k = A.k_norm.forward(k.view({-1, D}), ks, ctx).view(k.shape());
+  if (!c.qk_layernorm && fusions_ && !in.fresh_prompt) {  // k and v straight into the cache
+    q = ops::qkv_split_to_cache(qkv, k_cache_[li], v_cache_[li], slot, pos, G, c.q_per_group(), D, rope);
+  } else {
+    ops::qkv_split(qkv, q, k, v, N, 1, G, c.q_per_group(), D, rope);
+    if (c.qk_layernorm) {
+      Norm::Saved qs, ks;
+      q = A.q_norm.forward(q.view({-1, D}), qs, ctx).view(q.shape());
+      k = A.k_norm.forward(k.view({-1, D}), ks, ctx).view(k.shape());
+    }
+    if (A.rope && !fused) {
+      ops::rope_forward(q, cos, sin, rope_.rot_dim);
+      ops::rope_forward(k, cos, sin, rope_.rot_dim);
+    }
+    ops::kv_cache_write(k_cache_[li], v_cache_[li], k, v, slot, pos);
   }
-  if (A.rope && !fused) {
-    ops::rope_forward(q, cos, sin, rope_.rot_dim);
-    ops::rope_forward(k, cos, sin, rope_.rot_dim);
-  }
-  ops::kv_cache_write(k_cache_[li], v_cache_[li], k, v, slot, pos);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   Tensor core;
   if (in.fresh_prompt) {  // the rows see only each other: q, k, v as they are, causal
@@ -117,6 +137,15 @@ Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Inputs& in) 
   } else {
     h = A.proj.forward(core, ctx);
     ops::add_inplace(h, x);
+  }
+  // The pre-MLP norm and SwiGLU inside linear_fc1's GEMV, the residual in linear_fc2's.
+  if (!L.is_moe && c.swiglu && L.pre_mlp_norm.rms && L.mlp.fc2.fuses_residual() && fusable(L.mlp.fc1, in) &&
+      fusable(L.mlp.fc2, in)) {
+    const Tensor g = L.pre_mlp_norm.scale();
+    const Tensor a = ops::fused_linear_forward(h, L.mlp.fc1.weight->value,
+                                               L.mlp.fc1.bias ? &L.mlp.fc1.bias->value : nullptr,
+                                               {&g, L.pre_mlp_norm.eps, true});
+    return L.mlp.fc2.forward(a, ctx, &h);
   }
   Norm::Saved ns2;
   const Tensor hn = L.pre_mlp_norm.forward(h, ns2, ctx);
@@ -142,6 +171,7 @@ struct ModelRunner::Graph {
   bool warmed = false;  // one eager step at this count ran (GEMM plans made)
   Inputs in;
   Tensor logits;
+  Tensor ids;  // the replay's greedy ids, I32 [rows] (argmax_rows inside the graph)
   int64_t arena_bytes = 0;                 // what the eager step's tensors took (MT_DECODE_ARENA)
   std::unique_ptr<ops::DeviceArena> arena;  // the replays' temporaries: destroyed after the graph
   ops::StreamGraph graph;
@@ -149,8 +179,28 @@ struct ModelRunner::Graph {
 
 ModelRunner::~ModelRunner() = default;
 
+bool ModelRunner::fusable(const model::Linear& l, const Inputs& in) const {
+  return fusions_ && !in.fresh_prompt && l.mode == model::ParallelMode::None && !l.fp8.on();
+}
+
+Tensor ModelRunner::head_forward(const Tensor& x, const Inputs& in) {
+  // Only the rows whose next token is wanted go through the head (a decode step: all, in order).
+  const Tensor rows = in.all_rows ? x : ops::embedding_forward(in.rows, x);
+  const Norm& fn = m_.final_norm();
+  const model::Linear& head = m_.output_layer();
+  if (fn.rms && fusable(head, in)) {  // the final norm inside the output layer's GEMV
+    const Tensor g = fn.scale();
+    return ops::fused_linear_forward(rows, head.weight->value, head.bias ? &head.bias->value : nullptr, {&g, fn.eps});
+  }
+  PassContext ctx;
+  ctx.training = false;
+  Norm::Saved ns;
+  return head.forward(fn.forward(rows, ns, ctx), ctx);
+}
+
 Tensor ModelRunner::device_forward(const Inputs& in) {
-  const ops::InferenceGemv gemv(gemv_);  // decode steps' linears: the GEMV (eager and captured alike)
+  // Decode steps' linears: the GEMV (eager and captured alike), in the kernel MT_GEMV_KERNEL picks.
+  const ops::InferenceGemv gemv(gemv_, gemv_kernel_);
   const ops::DecodeKernels decode_kernels(decode_kernels_);
   const model::TensorParallel& tp = m_.tensor_parallel();
   Tensor x;
@@ -163,12 +213,7 @@ Tensor ModelRunner::device_forward(const Inputs& in) {
   if (const model::Param* pe = m_.position_embedding()) ops::add_inplace(x, ops::embedding_forward(in.pos, pe->value));
   for (size_t l = 0; l < m_.layers().size(); ++l) x = layer_forward(l, x, in);
   if (in.rows.numel() == 0) return Tensor();  // a prompt chunk that is not the prompt's end
-  // Only the rows whose next token is wanted go through the head.
-  const Tensor rows = ops::embedding_forward(in.rows, x);
-  PassContext ctx;
-  ctx.training = false;
-  Norm::Saved ns;
-  const Tensor l = m_.output_layer().forward(m_.final_norm().forward(rows, ns, ctx), ctx);
+  const Tensor l = head_forward(x, in);
   return tp.on() ? model::all_gather_last_dim(l, tp) : l;  // this rank's vocabulary columns -> all
 }
 
@@ -185,10 +230,18 @@ Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {
   if (!g->graph.ready()) {
     auto fixed = [](const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), t.device()) : Tensor(); };
     g->in = views(fixed(in.ints), fixed(in.floats), N);
+    g->in.all_rows = true;  // graphs run decode steps only
     const int64_t Vp = m_.config().vocab_size;
     g->logits = Tensor::empty({N, Vp}, m_.word_embedding()->value.dtype(), device_);
+    g->ids = Tensor::empty({N}, DType::I32, device_);
     auto step = [&] {
       Tensor l = device_forward(g->in);
+      // The greedy ids too (what step() would launch after the replay, with the same kernel),
+      // so that a step is the replay and one 4-byte copy to the host per row.
+      {
+        const ops::DecodeKernels decode_kernels(decode_kernels_);
+        ops::copy_into(g->ids, ops::argmax_rows(l, vocab_));
+      }
       ops::copy_into(g->logits, l);
     };
     try {
@@ -218,6 +271,7 @@ Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {
   if (in.floats.defined()) ops::copy_into(g->in.floats, in.floats);
   g->graph.launch();
   ++replays_;
+  graph_ids_ = g->ids;
   return g->logits;
 }
 
@@ -281,6 +335,7 @@ Tensor ModelRunner::device_logits(const StepBatch& b) {
     }
     floats = upload(cs);
   }
+  graph_ids_ = Tensor();
   Inputs in = views(upload(ints), floats, N);
   // One sequence's first N > 1 tokens (never a decode step, whose rows are one per slot).
   in.fresh_prompt = N > 1;
@@ -289,6 +344,7 @@ Tensor ModelRunner::device_logits(const StepBatch& b) {
   // A decode step: every row's logits, in order.
   bool decode = R == N;
   for (int64_t r = 0; decode && r < R; ++r) decode = b.logit_rows[static_cast<size_t>(r)] == r;
+  in.all_rows = decode;
   return graphs_on_ && decode ? graph_forward(in, N) : device_forward(in);
 }
 
@@ -309,7 +365,7 @@ StepOutput ModelRunner::step(const StepBatch& b, bool want_logits) {
   // The greedy ids on the logits' device: R ids to the host instead of R x V logits, which at
   // batch 64 and a 128k vocabulary cost more host time (copy, widen, scan) than the model.
   const ops::DecodeKernels decode_kernels(decode_kernels_);
-  const Tensor ids = ops::argmax_rows(l, vocab_).to_device(Device::CPU);
+  const Tensor ids = (graph_ids_.defined() ? graph_ids_ : ops::argmax_rows(l, vocab_)).to_device(Device::CPU);
   out.argmax.assign(ids.data<int32_t>(), ids.data<int32_t>() + R);
   if (want_logits) out.logits = host_logits(l);
   return out;

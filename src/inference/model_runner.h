@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/device.h"
 #include "model/attention.h"
 
 namespace mt::model {
@@ -61,6 +62,9 @@ class ModelRunner {
   bool cuda_graphs() const { return graphs_on_; }
   bool decode_kernels() const { return decode_kernels_; }  // unless MT_DECODE_FUSED=0 at construction
   bool graph_arena() const { return arena_; }                // MT_DECODE_ARENA=1 at construction
+  // The decode fusions (norm -> GEMV, GEMV -> SwiGLU, QKV split -> KV cache; issue #22): with the
+  // decode kernels on the GPU's GEMV, unless MT_DECODE_FUSIONS=0 at construction.
+  bool decode_fusions() const { return fusions_; }
   int64_t graph_replays() const { return replays_; }
   // Benches (issue #22): the decode graph of `rows` rows replayed `n` times back to back, with no
   // host work between, timed by compute-stream events: the GPU seconds of one replay, to set
@@ -77,6 +81,9 @@ class ModelRunner {
     // the plain causal attention of those rows (training's flash / cuDNN kernels), not the decode
     // kernel over the cache, which walks the cache a query row at a time. Never a decode step.
     bool fresh_prompt = false;
+    // Every row's logits are wanted, in row order (a decode step): the head reads the rows as
+    // they are, without gathering them.
+    bool all_rows = false;
   };
   struct Graph;
   // The pass on the device: logits [rows, padded vocab] in the activations' dtype.
@@ -86,6 +93,10 @@ class ModelRunner {
   Tensor graph_forward(const Inputs& in, int64_t N);
   static Inputs views(const Tensor& ints, const Tensor& floats, int64_t N);
   Tensor layer_forward(size_t l, const Tensor& x, const Inputs& in);
+  Tensor head_forward(const Tensor& x, const Inputs& in);  // the final norm and the output layer
+  // Whether a decode pass's linear `l` may go through ops::fused_linear_forward: fusions on, and
+  // the plain bf16/fp16 product (no TP split, no FP8).
+  bool fusable(const model::Linear& l, const Inputs& in) const;
   template <typename T>
   Tensor upload(const std::vector<T>& v) const;
 
@@ -98,9 +109,12 @@ class ModelRunner {
   bool gemv_ = true;
   bool decode_kernels_ = true;  // unless MT_DECODE_FUSED=0 (the constructor says why)
   bool arena_ = false;           // the decode graphs' temporaries in a DeviceArena (MT_DECODE_ARENA=1)
+  bool fusions_ = false;         // decode_fusions()
+  ops::InferenceGemv::Kernel gemv_kernel_ = ops::InferenceGemv::Kernel::Wide;  // MT_GEMV_KERNEL
   int64_t replays_ = 0;
   std::map<int64_t, std::unique_ptr<Graph>> graphs_;  // per row count
   Tensor last_logits_;  // the last step's [rows, V'] on the device, for token_logprobs()
+  Tensor graph_ids_;    // the last step's greedy ids I32 [rows] where its graph found them, else undefined
 };
 
 }  // namespace mt::inference

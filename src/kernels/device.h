@@ -143,17 +143,30 @@ class DeviceArena {
 // (kernels/cuda/gemv.cu) instead of cuBLASLt, whose plans for so few rows read the weights well
 // below the memory bandwidth. Only the inference runner opens one: training's GEMMs, their
 // results and their tests stay cuBLASLt's. Scopes nest; `on` false closes the GEMV for its span.
+// `kernel`: how the GEMV spreads a weight row over its threads (gemv.cu says why): Wide (8 loads
+// in flight per lane, long rows split over 4 warps) or Base (a warp per row, 4 loads: session
+// 16's kernel); inference::ModelRunner takes it from MT_GEMV_KERNEL=wide|base, for A/B runs.
 class InferenceGemv {
  public:
-  explicit InferenceGemv(bool on = true) : prev_(active_) { active_ = on; }
-  ~InferenceGemv() { active_ = prev_; }
+  enum class Kernel : unsigned char { Wide, Base };
+  explicit InferenceGemv(bool on = true, Kernel kernel = Kernel::Wide) : prev_(active_), prev_kernel_(kernel_) {
+    active_ = on;
+    kernel_ = kernel;
+  }
+  ~InferenceGemv() {
+    active_ = prev_;
+    kernel_ = prev_kernel_;
+  }
   InferenceGemv(const InferenceGemv&) = delete;
   InferenceGemv& operator=(const InferenceGemv&) = delete;
   static bool active() { return active_; }
+  static Kernel kernel() { return kernel_; }
 
  private:
   bool prev_;
+  Kernel prev_kernel_;
   static inline thread_local bool active_ = false;
+  static inline thread_local Kernel kernel_ = Kernel::Wide;
 };
 
 // Generation's opt-in decode kernels (issue #22; `MT_DECODE_FUSED=1`, read by

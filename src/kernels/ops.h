@@ -31,6 +31,15 @@ struct RopeRef {
   int64_t rot_dim = 0;
 };
 
+// What ops::fused_linear_forward fuses around a linear layer (inference's decode steps, issue
+// #22): the RMSNorm before it, SwiGLU after it, a residual added.
+struct LinearFusion {
+  const Tensor* norm_weight = nullptr;  // RMSNorm's scale [in] in x's dtype: the linear reads rmsnorm(x)
+  float norm_eps = 0.f;
+  bool swiglu = false;               // w is [gate; up] (2F rows): the result is swiglu of the [rows, 2F] product
+  const Tensor* residual = nullptr;  // [rows, out], added to the product (not with swiglu)
+};
+
 // An in-place all-reduce over the ranks that hold the other shards of a vocabulary-parallel op,
 // which the caller supplies (the model: its tensor-parallel communicator): `count` values of
 // `type` at `data`, on the op's device. Empty when there are no other ranks.

@@ -119,18 +119,18 @@ std::vector<inference::Request> three_requests(int64_t V, uint32_t seed) {
 }
 
 // The engine's greedy tokens for `reqs` with the switch `env` (read when the runner is built) set
-// to 1 equal those with it set to 0, at batch 1 and 3, eager (unless graphs_only) and graphed.
+// to `on` equal those with it set to `off`, at batch 1 and 3, eager (unless graphs_only) and graphed.
 void expect_same_tokens_with(const char* env, model::GPTModel& m, const std::vector<inference::Request>& reqs,
-                             bool graphs_only, const std::string& what) {
+                             bool graphs_only, const std::string& what, const char* off = "0", const char* on = "1") {
   for (const bool graphs : {false, true}) {
     if (graphs_only && !graphs) continue;
     for (const int64_t batch : {int64_t{1}, int64_t{3}}) {
       inference::EngineOptions o;
       o.max_batch = batch;
       o.cuda_graphs = graphs;
-      setenv(env, "0", 1);
+      setenv(env, off, 1);
       const auto want = run_engine(m, reqs, o);
-      setenv(env, "1", 1);
+      setenv(env, on, 1);
       const auto got = run_engine(m, reqs, o);
       unsetenv(env);
       for (size_t i = 0; i < reqs.size(); ++i)
@@ -166,6 +166,41 @@ TEST(DecodeKernelsGpu, EngineTokensEqualWithEachOptInSwitch) {
     EXPECT_FALSE(general.decode_kernels());
     EXPECT_TRUE(dflt.decode_kernels());  // the decode kernels are the default (session 16)
     EXPECT_FALSE(dflt.graph_arena());
+  }
+}
+
+// The decode fusions (norm -> GEMV, GEMV -> SwiGLU, the QKV split into the cache; MT_DECODE_FUSIONS=0
+// turns them off) and the two GEMV kernels (MT_GEMV_KERNEL=base|wide): the same greedy tokens, on
+// the tiny family models (the fusions where their layers allow: no qk-norm split fusion for
+// qwen3, no norm fusion for gpt2's LayerNorm) and on a llama of head dim 64, where the split's
+// 16-byte kernel with RoPE and the decode attention kernel run as at llama-1.5b's shape. The
+// fusions compute what the unfused ops store, bit for bit; the GEMV kernels differ in fp32
+// summation order only (the tiny models' logits are far from ties).
+TEST(DecodeKernelsGpu, EngineTokensEqualWithAndWithoutTheDecodeFusions) {
+  MT_REQUIRE_GPU();
+  for (const std::string& f : {std::string("llama"), std::string("qwen3"), std::string("gpt2"), std::string("llama64")}) {
+    model::TransformerConfig c = family_config(f == "llama64" ? "llama" : f);
+    if (f == "llama64") {  // head dim 64, 2 query heads per group, SwiGLU ffn
+      c.hidden_size = 256;
+      c.num_attention_heads = 4;
+      c.num_query_groups = 2;
+      c.ffn_hidden_size = 512;
+      c.kv_channels = 0;
+      c.init_method_std = 0.2f;
+    }
+    c.bf16 = true;
+    model::GPTModel m(c);
+    m.to_device(Device::CUDA);
+    const std::vector<inference::Request> reqs = three_requests(c.orig_vocab_size, 91);
+    expect_same_tokens_with("MT_DECODE_FUSIONS", m, reqs, false, f);
+    expect_same_tokens_with("MT_GEMV_KERNEL", m, reqs, false, f, "base", "wide");
+    unsetenv("MT_DECODE_FUSIONS");
+    inference::ModelRunner dflt(m, 1, 32, true);
+    EXPECT_TRUE(dflt.decode_fusions());  // on by default with the decode kernels
+    setenv("MT_DECODE_FUSED", "0", 1);
+    inference::ModelRunner general(m, 1, 32, true);
+    unsetenv("MT_DECODE_FUSED");
+    EXPECT_FALSE(general.decode_fusions());  // part of the decode kernels
   }
 }
 

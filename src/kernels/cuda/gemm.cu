@@ -557,12 +557,11 @@ int Gemm::plans() const {
   return static_cast<int>(impl_->plans.size());
 }
 
-namespace {
-
-// The one choice between the GEMV and cuBLASLt for a forward linear: the GEMV (half-precision
-// inputs only) for at most kGemvMaxRows rows while inference asks for it (InferenceGemv: decode
-// steps), where cuBLASLt's small-row plans stay far below the memory bandwidth (gemv.cu).
+// The GEMV (half-precision inputs only) where cuBLASLt's small-row plans stay far below the
+// memory bandwidth (gemv.cu).
 bool gemv_applies(int64_t M) { return M <= kGemvChosenMaxRows && ops::InferenceGemv::active(); }
+
+namespace {
 
 // y = x w^T (+ b) (+ residual, y's type: cuBLASLt's C, with beta = 1).
 template <typename TI, typename TO>

@@ -3,17 +3,41 @@
 // matrix-vector product whose time is the weight matrix streaming out of HBM once, and
 // cuBLASLt's plans for these shapes (tensor-core tiles of 64+ rows, split-K with a reduction
 // pass) reach well under half the memory bandwidth; with every layer's linears below the bound,
-// decode at batch 1 ran at 0.4 of it (issue #22). Here each warp owns one output column n (a
-// weight row, [N, K] row-major as the model stores it), streams that row with 16-byte loads
-// that bypass L1 (read once), and multiplies each 8-element chunk into all M rows of x at once
-// (x is small and stays in L1/L2), accumulating in fp32; a butterfly sum across the warp, then
-// the bias and the residual in fp32 and one rounding to y's type, as cuBLASLt's epilogue.
-// Between kernels: a decode step is ~180 small kernels, and a GEMV of a few MB lasts a few
+// decode at batch 1 ran at 0.4 of it (issue #22). Here each output column n (a weight row, [N, K]
+// row-major as the model stores it) belongs to one warp, or to WPC warps of a block that each
+// take a share of the row (split-K in the block, summed in a fixed order); lanes stream the row
+// with 16-byte loads that bypass L1 (read once), U of them in flight per lane, and multiply each
+// 8-element chunk into all M rows of x at once (x is small and stays in L1/L2), accumulating in
+// fp32; a butterfly sum across the warp, then the bias and the residual in fp32 and one rounding
+// to y's type, as cuBLASLt's epilogue.
+//
+// Two kernels (InferenceGemv::Kernel, chosen by inference::ModelRunner from MT_GEMV_KERNEL, to be
+// A/B'd on the GPU): Base (one warp per column, U = 4: the kernel measured in session 16) and
+// Wide (the default, U = 8 and, for rows of more than 2,048 elements, 4 warps per column).
+// Why Wide: a warp's row is loaded in rounds of 32 x U x 16 bytes, each round a full memory
+// latency. With U = 4 a 2,048-element row (QKV, proj, fc1, the output layer) takes 2 rounds and
+// fc2's 8,192-element row 8 (its 512 blocks keep only ~4 MB in flight, under the ~6-8 MB that
+// H200's bandwidth x latency asks for); with U = 8 a 2,048 row is one round, and fc2's 2,048
+// blocks of 4 warps (each a quarter row, one round) all fit on the SMs at once: one round.
+//
+// Between kernels: a decode step is ~100-180 small kernels, and a GEMV of a few MB lasts a few
 // microseconds, so the gap before each matters. On Hopper the GEMV is launched as a programmatic
-// dependent launch: its blocks may start while the kernel before it drains, prefetch their weight
-// rows into L2 (the weights do not depend on that kernel), and only then wait for it
-// (griddepcontrol.wait: its completion and the visibility of its writes) before reading x.
-// gemm.cu's forward picks this kernel (gemv_applies) only while an InferenceGemv scope is open
+// dependent launch: its blocks may start while the kernel before it drains, issue their first
+// round of weight loads and prefetch the rest of their rows into L2 (the weights do not depend
+// on that kernel), and only then wait for it (griddepcontrol.wait: its completion and the
+// visibility of its writes) before reading x.
+//
+// The decode fusions (ops::fused_linear_forward, issue #22), each computing what the unfused
+// ops would have stored, bit for bit:
+//  - NORM: x is RMSNorm's input; each warp recomputes its rows' rstd from x (a few KB, L1/L2
+//    resident) with rmsnorm_forward's summation order (norms.cu's one-warp kernel), and reads x as
+//    round(x * rstd * gamma), as that kernel stores it. Saves the norm's kernel and its output.
+//  - SWIGLU: w is fc1's [gate; up] (2F rows) and y [M, F] is swiglu(x w^T): a warp owns columns j
+//    and j + F, rounds both to y's type (as fc1's output is stored), then writes silu(g) * u
+//    rounded. Saves SwiGLU's kernel and the [M, 2F] intermediate. (Fusing SwiGLU into fc2's x
+//    load instead would evaluate silu once per output column: 2,048 x 8,192 sigmoids per token,
+//    ~4 us of SFU time per layer on an H200, more than fc2's memory time; here it is F per token.)
+// gemm.cu's forward picks the GEMV (gemv_applies) only while an InferenceGemv scope is open
 // (kernels/device.h), so training keeps cuBLASLt's results.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -23,12 +47,12 @@
 
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/device.h"
 
 namespace mt::cuda {
 namespace {
 
-constexpr int kWarps = 4;   // warps (output columns) per block
-constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane
+constexpr int kWarps = 4;  // warps per block
 
 std::atomic<int64_t> calls{0};
 
@@ -53,53 +77,175 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 
 constexpr int64_t kPrefetchBytes = 16 * 1024;  // of each weight row, before the wait (K <= 8192 in bf16: all)
 
-// MR: the rows of x this instantiation handles (M <= MR; rows m >= M are skipped). V: elements
-// per load (Vec<T>::N when K is a multiple of it and x, w are 16-byte aligned, else 1).
-template <typename TI, typename TO, int MR, int V>
-__global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(const TI* __restrict__ x, const TI* __restrict__ w, const TO* __restrict__ b, const TO* residual,
-                TO* y, int M, int64_t N, int64_t K) {
-  const int lane = threadIdx.x & 31;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (n >= N) return;  // a whole warp: the shuffles below see full warps only
-  const TI* wr = w + n * K;
-  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(TI));
-  for (int64_t off = lane * 128; off < row_bytes && off < kPrefetchBytes; off += 32 * 128)
-    prefetch_l2(reinterpret_cast<const char*>(wr) + off);
-  wait_for_previous_grid();  // x, b and residual come from the kernels before
-  const int64_t chunks = K / V;
-  float acc[MR];
+template <typename T>
+__device__ __forceinline__ float rounded(float v) {  // v as stored in T and read back
+  return to_f(from_f<T>(v));
+}
+
+// rmsnorm_forward's rstd of the row xr (dim elements, dim % 8 == 0, 16-byte aligned), summed in
+// the order of norms.cu's one-warp kernel: lane l takes vectors l, l + 32, ..., each element in
+// turn, then the same butterfly: the same bits.
+template <typename T>
+__device__ __forceinline__ float row_rstd(const T* xr, int64_t dim, float eps, int lane) {
+  constexpr int V = Vec<T>::N;
+  float acc = 0.f;
+  for (int64_t vi = lane; vi < dim / V; vi += 32) {
+    float v[V];
+    Vec<T>::load(xr + vi * V, v);
 #pragma unroll
-  for (int m = 0; m < MR; ++m) acc[m] = 0.f;
-  for (int64_t c0 = 0; c0 < chunks; c0 += 32 * kUnroll) {
-    float wv[kUnroll][V];
+    for (int e = 0; e < V; ++e) acc += v[e] * v[e];
+  }
+  acc = warp_sum(acc);
+  const float inv_dim = 1.f / static_cast<float>(dim);
+  return 1.f / sqrtf(acc * inv_dim + eps);
+}
+
+// One round of a warp's weight loads, every load issued before any is used: U 16-byte chunks per
+// lane of each of its R rows, from chunk c0 on (zeros past the row's end or for a dead warp).
+template <typename TI, int R, int U>
+__device__ __forceinline__ void load_round(uint4 (&raw)[R][U], const TI* const* wr, int64_t c0, int64_t chunks,
+                                           bool live, int lane) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {  // every load issued before any is used
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + u * 32 + lane;
-      if constexpr (V == 1) {
-        wv[u][0] = c < chunks ? to_f(wr[c]) : 0.f;
-      } else if (c < chunks) {
-        Vec<TI>::unpack(load_stream(wr + c * V), wv[u]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < V; ++e) wv[u][e] = 0.f;
-      }
+      raw[r][u] = live && c < chunks ? load_stream(wr[r] + c * Vec<TI>::N) : make_uint4(0, 0, 0, 0);
     }
+}
+
+// The 16-byte path (K % 8 == 0, x and w 16-byte aligned). MR: the rows of x this instantiation
+// handles (M <= MR). WPC warps per output column, U loads in flight per lane and weight row.
+// SWIGLU: N is w's 2F rows and y has F columns (see the top of the file).
+template <typename TI, typename TO, int MR, bool NORM, bool SWIGLU, int WPC, int U>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(const TI* __restrict__ x, const TI* __restrict__ gamma, float eps, const TI* __restrict__ w,
+                const TO* __restrict__ b, const TO* residual, TO* y, int M, int64_t N, int64_t K) {
+  constexpr int V = Vec<TI>::N, R = SWIGLU ? 2 : 1, kCols = kWarps / WPC;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % WPC;
+  const int64_t cols = SWIGLU ? N / 2 : N;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kCols + warp / WPC;
+  // With WPC > 1 the block meets at a barrier below: a warp past the last column stays, idle.
+  const bool live = n < cols;
+  if (WPC == 1 && !live) return;  // a whole warp: the shuffles below see full warps only
+  const int64_t chunks = K / V, step = static_cast<int64_t>(WPC) * 32 * U;
+  const TI* wr[R];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+  for (int r = 0; r < R; ++r) wr[r] = w + (live ? n + r * cols : 0) * K;
+  uint4 raw[R][U];
+  int64_t c0 = static_cast<int64_t>(part) * 32 * U;
+  // Before the wait (the weights do not depend on the kernel before): this warp's later rounds
+  // into L2, 128-byte lines, and its first round into registers.
+  if (live) {
+    for (int64_t cb = c0 + step; cb < chunks && (cb - c0) * 16 < kPrefetchBytes; cb += step)
+      for (int l = lane; l < 4 * U; l += 32)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (cb * V + l * (128 / static_cast<int>(sizeof(TI))) < K)
+            prefetch_l2(wr[r] + cb * V + l * (128 / static_cast<int>(sizeof(TI))));
+  }
+  load_round<TI, R, U>(raw, wr, c0, chunks, live, lane);
+  wait_for_previous_grid();  // x, b and residual come from the kernels before
+  [[maybe_unused]] float rs[MR];
+#pragma unroll
+  for (int m = 0; m < MR; ++m) {
+    rs[m] = 1.f;
+    if constexpr (NORM)
+      if (m < M) rs[m] = row_rstd(x + m * K, K, eps, lane);
+  }
+  float acc[R][MR];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MR; ++m) acc[r][m] = 0.f;
+  while (c0 < chunks) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + u * 32 + lane;
       if (c >= chunks) break;
+      float wf[R][V];
+#pragma unroll
+      for (int r = 0; r < R; ++r) Vec<TI>::unpack(raw[r][u], wf[r]);
+      [[maybe_unused]] float gv[V];
+      if constexpr (NORM) Vec<TI>::load(gamma + c * V, gv);
 #pragma unroll
       for (int m = 0; m < MR; ++m) {
         if (m >= M) break;
         float xv[V];
-        if constexpr (V == 1)
-          xv[0] = to_f(x[m * K + c]);
-        else
-          Vec<TI>::unpack(__ldg(reinterpret_cast<const uint4*>(x + m * K + c * V)), xv);
+        Vec<TI>::unpack(__ldg(reinterpret_cast<const uint4*>(x + m * K + c * V)), xv);
+        if constexpr (NORM) {
 #pragma unroll
-        for (int e = 0; e < V; ++e) acc[m] = fmaf(wv[u][e], xv[e], acc[m]);
+          for (int e = 0; e < V; ++e) xv[e] = rounded<TI>((xv[e] * rs[m]) * gv[e]);  // as norms.cu stores it
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[r][m] = fmaf(wf[r][e], xv[e], acc[r][m]);
       }
+    }
+    c0 += step;
+    if (c0 < chunks) load_round<TI, R, U>(raw, wr, c0, chunks, live, lane);
+  }
+  float sum[R][MR];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MR; ++m) sum[r][m] = m < M ? warp_sum(acc[r][m]) : 0.f;
+  if constexpr (WPC > 1) {  // the column's warps' shares, added in warp order
+    __shared__ float red[kWarps][R][MR];
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < MR; ++m) red[warp][r][m] = sum[r][m];
+    __syncthreads();
+    if (part != 0 || !live) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < MR; ++m) {
+        float s = red[warp][r][m];
+#pragma unroll
+        for (int j = 1; j < WPC; ++j) s += red[warp + j][r][m];
+        sum[r][m] = s;
+      }
+  }
+#pragma unroll
+  for (int m = 0; m < MR; ++m) {
+    if (m >= M) break;
+    if (lane != m % 32) continue;
+    if constexpr (SWIGLU) {  // fc1's two outputs as stored, then SwiGLU's, as elementwise.cu computes it
+      float g = sum[0][m], up = sum[1][m];
+      if (b) g += to_f(b[n]), up += to_f(b[n + cols]);
+      y[m * cols + n] = from_f<TO>(swiglu_value(rounded<TO>(g), rounded<TO>(up)));
+    } else {
+      float v = sum[0][m];
+      if (b) v += to_f(b[n]);
+      if (residual) v += to_f(residual[m * N + n]);
+      y[m * N + n] = from_f<TO>(v);
+    }
+  }
+}
+
+// Any K and alignment (one element per load), no fusions: the rare shapes off the 16-byte path.
+template <typename TI, typename TO, int MR>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_scalar_kernel(const TI* __restrict__ x, const TI* __restrict__ w, const TO* __restrict__ b,
+                       const TO* residual, TO* y, int M, int64_t N, int64_t K) {
+  const int lane = threadIdx.x & 31;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (n >= N) return;
+  const TI* wr = w + n * K;
+  wait_for_previous_grid();
+  float acc[MR];
+#pragma unroll
+  for (int m = 0; m < MR; ++m) acc[m] = 0.f;
+  for (int64_t c = lane; c < K; c += 32) {
+    const float wv = to_f(wr[c]);
+#pragma unroll
+    for (int m = 0; m < MR; ++m) {
+      if (m >= M) break;
+      acc[m] = fmaf(wv, to_f(x[m * K + c]), acc[m]);
     }
   }
 #pragma unroll
@@ -126,49 +272,91 @@ bool dependent_launch() {
   return on;
 }
 
+struct Launch {  // the launch's geometry and attributes
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  Launch(int64_t blocks, cudaStream_t s) {
+    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+    cfg.blockDim = dim3(kWarps * 32);
+    cfg.stream = s;
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = dependent_launch() ? 1 : 0;
+  }
+};
+
+// The 16-byte kernel in the variant the open InferenceGemv scope asks for.
+template <typename TI, typename TO, int MR, bool NORM, bool SWIGLU>
+void launch_vec(const TI* x, const TI* gamma, float eps, const TI* w, const TO* b, const TO* residual, TO* y,
+                int64_t M, int64_t N, int64_t K, cudaStream_t s) {
+  const int64_t cols = SWIGLU ? N / 2 : N, chunks = K / Vec<TI>::N;
+  const bool wide = ops::InferenceGemv::kernel() == ops::InferenceGemv::Kernel::Wide;
+  // Wide: a warp per column while the row is one round of 8 loads per lane, else 4 per column.
+  const int wpc = wide && chunks > 32 * 8 ? 4 : 1;
+  const int m = static_cast<int>(M);
+  Launch l(ceil_div(cols, kWarps / wpc), s);
+  if (!wide)
+    MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_kernel<TI, TO, MR, NORM, SWIGLU, 1, 4>, x, gamma, eps, w, b, residual,
+                                     y, m, N, K));
+  else if (wpc == 1)
+    MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_kernel<TI, TO, MR, NORM, SWIGLU, 1, 8>, x, gamma, eps, w, b, residual,
+                                     y, m, N, K));
+  else
+    MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_kernel<TI, TO, MR, NORM, SWIGLU, 4, 8>, x, gamma, eps, w, b, residual,
+                                     y, m, N, K));
+  MT_CUDA_LAUNCH_CHECK();
+}
+
 template <typename TI, typename TO, int MR>
 void launch(const TI* x, const TI* w, const TO* b, const TO* residual, TO* y, int64_t M, int64_t N, int64_t K,
-            cudaStream_t s) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(N, kWarps)));
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = dependent_launch() ? 1 : 0;
-  const bool vec = K % Vec<TI>::N == 0 && aligned16(x) && aligned16(w);
-  const int m = static_cast<int>(M);
-  if (vec)
-    MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<TI, TO, MR, Vec<TI>::N>, x, w, b, residual, y, m, N, K));
-  else
-    MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<TI, TO, MR, 1>, x, w, b, residual, y, m, N, K));
+            const GemvFusion& f, cudaStream_t s) {
+  if (K % Vec<TI>::N == 0 && aligned16(x) && aligned16(w)) {
+    const TI* gamma = static_cast<const TI*>(f.norm_weight);
+    if constexpr (std::is_same_v<TI, TO> && MR <= 2) {  // the fusions: decode's 1-2 rows, one type
+      if (gamma && f.swiglu) return launch_vec<TI, TO, MR, true, true>(x, gamma, f.eps, w, b, residual, y, M, N, K, s);
+      if (gamma) return launch_vec<TI, TO, MR, true, false>(x, gamma, f.eps, w, b, residual, y, M, N, K, s);
+      if (f.swiglu) return launch_vec<TI, TO, MR, false, true>(x, gamma, f.eps, w, b, residual, y, M, N, K, s);
+    }
+    return launch_vec<TI, TO, MR, false, false>(x, nullptr, 0.f, w, b, residual, y, M, N, K, s);
+  }
+  Launch l(ceil_div(N, kWarps), s);
+  MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_scalar_kernel<TI, TO, MR>, x, w, b, residual, y, static_cast<int>(M), N,
+                                   K));
   MT_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
+bool gemv_fusable(const void* x, const void* w, const void* gamma, int64_t M, int64_t K) {
+  return M >= 1 && M <= 2 && K % 8 == 0 && aligned16(x) && aligned16(w) && (!gamma || aligned16(gamma));
+}
+
 template <typename TI, typename TO>
 void gemv_forward(const TI* x, const nd<TI>* w, const nd<TO>* b, const nd<TO>* residual, TO* y, int64_t M, int64_t N,
-                  int64_t K, cudaStream_t s) {
+                  int64_t K, cudaStream_t s, const GemvFusion& f) {
   static_assert(!std::is_same_v<TI, float>, "the GEMV reads half-precision weights");
   MT_CHECK(M >= 0 && M <= kGemvMaxRows && N >= 0 && K >= 0, "gemv_forward: {} x {} x {} (at most {} rows)", M, N, K,
            kGemvMaxRows);
-  MT_CHECK(N < (int64_t{1} << 31) * kWarps, "gemv_forward: {} output columns exceed the grid", N);
+  MT_CHECK(N < (int64_t{1} << 31) * kWarps / 4, "gemv_forward: {} output columns exceed the grid", N);
+  const bool fused = f.norm_weight || f.swiglu;
+  MT_CHECK(!fused || (std::is_same_v<TI, TO> && gemv_fusable(x, w, f.norm_weight, M, K)),
+           "gemv_forward: the fusions take 1-2 rows of one half type, K % 8 == 0, 16-byte aligned (got {} x {} x {})",
+           M, N, K);
+  MT_CHECK(!f.swiglu || (N % 2 == 0 && !residual), "gemv_forward: SwiGLU needs [gate; up] rows and no residual");
   if (M == 0 || N == 0) return;
   calls.fetch_add(1, std::memory_order_relaxed);
   // The smallest instantiation that holds M rows: its accumulators stay in registers.
   if (M == 1)
-    launch<TI, TO, 1>(x, w, b, residual, y, M, N, K, s);
+    launch<TI, TO, 1>(x, w, b, residual, y, M, N, K, f, s);
   else if (M == 2)
-    launch<TI, TO, 2>(x, w, b, residual, y, M, N, K, s);
+    launch<TI, TO, 2>(x, w, b, residual, y, M, N, K, f, s);
   else if (M <= 4)
-    launch<TI, TO, 4>(x, w, b, residual, y, M, N, K, s);
+    launch<TI, TO, 4>(x, w, b, residual, y, M, N, K, f, s);
   else if (M <= 8)
-    launch<TI, TO, 8>(x, w, b, residual, y, M, N, K, s);
+    launch<TI, TO, 8>(x, w, b, residual, y, M, N, K, f, s);
   else
-    launch<TI, TO, 16>(x, w, b, residual, y, M, N, K, s);
+    launch<TI, TO, 16>(x, w, b, residual, y, M, N, K, f, s);
 }
 
 int64_t gemv_calls() { return calls.load(std::memory_order_relaxed); }

@@ -10,6 +10,10 @@
 // its rows simply have different positions.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include "core/error.h"
@@ -137,6 +141,23 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// Channel d of one (row, head)'s attention from its splits' partial results (base: per split D
+// unnormalised outputs, then max, then sum), normalised. Loads that bypass L1: the fused merge
+// below reads what other SMs wrote during the same kernel.
+__device__ __forceinline__ float merged_channel(const float* base, int64_t d, int64_t D, int splits) {
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(base + s * (D + 2) + D));
+  float Lsum = 0.f, o = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float ms = __ldcg(base + s * (D + 2) + D);
+    if (ms == -INFINITY) continue;
+    const float e = __expf(ms - M);
+    Lsum += __ldcg(base + s * (D + 2) + D + 1) * e;
+    o += __ldcg(base + s * (D + 2) + d) * e;
+  }
+  return Lsum > 0.f ? o / Lsum : 0.f;
+}
+
 // One block per (row, head): merges the splits' partial results.
 template <typename T>
 __global__ void decode_merge_kernel(const float* __restrict__ part, T* __restrict__ out, int64_t Hq, int64_t D,
@@ -144,21 +165,7 @@ __global__ void decode_merge_kernel(const float* __restrict__ part, T* __restric
   allow_dependent_launch();
   const int64_t i = blockIdx.x, h = blockIdx.y;
   const float* base = part + (i * Hq + h) * splits * (D + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, base[s * (D + 2) + D]);
-  float Lsum = 0.f;
-  for (int s = 0; s < splits; ++s) {
-    const float ms = base[s * (D + 2) + D];
-    if (ms != -INFINITY) Lsum += base[s * (D + 2) + D + 1] * __expf(ms - M);
-  }
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float o = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float ms = base[s * (D + 2) + D];
-      if (ms != -INFINITY) o += base[s * (D + 2) + d] * __expf(ms - M);
-    }
-    out[i * Hq * D + h * D + d] = from_f<T>(Lsum > 0.f ? o / Lsum : 0.f);
-  }
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[i * Hq * D + h * D + d] = from_f<T>(merged_channel(base, d, D, splits));
 }
 
 // The decode kernel of ops::DecodeKernels (MT_DECODE_FUSED=1). Why another: at batch 1 the kernel
@@ -169,6 +176,10 @@ __global__ void decode_merge_kernel(const float* __restrict__ part, T* __restric
 // and V loads before using any, so a split of up to kWarps*32/LPK*kGqaUnroll keys costs about one
 // memory round trip. Each K/V element is loaded once and used by the QMAX (>= Hq/G) heads.
 // Same partial-result layout as decode_attention_kernel (decode_merge_kernel merges both).
+// Fused merge (`arrivals` set; the decode fusions, issue #22): each block counts itself in on its
+// (row, group)'s counter once its partial results are out, and the last of the splits to arrive
+// merges them for the group's heads (merged_channel, decode_merge_kernel's arithmetic: the same
+// bits) and sets the counter back to 0 for the next launch: no merge kernel after it.
 constexpr int kGqaWarps = 4, kGqaUnroll = 4;
 
 template <int LPK>
@@ -194,7 +205,7 @@ __global__ void __launch_bounds__(kGqaWarps * 32)
     decode_attention_gqa_kernel(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
                                 const int32_t* __restrict__ slot, const int32_t* __restrict__ pos, T* __restrict__ out,
                                 float* __restrict__ part, int64_t N, int64_t Hq, int64_t G, int64_t L, int64_t slots,
-                                int splits, int64_t per_split, float scale) {
+                                int splits, int64_t per_split, float scale, int* __restrict__ arrivals) {
   constexpr int D = LPK * 8, KPW = 32 / LPK;  // head dim; keys per warp step
   allow_dependent_launch();
   const int64_t i = blockIdx.x, g = blockIdx.y;
@@ -289,6 +300,46 @@ __global__ void __launch_bounds__(kGqaWarps * 32)
       if (d == 0) part[row * (D + 2) + D] = M, part[row * (D + 2) + D + 1] = Lsum;
     }
   }
+  if (splits == 1 || !arrivals) return;
+  __shared__ bool last;
+  __threadfence();  // this block's partial results visible to the whole device before it counts
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* count = arrivals + i * G + g;
+    last = atomicAdd(count, 1) == splits - 1;
+    if (last) *count = 0;  // every split has arrived: ready for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int idx = static_cast<int>(threadIdx.x); idx < qpg * D; idx += kGqaWarps * 32) {
+    const int h = idx / D, d = idx % D;
+    const int64_t hq = g * qpg + h;
+    out[i * Hq * D + hq * D + d] = from_f<T>(merged_channel(part + (i * Hq + hq) * splits * (D + 2), d, D, splits));
+  }
+}
+
+// The fused merge's arrival counters: kMaxArrivals ints per device, zeroed once and left zero by
+// every launch (the last block of each row and group resets its own). Allocated on first use
+// outside a capture (a decode graph's eager step comes first); null where that is not possible
+// (during a capture, or more rows x groups than counters): the merge kernel runs then.
+constexpr int64_t kMaxArrivals = 1 << 16;
+int* arrival_counters(int64_t n, cudaStream_t s) {
+  static std::mutex mu;
+  static std::map<int, int*> per_device;  // never freed: a few hundred KB for the process's life
+  if (n > kMaxArrivals) return nullptr;
+  int dev = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = per_device.find(dev); it != per_device.end()) return it->second;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  MT_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+  if (st != cudaStreamCaptureStatusNone) return nullptr;
+  int* p = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&p, kMaxArrivals * sizeof(int)));
+  MT_CUDA_CHECK(cudaMemset(p, 0, kMaxArrivals * sizeof(int)));
+  per_device[dev] = p;
+  return p;
 }
 
 int sm_count() {
@@ -339,20 +390,26 @@ bool gqa_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache
   cuda::Scratch part(splits > 1 ? static_cast<size_t>(N * Hq * splits * (D + 2)) * sizeof(float) : 0,
                      cuda::compute_stream());
   const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(c.G), static_cast<unsigned>(splits));
+  // The split merge inside the attention kernel (the decode fusions; MT_DECODE_FUSIONS=0, read
+  // here per call as inference::ModelRunner reads it per runner, keeps the merge kernel).
+  const char* fusions = std::getenv("MT_DECODE_FUSIONS");
+  int* arrivals = splits > 1 && !(fusions && std::strcmp(fusions, "0") == 0)
+                      ? cuda::arrival_counters(N * c.G, cuda::compute_stream())
+                      : nullptr;
   with_float_type(q, [&](auto* qp) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
     if constexpr (!std::is_same_v<T, float>) {
       auto launch = [&](auto kernel) {
         kernel<<<grid, cuda::kGqaWarps * 32, 0, cuda::compute_stream()>>>(
             qp, k_cache.data<T>(), v_cache.data<T>(), sp, pp, out.data<T>(), part.as<float>(), N, Hq, c.G, c.L,
-            c.slots, splits, per_split, scale);
+            c.slots, splits, per_split, scale, arrivals);
         MT_CUDA_LAUNCH_CHECK();
       };
       if (D == 64 && qpg <= 4) launch(cuda::decode_attention_gqa_kernel<T, 8, 4>);
       else if (D == 64) launch(cuda::decode_attention_gqa_kernel<T, 8, 8>);
       else if (qpg <= 4) launch(cuda::decode_attention_gqa_kernel<T, 16, 4>);
       else launch(cuda::decode_attention_gqa_kernel<T, 16, 8>);
-      if (splits > 1) {
+      if (splits > 1 && !arrivals) {
         const dim3 mgrid(static_cast<unsigned>(N), static_cast<unsigned>(Hq));
         cuda::decode_merge_kernel<T><<<mgrid, static_cast<unsigned>(D), 0, cuda::compute_stream()>>>(
             part.as<float>(), out.data<T>(), Hq, D, splits);

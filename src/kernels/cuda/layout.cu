@@ -93,6 +93,37 @@ __global__ void qkv_vec_kernel(T* packed, T* q, T* k, T* v, int S, int B, int G,
   }
 }
 
+// qkv_vec_kernel's split of N = S rows (B = 1) with k and v written into the KV caches at the
+// rows' (slot, position) instead of [1, G, N, D] tensors: decode's split and cache write in one
+// kernel (ops::qkv_split_to_cache). Rows outside the cache are skipped (the host checked them).
+template <typename T>
+__global__ void qkv_cache_vec_kernel(const T* packed, T* q, T* kc, T* vc, const int32_t* slot, const int32_t* pos,
+                                     int N, int G, int qpg, int D, int64_t slots, int64_t L, const float* cs,
+                                     const float* sn, int half) {
+  const int cph = D / kChunk, per_group = (qpg + 2) * cph, chunks = G * per_group;
+  const int row = blockIdx.y;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= chunks) return;
+  const int g = c / per_group, jc = c - g * per_group, j = jc / cph, d0 = (jc - j * cph) * kChunk;
+  const T* phead = packed + static_cast<int64_t>(row) * chunks * kChunk + (c - d0 / kChunk) * kChunk;
+  float x[kChunk];
+  Vec<T>::load(phead + d0, x);
+  if (j <= qpg && d0 < 2 * half) {
+    float y[kChunk];
+    Vec<T>::load(phead + (d0 < half ? d0 + half : d0 - half), y);
+    rope_chunk(x, y, d0, half, cs + static_cast<int64_t>(row) * half, sn + static_cast<int64_t>(row) * half, 1.f);
+  }
+  T* dst;
+  if (j < qpg) {
+    dst = q + ((static_cast<int64_t>(g) * qpg + j) * N + row) * D;
+  } else {
+    const int64_t s = slot[row], p = pos[row];
+    if (s < 0 || s >= slots || p < 0 || p >= L) return;
+    dst = (j == qpg ? kc : vc) + ((s * G + g) * L + p) * D;
+  }
+  Vec<T>::store(dst + d0, x);
+}
+
 template <typename T, bool kToRows>
 __global__ void heads_rows_vec_kernel(T* heads, T* rows, int S, int B, int H, int D) {
   const int cph = D / kChunk, chunks = H * cph;
@@ -168,6 +199,20 @@ void qkv_split(const T* packed, nd<T>* q, nd<T>* k, nd<T>* v, int64_t S, int64_t
 }
 
 template <typename T>
+bool qkv_split_to_cache(const T* packed, nd<T>* q, nd<T>* k_cache, nd<T>* v_cache, const int32_t* slot,
+                        const int32_t* pos, int64_t N, int64_t G, int64_t qpg, int64_t D, int64_t slots, int64_t L,
+                        const RopeArgs& rope, cudaStream_t s) {
+  const int64_t per_row = G * (qpg + 2) * D, half = rope.rot_dim / 2;
+  if (!vec_layout_ok(N, per_row, D, half, {packed, q, k_cache, v_cache}) || N > 65535) return false;
+  if (N == 0) return true;
+  qkv_cache_vec_kernel<T><<<row_chunk_grid(N, per_row / kChunk), kVecThreads, 0, s>>>(
+      packed, q, k_cache, v_cache, slot, pos, static_cast<int>(N), static_cast<int>(G), static_cast<int>(qpg),
+      static_cast<int>(D), slots, L, rope.cos, rope.sin, static_cast<int>(half));
+  MT_CUDA_LAUNCH_CHECK();
+  return true;
+}
+
+template <typename T>
 void qkv_merge(T* q, nd<T>* k, const nd<T>* v, nd<T>* packed, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
                const RopeArgs& rope, cudaStream_t s) {
   const int64_t rows = S * B, per_row = G * (qpg + 2) * D, half = rope.rot_dim / 2;
@@ -230,6 +275,7 @@ void position_embedding_backward(const T* dx, float* dpe, int64_t S, int64_t B, 
 }
 
 MT_INSTANTIATE_HALF(qkv_split);
+MT_INSTANTIATE_HALF(qkv_split_to_cache);
 MT_INSTANTIATE_HALF(qkv_merge);
 MT_INSTANTIATE_HALF(heads_to_rows);
 MT_INSTANTIATE_HALF(rows_to_heads);

@@ -14,6 +14,14 @@ struct RopeArgs {
 template <typename T>
 void qkv_split(const T* packed, nd<T>* q, nd<T>* k, nd<T>* v, int64_t S, int64_t B, int64_t G, int64_t qpg, int64_t D,
                const RopeArgs& rope, cudaStream_t s);
+// ops::qkv_split_to_cache's one kernel: packed [N, G*(qpg+2)*D] -> q [1, G*qpg, N, D] (rotated),
+// k (rotated) and v into the caches [slots, G, L, D] at (slot[i], pos[i]); rows outside the cache
+// are skipped (the host checked them). Returns false, having done nothing, where the 16-byte path
+// does not apply (the caller composes qkv_split and kv_cache_write).
+template <typename T>
+bool qkv_split_to_cache(const T* packed, nd<T>* q, nd<T>* k_cache, nd<T>* v_cache, const int32_t* slot,
+                        const int32_t* pos, int64_t N, int64_t G, int64_t qpg, int64_t D, int64_t slots, int64_t L,
+                        const RopeArgs& rope, cudaStream_t s);
 // The reverse for gradients: dq and dk rotated back, then packed. q and k may be overwritten
 // (the fallback for head dims that are not a multiple of 8 rotates them in place).
 template <typename T>

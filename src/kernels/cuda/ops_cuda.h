@@ -157,9 +157,23 @@ constexpr int64_t kGemvMaxRows = 16;
 // the GEMV streams the QKV, proj and fc1 weights at 1.1-1.8x cuBLASLt's rate; from 4 rows on,
 // cuBLASLt is faster everywhere (at 16 rows by 2-4x).
 constexpr int64_t kGemvChosenMaxRows = 2;
+// The decode fusions of ops::fused_linear_forward inside the GEMV (gemv.cu): x read as
+// rmsnorm(x; norm_weight, eps) (x's type) where norm_weight is set; with swiglu, w's N rows are
+// [gate; up] and y [M, N/2] is swiglu of the product (no residual). Only where gemv_fusable.
+struct GemvFusion {
+  const void* norm_weight = nullptr;
+  float eps = 0.f;
+  bool swiglu = false;
+};
 template <typename TI, typename TO>
 void gemv_forward(const TI* x, const nd<TI>* w, const nd<TO>* b, const nd<TO>* residual, TO* y, int64_t M, int64_t N,
-                  int64_t K, cudaStream_t s);
+                  int64_t K, cudaStream_t s, const GemvFusion& f = {});
+// Whether gemv_forward takes the fusions for these operands: 1-2 rows, K % 8 == 0, 16-byte
+// aligned x, w and norm weight (and TI == TO, the caller's to see).
+bool gemv_fusable(const void* x, const void* w, const void* norm_weight, int64_t M, int64_t K);
+// The one choice between the GEMV and cuBLASLt for a forward linear of M rows (gemm.cu): the GEMV
+// while inference asks for it (InferenceGemv: decode steps) and M <= kGemvChosenMaxRows.
+bool gemv_applies(int64_t M);
 // gemv_forward calls so far in this process (tests: which kernel a linear layer chose).
 int64_t gemv_calls();
 // dx[M,K] = dy @ w (written, if dx); dw[N,K] += dy^T @ x in fp32 (GEMM with beta = 1, if dw; with

@@ -82,6 +82,30 @@ Tensor linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* b
   return y;
 }
 
+// One GEMV kernel where it applies and takes the fusions, else the composition (as the CPU's).
+Tensor fused_linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const LinearFusion& f) {
+  MT_CHECK(!(f.swiglu && f.residual), "fused_linear_forward: a residual is not added after SwiGLU");
+  const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
+  const void* gamma = f.norm_weight ? f.norm_weight->raw() : nullptr;
+  if (cuda::gemv_applies(rows) && x.dtype() != DType::F32 && w.dtype() == x.dtype() &&
+      cuda::gemv_fusable(x.raw(), w.raw(), gamma, rows, in) && (!f.swiglu || out % 2 == 0)) {
+    Tensor y = act({rows, f.swiglu ? out / 2 : out}, x);
+    with_half(x, [&]<typename T>(T*) {
+      const cuda::GemvFusion gf{f.norm_weight ? h<T>(*f.norm_weight) : nullptr, f.norm_eps, f.swiglu};
+      cuda::gemv_forward(h<T>(x), h<T>(w), bias ? h<T>(*bias) : nullptr, f.residual ? h<T>(*f.residual) : nullptr,
+                         h<T>(y), rows, out, in, st(), gf);
+    });
+    return y;
+  }
+  Tensor xn = x;
+  if (f.norm_weight) {
+    Tensor rstd;
+    xn = rmsnorm_forward(x, *f.norm_weight, f.norm_eps, rstd, nullptr);
+  }
+  Tensor y = f.residual ? linear_forward_residual(xn, w, bias, *f.residual) : linear_forward(xn, w, bias);
+  return f.swiglu ? swiglu_forward(y, nullptr) : y;
+}
+
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx,
                        bool accumulate_dw) {
   const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
@@ -310,6 +334,28 @@ void qkv_split(const Tensor& packed, Tensor& q, Tensor& k, Tensor& v, int64_t S,
   with_half(packed, [&]<typename T>(T*) {
     cuda::qkv_split(h<T>(packed), h<T>(q), h<T>(k), h<T>(v), S, B, G, qpg, D, rope_args(rope), st());
   });
+}
+
+Tensor qkv_split_to_cache(const Tensor& packed, Tensor& k_cache, Tensor& v_cache, const Tensor& slot,
+                          const Tensor& pos, int64_t G, int64_t qpg, int64_t D, const RopeRef& rope) {
+  MT_CHECK(k_cache.ndim() == 4 && k_cache.dim(1) == G && k_cache.dim(3) == D && v_cache.shape() == k_cache.shape(),
+           "qkv_split_to_cache: caches {} / {} for {} groups of {}", k_cache.shape_str(), v_cache.shape_str(), G, D);
+  const int64_t N = packed.numel() / (G * (qpg + 2) * D);
+  Tensor q = act({1, G * qpg, N, D}, packed);
+  bool done = false;
+  MT_CHECK(slot.dtype() == DType::I32 && pos.dtype() == DType::I32 && slot.numel() == N && pos.numel() == N &&
+               slot.device() == Device::CUDA && pos.device() == Device::CUDA,
+           "qkv_split_to_cache: slot and pos must be CUDA i32 [{}]", N);
+  with_half(packed, [&]<typename T>(T*) {
+    done = cuda::qkv_split_to_cache(h<T>(packed), h<T>(q), h<T>(k_cache), h<T>(v_cache), slot.data<int32_t>(),
+                                    pos.data<int32_t>(), N, G, qpg, D, k_cache.dim(0), k_cache.dim(2), rope_args(rope),
+                                    st());
+  });
+  if (done) return q;
+  Tensor k, v;
+  gpu::qkv_split(packed, q, k, v, N, 1, G, qpg, D, rope);
+  gpu::kv_cache_write(k_cache, v_cache, k, v, slot, pos);
+  return q;
 }
 
 Tensor qkv_merge(const Tensor& q, const Tensor& k, const Tensor& v, int64_t S, int64_t B, int64_t G, int64_t qpg,
