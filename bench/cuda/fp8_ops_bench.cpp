@@ -6,6 +6,8 @@
 // written once each) and as a percentage of the measured device-to-device copy rate, so that the
 // kernels far below it stand out; then their sum per step in the default path's mix (per layer
 // and micro-batch as docs/fp8_tensorwise_accounting.md counts it, x 16 layers x 8 micro-batches).
+// The casts and transposes run with each vector kernel (fp8_cast_kernel.h; "_smem": the
+// shared-memory tiles the lane blocks replaced), so one call says which to keep.
 // Inputs and outputs rotate over sets of >= 128 MiB together, so the L2 serves no repeated reads.
 //
 // fp8gemm: each layer's forward (fast accumulation, residual C where the model adds one), data
@@ -19,6 +21,7 @@
 
 #include "core/tensor.h"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/fp8_cast_kernel.h"
 #include "kernels/cuda/fp8_lt.h"
 #include "kernels/device.h"
 #include "kernels/fp8_codes.h"
@@ -70,6 +73,13 @@ double copy_rate(size_t bytes) {
   return rate;
 }
 
+// A kernel's ms per call with each vector kernel (the amax pass has one: both the same).
+struct Ms {
+  double lanes = 0, smem = 0;
+  Ms operator+(const Ms& o) const { return {lanes + o.lanes, smem + o.smem}; }
+  Ms operator*(double k) const { return {lanes * k, smem * k}; }
+};
+
 struct CastBench {
   double peak = 0;  // the copy rate the kernels are compared with
   const Tensor amax = scalar(2.f);  // the inputs' range: a cast's scale as in training
@@ -87,20 +97,32 @@ struct CastBench {
     report(op, shape, ms, rate, "GB/s", extra);
     return ms;
   }
+  // The same with each vector kernel (fp8_cast_kernel.h): the lane blocks as `op`, the
+  // shared-memory tiles as op + "_smem".
+  Ms run_both(const std::string& op, const std::string& shape, double bytes, int sets,
+              const std::function<void(int)>& f) const {
+    Ms ms;
+    ms.lanes = run(op, shape, bytes, sets, f);
+    g::set_fp8_cast_smem_tiles(true);
+    ms.smem = run(op + "_smem", shape, bytes, sets, f);
+    g::set_fp8_cast_smem_tiles(false);
+    return ms;
+  }
 
   // max |x| of a bf16 [r, c] (fp8_amax: its memset and the reduction).
-  double amax_pass(int64_t r, int64_t c) {
+  Ms amax_pass(int64_t r, int64_t c) {
     const int n = sets_for(2.0 * r * c);
     std::vector<Tensor> x;
     for (int i = 0; i < n; ++i) x.push_back(random_bf16(r, c, 100 + i));
     Tensor a = scalar(0.f);
-    return run("fp8_amax", dims(r, c) + " bf16", 2.0 * r * c, n, [&](int s) { g::fp8_amax(x[s], a); });
+    const double ms = run("fp8_amax", dims(r, c) + " bf16", 2.0 * r * c, n, [&](int s) { g::fp8_amax(x[s], a); });
+    return {ms, ms};
   }
 
   // The tensorwise cast of a bf16 [r, c] with its scale from the amax (fp8_cast_transpose_current):
   // q and qt, q alone (a weight, the proj input), or (recast) qt alone with a given scale.
   enum class Out { Both, Q, Qt };
-  double cast(int64_t r, int64_t c, Out out, const char* what) {
+  Ms cast(int64_t r, int64_t c, Out out, const char* what) {
     const double io = 2.0 * r * c + (out == Out::Both ? 2.0 : 1.0) * r * c;
     const int n = sets_for(io);
     std::vector<Tensor> x, q, qt;
@@ -110,7 +132,7 @@ struct CastBench {
       qt.push_back(out == Out::Q ? Tensor() : u8(c, r));
     }
     const char* op = out == Out::Both ? "fp8_cast_q_qt" : out == Out::Q ? "fp8_cast_q" : "fp8_recast_qt";
-    return run(op, dims(r, c) + " " + what, io, n, [&](int s) {
+    return run_both(op, dims(r, c) + " " + what, io, n, [&](int s) {
       Tensor* t = out == Out::Q ? nullptr : &qt[s];
       if (out == Out::Qt)
         g::fp8_cast_transpose(x[s], scale, Fp8Format::E4M3, q[s], t, scratch_amax, saturated);
@@ -120,13 +142,13 @@ struct CastBench {
   }
 
   // A weight's codes [r, c] transposed (the data gradient's operand, MT_FP8_WT_FROM_CODES).
-  double transpose(int64_t r, int64_t c, const char* what) {
+  Ms transpose(int64_t r, int64_t c, const char* what) {
     const int n = sets_for(2.0 * r * c);
     std::vector<Tensor> q, qt;
     for (int i = 0; i < n; ++i) q.push_back(u8(r, c)), qt.push_back(u8(c, r));
     for (Tensor& t : q) MT_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0x3c, static_cast<size_t>(r * c), stream()));
-    return run("fp8_transpose_codes", dims(r, c) + " " + what, 2.0 * r * c, n,
-               [&](int s) { g::fp8_transpose_codes(q[s], qt[s]); });
+    return run_both("fp8_transpose_codes", dims(r, c) + " " + what, 2.0 * r * c, n,
+                    [&](int s) { g::fp8_transpose_codes(q[s], qt[s]); });
   }
 
   // SwiGLU's fused casts (the delayed recipe's producers; tensorwise's opt-in gradient path):
@@ -143,9 +165,9 @@ struct CastBench {
       fqt.push_back(u8(F, R));
     }
     Tensor a = scalar(0.f);
-    run("fp8_swiglu_fwd_cast", dims(R, 2 * F) + " h -> q, qt", 4.0 * R * F + 2.0 * R * F, n,
+    run_both("fp8_swiglu_fwd_cast", dims(R, 2 * F) + " h -> q, qt", 4.0 * R * F + 2.0 * R * F, n,
         [&](int s) { g::swiglu_forward_fp8(h[s], scale, Fp8Format::E4M3, fq[s], &fqt[s], a, saturated); });
-    run("fp8_swiglu_bwd_cast", dims(R, F) + " dy, h -> dh q, qt", 6.0 * R * F + 4.0 * R * F, n,
+    run_both("fp8_swiglu_bwd_cast", dims(R, F) + " dy, h -> dh q, qt", 6.0 * R * F + 4.0 * R * F, n,
         [&](int s) { g::swiglu_backward_fp8(dy[s], h[s], scale, Fp8Format::E5M2, q[s], &qt[s], a, saturated); });
     run("fp8_swiglu_bwd_amax", dims(R, F) + " dy, h", 6.0 * R * F, n,
         [&](int s) { g::swiglu_backward_amax(dy[s], h[s], a); });
@@ -162,29 +184,32 @@ void bench_fp8_casts() {
   using Out = CastBench::Out;
   // Each kernel once per shape the step runs it at; the default path's per-layer mix is summed
   // from these (ms) below.
-  const double amax_h = b.amax_pass(kRows, kHidden), amax_qkv = b.amax_pass(kRows, kQkv);
+  const Ms amax_h = b.amax_pass(kRows, kHidden), amax_qkv = b.amax_pass(kRows, kQkv);
   b.amax_pass(2 * kFfn, kHidden);  // the largest weight (fc1), once per step
-  const double both_h = b.cast(kRows, kHidden, Out::Both, "qkv/fc1 input, fc2/proj dy");
-  const double both_qkv = b.cast(kRows, kQkv, Out::Both, "qkv dy");
-  const double both_f = b.cast(kRows, kFfn, Out::Both, "fc2 input");
-  const double both_2f = b.cast(kRows, 2 * kFfn, Out::Both, "fc1 dh");
-  const double q_h = b.cast(kRows, kHidden, Out::Q, "proj input");
-  const double qt_h = b.cast(kRows, kHidden, Out::Qt, "proj x^T recast");
+  const Ms both_h = b.cast(kRows, kHidden, Out::Both, "qkv/fc1 input, fc2/proj dy");
+  const Ms both_qkv = b.cast(kRows, kQkv, Out::Both, "qkv dy");
+  const Ms both_f = b.cast(kRows, kFfn, Out::Both, "fc2 input");
+  const Ms both_2f = b.cast(kRows, 2 * kFfn, Out::Both, "fc1 dh");
+  const Ms q_h = b.cast(kRows, kHidden, Out::Q, "proj input");
+  const Ms qt_h = b.cast(kRows, kHidden, Out::Qt, "proj x^T recast");
   b.cast(2 * kFfn, kHidden, Out::Q, "fc1 weight");
   b.cast(kHidden, kFfn, Out::Q, "fc2 weight");
-  const double t_qkv = b.transpose(kQkv, kHidden, "qkv w"), t_proj = b.transpose(kHidden, kHidden, "proj w");
-  const double t_fc1 = b.transpose(2 * kFfn, kHidden, "fc1 w"), t_fc2 = b.transpose(kHidden, kFfn, "fc2 w");
+  const Ms t_qkv = b.transpose(kQkv, kHidden, "qkv w"), t_proj = b.transpose(kHidden, kHidden, "proj w");
+  const Ms t_fc1 = b.transpose(2 * kFfn, kHidden, "fc1 w"), t_fc2 = b.transpose(kHidden, kFfn, "fc2 w");
   b.swiglu(kRows, kFfn);
   // One layer's casts in one micro-batch, the default tensorwise path (producer amaxes in the norms
   // and SwiGLU, so the amax passes are those of proj's input and of three gradients).
-  const double fwd = 2 * both_h + (amax_h + q_h) + both_f;
-  const double bwd = (amax_h + both_h) + t_fc2 + both_2f + t_fc1 + (amax_h + both_h) + t_proj + qt_h +
-                     (amax_qkv + both_qkv) + t_qkv;
-  const double step = (fwd + bwd) * kLayers * kMicroBatches;
-  char extra[96];
-  std::snprintf(extra, sizeof extra, ",\"layer_fwd_ms\":%.4f,\"layer_bwd_ms\":%.4f", fwd, bwd);
-  // ms: per step; the rate slot: ms per layer and micro-batch.
-  report("fp8_casts_step_estimate", "16 layers x 8 micro-batches, kernels only", step, fwd + bwd, "layer_ms", extra);
+  const Ms fwd = both_h * 2 + (amax_h + q_h) + both_f;
+  const Ms bwd = (amax_h + both_h) + t_fc2 + both_2f + t_fc1 + (amax_h + both_h) + t_proj + qt_h +
+                 (amax_qkv + both_qkv) + t_qkv;
+  for (const bool smem : {false, true}) {
+    const double f = smem ? fwd.smem : fwd.lanes, bw = smem ? bwd.smem : bwd.lanes;
+    char extra[96];
+    std::snprintf(extra, sizeof extra, ",\"layer_fwd_ms\":%.4f,\"layer_bwd_ms\":%.4f", f, bw);
+    // ms: per step; the rate slot: ms per layer and micro-batch.
+    report(smem ? "fp8_casts_step_estimate_smem" : "fp8_casts_step_estimate",
+           "16 layers x 8 micro-batches, kernels only", (f + bw) * kLayers * kMicroBatches, f + bw, "layer_ms", extra);
+  }
 }
 
 void bench_fp8_gemms() {

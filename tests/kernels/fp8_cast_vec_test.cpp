@@ -4,7 +4,10 @@
 // a wide one-block-high row (8 x 1032) and odd multiples of 8 (520 x 200). Codes row-major and
 // transposed (together and alone), the amax pass, the current-scaling cast (scale, its copy and
 // inverse), the clipped count, and the transpose of codes; then SwiGLU's fused casts (whose loaders
-// the vector kernel calls) against the unfused op and cast on the GPU, on edge shapes.
+// the vector kernel calls) against the unfused op and cast on the GPU, on edge shapes. Both vector
+// kernels: the lane blocks (the default) and the shared-memory tiles (MT_FP8_CAST_KERNEL=tile).
+#ifdef MT_HAVE_CUDA
+
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "core/fp8.h"
+#include "kernels/cuda/fp8_cast_kernel.h"
 #include "kernels/fp8_codes.h"
 #include "kernels/ops.h"
 #include "support/gpu.h"
@@ -67,9 +71,17 @@ std::vector<std::vector<uint8_t>> casts(Device d, Dims s, uint64_t seed, double 
   return out;
 }
 
-TEST(Fp8CastVecGpu, EdgeShapesMatchTheCpuByteForByte) {
-  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
-  test::gpu();
+// Runs f once with each vector kernel, then leaves the default (lane blocks) on.
+void with_each_kernel(const std::function<void()>& f) {
+  for (const bool tiles : {false, true}) {
+    SCOPED_TRACE(tiles ? "shared-memory tiles" : "lane blocks");
+    gpu::set_fp8_cast_smem_tiles(tiles);
+    f();
+  }
+  gpu::set_fp8_cast_smem_tiles(false);
+}
+
+void edge_shapes_match_the_cpu() {
   const char* what[] = {"amax",          "q",          "qt",          "amax seen by the cast", "clipped",
                         "q alone",       "qt alone",   "clipped (alone)",       "current scale",
                         "its copy",      "its inverse", "current q",  "current qt",            "current clipped",
@@ -85,11 +97,15 @@ TEST(Fp8CastVecGpu, EdgeShapesMatchTheCpuByteForByte) {
       }
 }
 
-// SwiGLU's fused casts read through the vector kernel's loaders: the same bytes as the op then
-// the cast, on shapes with partial tiles (F = 72: 2F = 144 columns, 264 rows).
-TEST(Fp8CastVecGpu, FusedSwigluCastsOnEdgeShapes) {
+TEST(Fp8CastVecGpu, EdgeShapesMatchTheCpuByteForByte) {
   if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   test::gpu();
+  with_each_kernel(edge_shapes_match_the_cpu);
+}
+
+// SwiGLU's fused casts read through the vector kernel's loaders: the same bytes as the op then
+// the cast, on shapes with partial tiles (F = 72: 2F = 144 columns, 264 rows).
+void fused_swiglu_casts_are_unfused() {
   const Device d = Device::CUDA;
   for (const Dims s : {Dims{264, 72}, Dims{8, 8}, Dims{520, 200}}) {
     SCOPED_TRACE(testing::Message() << s.R << " x " << s.C);
@@ -121,5 +137,13 @@ TEST(Fp8CastVecGpu, FusedSwigluCastsOnEdgeShapes) {
   }
 }
 
+TEST(Fp8CastVecGpu, FusedSwigluCastsOnEdgeShapes) {
+  if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  test::gpu();
+  with_each_kernel(fused_swiglu_casts_are_unfused);
+}
+
 }  // namespace
 }  // namespace mt::ops
+
+#endif  // MT_HAVE_CUDA

@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/fp8_cast_kernel.h"
 #include "kernels/cuda/fp8_tile.cuh"
 #include "kernels/cuda/tensor_args.h"
 #include "kernels/fp8_scale.h"
@@ -323,6 +324,33 @@ __global__ void swiglu_grad_amax_kernel(const T* __restrict__ dy, const T* __res
   commit_block(m, 0, amax, nullptr);
 }
 
+// The scale a cast uses: its state's, or (current scaling, cur.amax set) the one computed from the
+// amax, which block (0, 0) also stores with its copy and inverse.
+__device__ __forceinline__ float cast_scale(const float* scale, float fp8_max, const CurrentScale& cur) {
+  const float s = cur.amax ? fp8::scale_from_amax(*cur.amax, fp8_max, 1.f) : *scale;
+  if (cur.amax && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    *cur.scale = s;
+    *cur.used = s;
+    *cur.used_inv = 1.f / s;
+  }
+  return s;
+}
+
+// The codes of 8 consecutive values (lo: the first four, hi: the rest; value k at byte k % 4),
+// joining max |v| into m and the values that clip into `clipped`.
+__device__ __forceinline__ void codes8(const float* v, float s, float fp8_max, __nv_fp8_interpretation_t kind,
+                                       float& m, unsigned& clipped, uint32_t& lo, uint32_t& hi) {
+  lo = hi = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    m = fmaxf(m, fabsf(v[k]));
+    clipped += fabsf(v[k] * s) > fp8_max;
+    const uint32_t code = __nv_cvt_float_to_fp8(v[k] * s, __NV_SATFINITE, kind);
+    if (k < 4) lo |= code << (8 * k);
+    else hi |= code << (8 * (k - 4));
+  }
+}
+
 // The vector cast (fp8_tile.cuh's layout): each lane loads its 8x8 block (8 rows of 8 elements,
 // 16 bytes of bf16 each: 128 bytes in flight a lane, all issued before any is used), writes the
 // codes row-major (one 8-byte store a row) and, transposed in registers, column-major (one 8-byte
@@ -333,12 +361,7 @@ __global__ void __launch_bounds__(kVecThreads)
     cast_transpose_vec_kernel(Load load, int64_t R, int64_t C, const float* scale, bool e5m2, float fp8_max,
                               uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
                               unsigned long long* saturated, CurrentScale cur) {
-  const float s = cur.amax ? fp8::scale_from_amax(*cur.amax, fp8_max, 1.f) : *scale;
-  if (cur.amax && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-    *cur.scale = s;
-    *cur.used = s;
-    *cur.used_inv = 1.f / s;
-  }
+  const float s = cast_scale(scale, fp8_max, cur);
   const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
   const int64_t r = lane_row(int64_t{blockIdx.y} * kVecTileRows), c = lane_col(int64_t{blockIdx.x} * kVecTileCols);
   float m = 0.f;
@@ -352,20 +375,53 @@ __global__ void __launch_bounds__(kVecThreads)
     for (int i = 0; i < 8; ++i) {
       float v[8];
       load.values(raw[i], c, v);
-      lo[i] = hi[i] = 0;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        m = fmaxf(m, fabsf(v[k]));
-        clipped += fabsf(v[k] * s) > fp8_max;
-        const uint32_t code = __nv_cvt_float_to_fp8(v[k] * s, __NV_SATFINITE, kind);
-        if (k < 4) lo[i] |= code << (8 * k);
-        else hi[i] |= code << (8 * (k - 4));
-      }
+      codes8(v, s, fp8_max, kind, m, clipped, lo[i], hi[i]);
       if (q) *reinterpret_cast<uint2*>(q + (r + i) * C + c) = make_uint2(lo[i], hi[i]);
     }
     if (qt) store_block_transposed(lo, hi, r, c, R, qt);
   }
   commit_block(m, clipped, amax, saturated);
+}
+
+// The same through a 64x64 shared-memory tile (MT_FP8_CAST_KERNEL=tile, fp8_cast_kernel.h): each
+// thread loads 8 elements of a row twice (32 bytes in flight), writes their codes row-major and
+// into the tile, and after the block's barrier 8 rows of a tile column (a row of qt).
+template <typename Load>
+__global__ void __launch_bounds__(kVecThreads)
+    cast_transpose_smem_kernel(Load load, int64_t R, int64_t C, const float* scale, bool e5m2, float fp8_max,
+                               uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
+                               unsigned long long* saturated, CurrentScale cur) {
+  __shared__ __align__(8) uint8_t tile[kSmemTile][kSmemPitch];
+  const float s = cast_scale(scale, fp8_max, cur);
+  const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const int64_t r0 = int64_t{blockIdx.y} * kSmemTile, c0 = int64_t{blockIdx.x} * kSmemTile;
+  const int tc = (threadIdx.x % 8) * 8;  // this thread's 8 columns in the tile
+  float m = 0.f;
+  unsigned clipped = 0;
+  constexpr int kPasses = kSmemTile / (kVecThreads / 8);
+  typename Load::Raw raw[kPasses];
+  bool inside[kPasses];
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int64_t r = r0 + threadIdx.x / 8 + p * (kVecThreads / 8), c = c0 + tc;
+    inside[p] = r < R && c < C;  // C % 8 == 0: a vector is wholly inside or outside
+    if (inside[p]) raw[p] = load.fetch(r, c);
+  }
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    if (!inside[p]) continue;
+    const int i = threadIdx.x / 8 + p * (kVecThreads / 8);
+    const int64_t r = r0 + i, c = c0 + tc;
+    float v[8];
+    load.values(raw[p], c, v);
+    uint32_t lo, hi;
+    codes8(v, s, fp8_max, kind, m, clipped, lo, hi);
+    if (q) *reinterpret_cast<uint2*>(q + r * C + c) = make_uint2(lo, hi);
+    *reinterpret_cast<uint32_t*>(&tile[i][tc]) = lo;
+    *reinterpret_cast<uint32_t*>(&tile[i][tc + 4]) = hi;
+  }
+  commit_block(m, clipped, amax, saturated);  // its barrier also completes the tile
+  if (qt) store_smem_tile_transposed(tile, r0, c0, R, C, qt);
 }
 
 }  // namespace
@@ -489,16 +545,23 @@ struct CastOut {
   // allocations: 8-byte aligned unless views).
   bool vec(std::initializer_list<const void*> in) const {
     bool ok = R % 8 == 0 && C % 8 == 0 && reinterpret_cast<uintptr_t>(q) % 8 == 0 &&
-              reinterpret_cast<uintptr_t>(qt) % 8 == 0 && cuda::ceil_div(R, cuda::kVecTileRows) < 65536;
+              reinterpret_cast<uintptr_t>(qt) % 8 == 0 && cuda::ceil_div(R, cuda::kSmemTile) < 65536;
     for (const void* p : in) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
     return ok;
   }
   template <typename Load>
   void launch_vec(const Load& load, const cuda::CurrentScale& cur = {}) const {
-    const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kVecTileCols)),
-                    static_cast<unsigned>(cuda::ceil_div(R, cuda::kVecTileRows)));
-    cuda::cast_transpose_vec_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(load, R, C, scale, e5m2, max, q,
-                                                                                      qt, amax, saturated, cur);
+    if (fp8_cast_smem_tiles()) {
+      const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kSmemTile)),
+                      static_cast<unsigned>(cuda::ceil_div(R, cuda::kSmemTile)));
+      cuda::cast_transpose_smem_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(load, R, C, scale, e5m2, max,
+                                                                                         q, qt, amax, saturated, cur);
+    } else {
+      const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kVecTileCols)),
+                      static_cast<unsigned>(cuda::ceil_div(R, cuda::kVecTileRows)));
+      cuda::cast_transpose_vec_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(load, R, C, scale, e5m2, max,
+                                                                                        q, qt, amax, saturated, cur);
+    }
     MT_CUDA_LAUNCH_CHECK();
   }
 };

@@ -10,6 +10,9 @@
 // columns), so a row-major access of row i is 8 lanes x 8 codes (or 16 bytes of bf16) side by
 // side, and a transposed store is 4 lanes x 8 rows = 32 contiguous bytes of a row of qt. A block's
 // 8 warps stack along the rows: a 256 x 64 tile.
+//
+// The 64x64 shared-memory tile the lane blocks replaced is kept (store_smem_tile_transposed,
+// selected by MT_FP8_CAST_KERNEL=tile: fp8_cast_kernel.h) until the two are measured on a GPU.
 #include <cstdint>
 
 namespace mt::cuda {
@@ -45,6 +48,28 @@ __device__ __forceinline__ void store_block_transposed(const uint32_t* lo, const
   transpose4x4(hi[4], hi[5], hi[6], hi[7], bottom);
 #pragma unroll
   for (int j = 0; j < 4; ++j) *reinterpret_cast<uint2*>(qt + (c + 4 + j) * R + r) = make_uint2(top[j], bottom[j]);
+}
+
+// ---- The shared-memory tile: 64x64 codes of 256 threads, each writing 8 codes of a row into
+// the tile, then 8 rows of a column out of it.
+constexpr int kSmemTile = 64, kSmemPitch = kSmemTile + 4;  // pitch: 17 words, fewer conflicts
+
+// qt [C, R] gets the tile at (r0, c0) of codes [R, C] (R, C multiples of 8, qt 8-byte aligned):
+// tile column cc is a row of qt; each thread writes 8 consecutive rows of x there, one 8-byte
+// store. Call after a __syncthreads that completes the tile.
+__device__ __forceinline__ void store_smem_tile_transposed(const uint8_t (*tile)[kSmemPitch], int64_t r0, int64_t c0,
+                                                           int64_t R, int64_t C, uint8_t* __restrict__ qt) {
+  for (int j = threadIdx.x; j < kSmemTile * 8; j += kVecThreads) {
+    const int cc = j / 8, rv = (j % 8) * 8;
+    const int64_t c = c0 + cc, r = r0 + rv;
+    if (c >= C || r >= R) continue;  // R % 8 == 0
+    uint32_t lo = 0, hi = 0;
+    for (int k = 0; k < 4; ++k) {
+      lo |= uint32_t{tile[rv + k][cc]} << (8 * k);
+      hi |= uint32_t{tile[rv + 4 + k][cc]} << (8 * k);
+    }
+    *reinterpret_cast<uint2*>(qt + c * R + r) = make_uint2(lo, hi);
+  }
 }
 
 }  // namespace mt::cuda
