@@ -224,8 +224,12 @@ int pick(const std::vector<Trial>& trials, const std::vector<Digest>& host, cons
 int Tuner::tune(State& st, const Job& job, cudaStream_t s) {
   // A stream being captured into a CUDA graph cannot synchronise or time: the default now, and
   // the plan stays untuned for an eager call (the decode graphs warm up eagerly first).
+  // (A query refused, e.g. of the legacy stream while another captures globally, counts as one.)
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  MT_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
+  if (cudaStreamIsCapturing(s, &capturing) != cudaSuccess) {
+    cudaGetLastError();  // clear it, or the next launch check would report it
+    return 0;
+  }
   if (capturing != cudaStreamCaptureStatusNone) return 0;
   ++attempts;
   const int n = job.count;
