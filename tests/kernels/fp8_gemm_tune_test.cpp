@@ -108,6 +108,7 @@ TEST(Fp8GemmTune, ModeFromSetting) {
 // another candidate than the heuristic's first (MT_FP8_GEMM_TUNE=0 / MT_GEMM_TUNE=0 keep its choice).
 TEST_F(Fp8GemmTuneGpu, TunedBitIdenticalToUntuned) {
   const Shape shapes[] = {{48, 80, 64}, {1040, 3056, 2064}, {2064, 1040, 4112}};
+  const Fp8TuneStats start = fp8_gemm_tune_stats();
   for (const Shape s : shapes) {
     SCOPED_TRACE(testing::Message() << s.M << " x " << s.N << " x " << s.K);
     set_fp8_gemm_tuning(false);
@@ -119,7 +120,6 @@ TEST_F(Fp8GemmTuneGpu, TunedBitIdenticalToUntuned) {
     set_fp8_gemm_tuning(true);
     const auto on = layer(s.M, s.N, s.K, 900);
     const Fp8TuneStats after_on = fp8_gemm_tune_stats();
-    EXPECT_GT(after_on.tuned, after_off.tuned) << "random codes are informative: tuning should have run";
     ASSERT_EQ(on.size(), off.size());
     const char* what[] = {"forward (fast accumulation, residual)", "data gradient", "weight gradient, first",
                           "weight gradient, second"};
@@ -132,6 +132,8 @@ TEST_F(Fp8GemmTuneGpu, TunedBitIdenticalToUntuned) {
                 static_cast<long long>(s.M), static_cast<long long>(s.N), static_cast<long long>(s.K), after_on.tuned,
                 static_cast<long long>(after_on.runs_off_default));
   }
+  // Random codes are informative: tuning ran (a tiny shape may offer one candidate only, so over all).
+  EXPECT_GT(fp8_gemm_tune_stats().tuned, start.tuned);
 }
 
 // The block-scaled GEMMs (fp8_block_gemm.cpp) share the plans' tuning: the forward (1x128 activation
