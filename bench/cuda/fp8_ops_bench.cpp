@@ -7,7 +7,8 @@
 // kernels far below it stand out; then their sum per step in the default path's mix (per layer
 // and micro-batch as docs/fp8_tensorwise_accounting.md counts it, x 16 layers x 8 micro-batches).
 // The casts and transposes run with each vector kernel (fp8_cast_kernel.h; "_smem": the
-// shared-memory tiles the lane blocks replaced), so one call says which to keep.
+// shared-memory tiles the lane blocks replaced), so one call says which to keep; the producers
+// that find an amax for the casts (RMSNorm, SwiGLU both ways) run with and without it.
 // Inputs and outputs rotate over sets of >= 128 MiB together, so the L2 serves no repeated reads.
 //
 // fp8gemm: each layer's forward (fast accumulation, residual C where the model adds one), data
@@ -172,6 +173,26 @@ struct CastBench {
     run("fp8_swiglu_bwd_amax", dims(R, F) + " dy, h", 6.0 * R * F, n,
         [&](int s) { g::swiglu_backward_amax(dy[s], h[s], a); });
   }
+
+  // The producers that find their output's amax for the next cast (tensorwise's fusion, model/
+  // fp8.h), with and without it: what their per-warp same-address atomics cost, if anything.
+  void producers(int64_t R, int64_t H, int64_t F) {
+    const int nh = sets_for(4.0 * R * H), nf = sets_for(10.0 * R * F);
+    std::vector<Tensor> x, h, dy;
+    for (int i = 0; i < nh; ++i) x.push_back(random_bf16(R, H, 500 + i));
+    for (int i = 0; i < nf; ++i) h.push_back(random_bf16(R, 2 * F, 600 + i)), dy.push_back(random_bf16(R, F, 700 + i));
+    const Tensor w = random_bf16(1, H, 800).view({H});
+    Tensor rstd = Tensor::empty({R}, DType::F32, Device::CUDA), a = scalar(0.f);
+    for (const bool with : {false, true}) {
+      Tensor* am = with ? &a : nullptr;
+      const std::string tag = with ? "_amax" : "";
+      run("rmsnorm_fwd" + tag, dims(R, H) + " bf16", 4.0 * R * H, nh,
+          [&](int s) { g::rmsnorm_forward(x[s], w, 1e-5f, rstd, am); });
+      run("swiglu_fwd" + tag, dims(R, 2 * F) + " bf16", 6.0 * R * F, nf, [&](int s) { g::swiglu_forward(h[s], am); });
+      run("swiglu_bwd" + tag, dims(R, F) + " bf16", 10.0 * R * F, nf,
+          [&](int s) { g::swiglu_backward(dy[s], h[s], am); });
+    }
+  }
 };
 
 }  // namespace
@@ -197,6 +218,7 @@ void bench_fp8_casts() {
   const Ms t_qkv = b.transpose(kQkv, kHidden, "qkv w"), t_proj = b.transpose(kHidden, kHidden, "proj w");
   const Ms t_fc1 = b.transpose(2 * kFfn, kHidden, "fc1 w"), t_fc2 = b.transpose(kHidden, kFfn, "fc2 w");
   b.swiglu(kRows, kFfn);
+  b.producers(kRows, kHidden, kFfn);
   // One layer's casts in one micro-batch, the default tensorwise path (producer amaxes in the norms
   // and SwiGLU, so the amax passes are those of proj's input and of three gradients).
   const Ms fwd = both_h * 2 + (amax_h + q_h) + both_f;
