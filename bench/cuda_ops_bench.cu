@@ -8,7 +8,11 @@
 // GEMMs are timed with cuBLASLt autotuning off (the heuristic's choice) and on (ops *_tuned);
 // MT_GEMM_TUNE=verbose also prints each tuned shape's choice to stderr.
 //
-//   cuda_ops_bench [--quick] [--only=gemm|attn|mem|longattn|varlen] [--seq=N] [--varlen-layouts=tokens,heads]
+//   cuda_ops_bench [--quick] [--only=gemm|attn|mem|longattn|varlen|fp8cast|fp8gemm] [--seq=N]
+//                  [--varlen-layouts=tokens,heads]
+//
+// fp8cast / fp8gemm (bench/cuda/fp8_ops_bench.cpp): the FP8 casts of the tensorwise recipe at
+// llama-1.5b's shapes in GB/s against the measured copy rate, and the FP8 GEMMs tuned and not.
 //
 // longattn (bench/gpu_longseq_bench.sh): llama-1.5b's heads (32 query, 8 key/value, dim 64) at
 // one sequence of --seq tokens (default 32768), causal, then the same sequence packed with
@@ -26,11 +30,14 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/ops_bench.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops_cuda.h"
 
 using namespace mt::cuda;
+using mt::bench::report;
+using mt::bench::time_ms;
 
 namespace {
 
@@ -48,41 +55,12 @@ DeviceBuffer<T> random_buffer(size_t n, uint64_t seed, float lo = -1.f, float hi
   return b;
 }
 
-// Median over `reps` batches of `iters` calls, in ms per call.
-double time_ms(const std::function<void(int)>& f, int iters, int reps = 5) {
-  cudaEvent_t a, b;
-  MT_CUDA_CHECK(cudaEventCreate(&a));
-  MT_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) f(i);  // warm-up: handles, plans, module load
-  MT_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    MT_CUDA_CHECK(cudaEventRecord(a));
-    for (int i = 0; i < iters; ++i) f(i);
-    MT_CUDA_CHECK(cudaEventRecord(b));
-    MT_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms / iters);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 struct Row {
   std::string op, shape;
   double ms, rate;
   const char* unit;
 };
 std::vector<Row> g_rows;
-
-void report(const std::string& op, const std::string& shape, double ms, double rate, const char* unit) {
-  std::printf("{\"op\":\"%s\",\"shape\":\"%s\",\"ms\":%.4f,\"%s\":%.1f}\n", op.c_str(), shape.c_str(), ms, unit, rate);
-  std::fflush(stdout);
-  g_rows.push_back({op, shape, ms, rate, unit});
-}
 
 // Uniform values in [lo, hi) from a per-element hash, generated on the device: the GEMM inputs
 // reach 1e9 elements (the LM head's logits gradient), too many to draw on the host.
@@ -497,8 +475,50 @@ void bench_memory_bound() {
 
 }  // namespace
 
+namespace mt::bench {
+
+bool quick() { return g_quick; }
+
+void fill_uniform_bf16(void* p, int64_t n, uint64_t seed, float lo, float hi, cudaStream_t s) {
+  fill_uniform_kernel<<<4096, 256, 0, s>>>(static_cast<bf16*>(p), n, seed, lo, hi);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+double time_ms(const std::function<void(int)>& f, int iters, int reps, cudaStream_t s) {
+  cudaEvent_t a, b;
+  MT_CUDA_CHECK(cudaEventCreate(&a));
+  MT_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 2; ++i) f(i);  // warm-up: handles, plans, module load
+  MT_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    MT_CUDA_CHECK(cudaEventRecord(a, s));
+    for (int i = 0; i < iters; ++i) f(i);
+    MT_CUDA_CHECK(cudaEventRecord(b, s));
+    MT_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / iters);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void report(const std::string& op, const std::string& shape, double ms, double rate, const char* unit,
+            const std::string& extra) {
+  std::printf("{\"op\":\"%s\",\"shape\":\"%s\",\"ms\":%.4f,\"%s\":%.1f%s}\n", op.c_str(), shape.c_str(), ms, unit,
+              rate, extra.c_str());
+  std::fflush(stdout);
+  g_rows.push_back({op, shape, ms, rate, unit});
+}
+
+}  // namespace mt::bench
+
 int main(int argc, char** argv) {
-  std::string only;  // --only=gemm|attn|mem|longattn|varlen runs one group (the last two only when named)
+  // --only=gemm|attn|mem|longattn|varlen|fp8cast|fp8gemm runs one group (the last four only when named)
+  std::string only;
   int64_t seq = 32768;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) g_quick = true;
@@ -530,6 +550,8 @@ int main(int argc, char** argv) {
       }
       bench_varlen_attention(32768, "uniform", 64, 1024);  // many short documents
     }
+    if (only == "fp8cast") mt::bench::bench_fp8_casts();
+    if (only == "fp8gemm") mt::bench::bench_fp8_gemms();
     if (only == "longattn") {
       bench_attention(1, 32, 8, seq, 64);  // llama-1.5b's heads, one long sequence
       bench_packed_attention(32, 8, seq, 64, 4096);

@@ -10,6 +10,11 @@
 #                    block-scaled GEMMs in E4M3 throughout, Transformer Engine's blockwise default)
 #   MT_FP8_AB=1      each recipe also with MT_FP8_UNFUSED=1 (the casts without the producer
 #                    fusion, model/fp8.h): the fusion's gain measured on the same machine
+#   MT_FP8_TUNE_AB=1 each recipe also with MT_FP8_GEMM_TUNE=0 (the FP8 GEMMs on the heuristic's
+#                    first choice, the bf16 ones still tuned; "-no-fp8-tune" in the bench name):
+#                    the FP8 GEMM autotuning's gain (kernels/cuda/fp8_lt.h) on the same card
+#   MT_FP8_CAST_AB=1 each recipe also with MT_FP8_CAST_KERNEL=tile (the casts' shared-memory tile
+#                    kernels instead of the lane blocks, kernels/cuda/fp8_cast_kernel.h; "-smem-casts")
 #   MT_FP8_OPTIN=1   tensorwise also with each switch of model/fp8.h (Fp8Switches) flipped from its
 #                    default ("-no-fused-scale", "-no-wt-from-codes", "-swiglu-grad-codes" in the
 #                    bench name), the default path's line first: old and new in one call on one
@@ -71,6 +76,10 @@ for recipe in ${MT_FP8_RECIPES:-delayed tensorwise}; do
   if [ "${TOK:-0}" -gt "$best_tok" ]; then best=$recipe; best_tok=$TOK; fi
   # shellcheck disable=SC2046
   [ "${MT_FP8_AB:-0}" = 1 ] && MT_FP8_UNFUSED=1 run "fp8-$recipe-unfused" $(fp8_args "$recipe")
+  # shellcheck disable=SC2046
+  [ "${MT_FP8_TUNE_AB:-0}" = 1 ] && MT_FP8_GEMM_TUNE=0 run "fp8-$recipe-no-fp8-tune" $(fp8_args "$recipe")
+  # shellcheck disable=SC2046
+  [ "${MT_FP8_CAST_AB:-0}" = 1 ] && MT_FP8_CAST_KERNEL=tile run "fp8-$recipe-smem-casts" $(fp8_args "$recipe")
   if [ "${MT_FP8_OPTIN:-0}" = 1 ] && [ "$recipe" = tensorwise ]; then
     # shellcheck disable=SC2046
     MT_FP8_FUSED_SCALE=0 run "fp8-$recipe-no-fused-scale" $(fp8_args "$recipe")

@@ -31,6 +31,12 @@
 #             decode kernels, the decode graph arena) and of what they replace
 #   fp8optin  #18: bf16, tensorwise, and tensorwise with each cast switch flipped from its default
 #             (MT_FP8_OPTIN=1 bench/gpu_fp8_bench.sh), 8 iterations
+#   fp8tune   #18: the FP8 GPU tests (ctest -L gpu -R 'Fp8|BackendOps|GemmTune': the vector casts vs the
+#             CPU, tuned FP8 GEMMs against untuned), cuda_ops_bench --only=fp8cast (each cast kernel
+#             in GB/s against the copy rate, both vector kernels) and --only=fp8gemm (tuning off /
+#             on, verbose), and bf16 / tensorwise / tensorwise with MT_FP8_GEMM_TUNE=0, 8 iterations,
+#             and the breakdowns (~400 s; MT_FP8_CAST_AB=1 adds a tensorwise run with
+#             MT_FP8_CAST_KERNEL=tile, ~50 s more)
 #   genopt    #22: the decode ops' GPU tests (ctest -L gpu -R 'Decode|Gemv|InferenceGpu|KvCache':
 #             the fusions, both GEMV kernels, the decode kernels, the engine), then batch-1 decode,
 #             graphs only: default / general / default-fusions / default+gemv-base / default+arena,
@@ -91,6 +97,9 @@ for p in ${PARTS//,/ }; do
     fp8pg) MT_SKIP_LLAMA8=1 MT_RUN_TIMEOUT=200 part fp8pg 400 bash bench/gpu_dist_bench.sh fp8 ;;
     optests) part optests 400 bash -c "cd $B && ctest -L gpu -R 'Fp8|BackendOps|Decode|InferenceGpu|KvCache' --output-on-failure" ;;
     fp8optin) MT_BENCH_ITERS=8 MT_FP8_RECIPES=tensorwise MT_FP8_OPTIN=1 part fp8optin 500 bash bench/gpu_fp8_bench.sh ;;
+    fp8tune) part fp8tune 480 bash -c "(cd $B && timeout 150 ctest -L gpu -R 'Fp8|BackendOps|GemmTune' --output-on-failure);
+               timeout 60 $B/bin/cuda_ops_bench --only=fp8cast; MT_GEMM_TUNE=verbose timeout 90 $B/bin/cuda_ops_bench --only=fp8gemm;
+               MT_BENCH_ITERS=8 MT_FP8_RECIPES=tensorwise MT_FP8_TUNE_AB=1 MT_FP8_CAST_AB=${MT_FP8_CAST_AB:-0} bash bench/gpu_fp8_bench.sh" ;;
     genopt) MT_DECODE_GRAPH_STATS=1 MT_GEN_HF=0 MT_GEN_ARGS="--graphs-only 1 --ttft-prompt 0" part genopt 500 bash -c \
               "(cd $B && ctest -L gpu -R 'Decode|Gemv|InferenceGpu|KvCache' --output-on-failure | tail -30);
                bash bench/gpu_generate_bench.sh && grep -h 'decode graph at' $OUT/generate_bench.err | head -12" ;;

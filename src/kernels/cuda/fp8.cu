@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/fp8_cast_kernel.h"
 #include "kernels/cuda/fp8_tile.cuh"
 #include "kernels/cuda/tensor_args.h"
 #include "kernels/fp8_scale.h"
@@ -21,17 +22,30 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// 8 consecutive elements (16-byte aligned) as floats, in one or two vector loads.
+// 8 consecutive elements (16-byte aligned) as loaded, in one or two 16-byte vectors: a kernel
+// that issues many loads before using any keeps them in this form (4 registers for bf16), not as
+// 8 floats each.
+template <typename T>
+struct Raw8 {
+  uint4 w[sizeof(T) / 2];
+};
+template <typename T>
+__device__ __forceinline__ Raw8<T> fetch8(const T* p) {
+  Raw8<T> r;
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T) / 2); ++i) r.w[i] = reinterpret_cast<const uint4*>(p)[i];
+  return r;
+}
+template <typename T>
+__device__ __forceinline__ void unpack8(const Raw8<T>& r, float* v) {
+  const T* e = reinterpret_cast<const T*>(r.w);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = to_f(e[k]);
+}
+// The 8 elements at p as floats.
 template <typename T>
 __device__ __forceinline__ void load8(const T* p, float* v) {
-  if constexpr (sizeof(T) == 2) {
-    alignas(16) T e[8];
-    *reinterpret_cast<uint4*>(e) = *reinterpret_cast<const uint4*>(p);
-    for (int k = 0; k < 8; ++k) v[k] = to_f(e[k]);
-  } else {
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  }
+  unpack8(fetch8(p), v);
 }
 
 template <typename T>
@@ -42,17 +56,56 @@ __global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* amax) {
   commit_amax(m, amax);
 }
 
-// The same over 8-element vectors (16 bytes of bf16 per load): tensorwise scaling runs this pass
-// before every cast, so it should stream at memory bandwidth. n8 = n / 8 vectors.
+// Joins a block's running max |x| and clipped count into *amax (unless null: the amax is known
+// already) and *saturated with one atomic each: a 256 MB gradient is thousands of blocks, and
+// same-address atomics queue at one L2 slice (per-warp atomics were 8x as many).
+__device__ __forceinline__ void commit_block(float m, unsigned clipped, float* amax, unsigned long long* saturated) {
+  __shared__ float block_max[kVecThreads / 32];
+  __shared__ unsigned block_clipped[kVecThreads / 32];
+  m = warp_max(m);
+  for (int o = 16; o > 0; o >>= 1) clipped += __shfl_xor_sync(0xffffffffu, clipped, o);
+  if ((threadIdx.x & 31) == 0) {
+    block_max[threadIdx.x / 32] = m;
+    block_clipped[threadIdx.x / 32] = clipped;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float bm = 0.f;
+  unsigned long long bc = 0;
+  for (int w = 0; w < kVecThreads / 32; ++w) {
+    bm = fmaxf(bm, block_max[w]);
+    bc += block_clipped[w];
+  }
+  if (amax) atomic_max_nonneg(amax, bm);
+  if (saturated && bc) atomicAdd(saturated, bc);
+}
+
+// The same over 8-element vectors, for the vector-aligned tensors of the FP8 path: tensorwise
+// scaling runs this pass before many casts, so it should stream at memory bandwidth. Each thread
+// keeps 4 loads (64 bytes of bf16) in flight per round, and a block commits once (commit_block):
+// one wave of resident blocks (resident_blocks()) strides over the tensor. n8 = n / 8 vectors.
+constexpr int kAmaxUnroll = 4;
 template <typename T>
-__global__ void amax_vec_kernel(const T* __restrict__ x, int64_t n8, float* amax) {
+__global__ void __launch_bounds__(kVecThreads) amax_vec_kernel(const T* __restrict__ x, int64_t n8, float* amax) {
   float m = 0.f;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n8; i += int64_t{gridDim.x} * blockDim.x) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  for (; i + (kAmaxUnroll - 1) * stride < n8; i += kAmaxUnroll * stride) {
+    float v[kAmaxUnroll][8];
+#pragma unroll
+    for (int u = 0; u < kAmaxUnroll; ++u) load8(x + 8 * (i + u * stride), v[u]);
+#pragma unroll
+    for (int u = 0; u < kAmaxUnroll; ++u)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[u][k]));
+  }
+  for (; i < n8; i += stride) {
     float v[8];
     load8(x + 8 * i, v);
+#pragma unroll
     for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
   }
-  commit_amax(m, amax);
+  commit_block(m, 0, amax, nullptr);
 }
 
 __global__ void delayed_update_kernel(float* h, int64_t L, float* scale, const float* amax, float scaled_max,
@@ -161,22 +214,26 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_
 }
 
 // The same, vectorised, for the GPU FP8 path's tensors (both dimensions multiples of 8, x 16-byte
-// aligned): 64x64 tiles, 256 threads; each thread loads 8 elements (16 bytes of bf16), writes
-// their 8 codes row-major in one 8-byte store, and later 8 codes of one column transposed, so
-// every global access is a vector and a warp's stores cover whole 64-byte row pieces. This pass is
-// the FP8 step's overhead over bf16: it has to run near memory bandwidth.
+// aligned): 256 x 64 tiles of 256 threads, each lane an 8x8 block (fp8_tile.cuh), every global
+// access a vector covering whole sectors. This pass is the FP8 step's overhead over bf16: it has
+// to run near memory bandwidth, so each lane keeps 128 bytes of loads in flight (the 64x64 shared
+// memory tile it replaces had 32, and blocks too short to overlap their loads with their stores).
 //
-// The elements come from a loader: load(r, c, v) writes the 8 values of row r, columns c..c+7, as
-// fp32. A plain cast loads them from x; the fused casts (FP8 producer fusion, ops.def) compute them
-// from the producer's inputs (SwiGLU's h, its backward's dy and h) and round them to the storage
-// type exactly as the producer's own kernel stores them, so the codes are those of the unfused
-// path bit for bit, without the tensor ever written in bf16 or read back.
+// The elements come from a loader in two steps: raw = load.fetch(r, c) issues the loads of row r,
+// columns c..c+7 (all a lane's rows are fetched before any is used: the loads stay in flight
+// together), load.values(raw, c, v) turns them into the 8 values as fp32. A plain cast loads them
+// from x; the fused casts (FP8 producer fusion, ops.def) compute them from the producer's inputs
+// (SwiGLU's h, its backward's dy and h) and round them to the storage type exactly as the
+// producer's own kernel stores them, so the codes are those of the unfused path bit for bit,
+// without the tensor ever written in bf16 or read back.
 
 template <typename T>
 struct PlainLoad {
   const T* __restrict__ x;
   int64_t C;
-  __device__ __forceinline__ void operator()(int64_t r, int64_t c, float* v) const { load8(x + r * C + c, v); }
+  using Raw = Raw8<T>;
+  __device__ __forceinline__ Raw fetch(int64_t r, int64_t c) const { return fetch8(x + r * C + c); }
+  __device__ __forceinline__ void values(const Raw& raw, int64_t, float* v) const { unpack8(raw, v); }
 };
 
 // SwiGLU's output a [R, F] = silu(gate) * up from h [R, 2F] = [gate | up], stored as T.
@@ -184,10 +241,16 @@ template <typename T>
 struct SwigluLoad {
   const T* __restrict__ h;
   int64_t F;
-  __device__ __forceinline__ void operator()(int64_t r, int64_t c, float* v) const {
+  struct Raw {
+    Raw8<T> g, u;
+  };
+  __device__ __forceinline__ Raw fetch(int64_t r, int64_t c) const {
+    return {fetch8(h + r * 2 * F + c), fetch8(h + r * 2 * F + F + c)};
+  }
+  __device__ __forceinline__ void values(const Raw& raw, int64_t, float* v) const {
     float g[8], u[8];
-    load8(h + r * 2 * F + c, g);
-    load8(h + r * 2 * F + F + c, u);
+    unpack8(raw.g, g);
+    unpack8(raw.u, u);
     for (int k = 0; k < 8; ++k) v[k] = to_f(from_f<T>(swiglu_value(g[k], u[k])));
   }
 };
@@ -216,11 +279,24 @@ struct SwigluGradLoad {
   const T* __restrict__ dy;
   const T* __restrict__ h;
   int64_t F;
-  __device__ __forceinline__ void operator()(int64_t r, int64_t c, float* v) const {
+  struct Raw {
+    Raw8<T> d, g, u;
+  };
+  __device__ __forceinline__ Raw fetch(int64_t r, int64_t c) const {
+    const int64_t j = c < F ? c : c - F;
+    return {fetch8(dy + r * F + j), fetch8(h + r * 2 * F + j), fetch8(h + r * 2 * F + F + j)};
+  }
+  __device__ __forceinline__ void values(const Raw& raw, int64_t c, float* v) const {
     const bool gate = c < F;
-    float dg[8], du[8];
-    swiglu_grads8(dy, h, F, r, gate ? c : c - F, dg, du);
-    for (int k = 0; k < 8; ++k) v[k] = gate ? dg[k] : du[k];
+    float d[8], g[8], u[8];
+    unpack8(raw.d, d);
+    unpack8(raw.g, g);
+    unpack8(raw.u, u);
+    for (int k = 0; k < 8; ++k) {
+      float dg, du;
+      swiglu_grads(d[k], g[k], u[k], dg, du);  // swiglu_grads8's expression, one half kept
+      v[k] = to_f(from_f<T>(gate ? dg : du));
+    }
   }
 };
 
@@ -245,77 +321,107 @@ __global__ void swiglu_grad_amax_kernel(const T* __restrict__ dy, const T* __res
     swiglu_grads8(dy, h, F, (8 * i) / F, (8 * i) % F, dg, du);
     for (int k = 0; k < 8; ++k) m = fmaxf(m, fmaxf(fabsf(dg[k]), fabsf(du[k])));
   }
-  commit_amax(m, amax);
+  commit_block(m, 0, amax, nullptr);
 }
 
-template <typename Load>
-__global__ void __launch_bounds__(kVecThreads)
-    cast_transpose_vec_kernel(Load load, int64_t R, int64_t C, const float* scale, bool e5m2, float fp8_max,
-                              uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
-                              unsigned long long* saturated, CurrentScale cur) {
-  __shared__ __align__(8) uint8_t tile[kVecTile][kVecPitch];
+// The scale a cast uses: its state's, or (current scaling, cur.amax set) the one computed from the
+// amax, which block (0, 0) also stores with its copy and inverse.
+__device__ __forceinline__ float cast_scale(const float* scale, float fp8_max, const CurrentScale& cur) {
   const float s = cur.amax ? fp8::scale_from_amax(*cur.amax, fp8_max, 1.f) : *scale;
   if (cur.amax && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
     *cur.scale = s;
     *cur.used = s;
     *cur.used_inv = 1.f / s;
   }
+  return s;
+}
+
+// The codes of 8 consecutive values (lo: the first four, hi: the rest; value k at byte k % 4),
+// joining max |v| into m and the values that clip into `clipped`.
+__device__ __forceinline__ void codes8(const float* v, float s, float fp8_max, __nv_fp8_interpretation_t kind,
+                                       float& m, unsigned& clipped, uint32_t& lo, uint32_t& hi) {
+  lo = hi = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    m = fmaxf(m, fabsf(v[k]));
+    clipped += fabsf(v[k] * s) > fp8_max;
+    const uint32_t code = __nv_cvt_float_to_fp8(v[k] * s, __NV_SATFINITE, kind);
+    if (k < 4) lo |= code << (8 * k);
+    else hi |= code << (8 * (k - 4));
+  }
+}
+
+// The vector cast (fp8_tile.cuh's layout): each lane loads its 8x8 block (8 rows of 8 elements,
+// 16 bytes of bf16 each: 128 bytes in flight a lane, all issued before any is used), writes the
+// codes row-major (one 8-byte store a row) and, transposed in registers, column-major (one 8-byte
+// store a column). No shared memory but the block's reduction. The codes, amax and clipped count
+// are the scalar kernel's: the same expression per element, max and sum being order-free.
+template <typename Load>
+__global__ void __launch_bounds__(kVecThreads)
+    cast_transpose_vec_kernel(Load load, int64_t R, int64_t C, const float* scale, bool e5m2, float fp8_max,
+                              uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
+                              unsigned long long* saturated, CurrentScale cur) {
+  const float s = cast_scale(scale, fp8_max, cur);
   const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
-  const int64_t r0 = int64_t{blockIdx.y} * kVecTile, c0 = int64_t{blockIdx.x} * kVecTile;
+  const int64_t r = lane_row(int64_t{blockIdx.y} * kVecTileRows), c = lane_col(int64_t{blockIdx.x} * kVecTileCols);
+  float m = 0.f;
+  unsigned clipped = 0;
+  if (r < R && c < C) {  // R, C multiples of 8: a lane's block is wholly inside or outside
+    typename Load::Raw raw[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) raw[i] = load.fetch(r + i, c);
+    uint32_t lo[8], hi[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float v[8];
+      load.values(raw[i], c, v);
+      codes8(v, s, fp8_max, kind, m, clipped, lo[i], hi[i]);
+      if (q) *reinterpret_cast<uint2*>(q + (r + i) * C + c) = make_uint2(lo[i], hi[i]);
+    }
+    if (qt) store_block_transposed(lo, hi, r, c, R, qt);
+  }
+  commit_block(m, clipped, amax, saturated);
+}
+
+// The same through a 64x64 shared-memory tile (MT_FP8_CAST_KERNEL=tile, fp8_cast_kernel.h): each
+// thread loads 8 elements of a row twice (32 bytes in flight), writes their codes row-major and
+// into the tile, and after the block's barrier 8 rows of a tile column (a row of qt).
+template <typename Load>
+__global__ void __launch_bounds__(kVecThreads)
+    cast_transpose_smem_kernel(Load load, int64_t R, int64_t C, const float* scale, bool e5m2, float fp8_max,
+                               uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
+                               unsigned long long* saturated, CurrentScale cur) {
+  __shared__ __align__(8) uint8_t tile[kSmemTile][kSmemPitch];
+  const float s = cast_scale(scale, fp8_max, cur);
+  const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const int64_t r0 = int64_t{blockIdx.y} * kSmemTile, c0 = int64_t{blockIdx.x} * kSmemTile;
   const int tc = (threadIdx.x % 8) * 8;  // this thread's 8 columns in the tile
   float m = 0.f;
   unsigned clipped = 0;
-  // All of this thread's loads first (its rows of the tile), then the codes: the loads stay in
-  // flight together whatever the compiler assumes about the loader's pointers and q aliasing.
-  constexpr int kPasses = kVecTile / (kVecThreads / 8);
-  float v[kPasses][8];
+  constexpr int kPasses = kSmemTile / (kVecThreads / 8);
+  typename Load::Raw raw[kPasses];
   bool inside[kPasses];
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     const int64_t r = r0 + threadIdx.x / 8 + p * (kVecThreads / 8), c = c0 + tc;
     inside[p] = r < R && c < C;  // C % 8 == 0: a vector is wholly inside or outside
-    if (inside[p]) load(r, c, v[p]);
+    if (inside[p]) raw[p] = load.fetch(r, c);
   }
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     if (!inside[p]) continue;
     const int i = threadIdx.x / 8 + p * (kVecThreads / 8);
     const int64_t r = r0 + i, c = c0 + tc;
-    uint32_t lo = 0, hi = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      m = fmaxf(m, fabsf(v[p][k]));
-      clipped += fabsf(v[p][k] * s) > fp8_max;
-      const uint32_t code = __nv_cvt_float_to_fp8(v[p][k] * s, __NV_SATFINITE, kind);
-      if (k < 4) lo |= code << (8 * k);
-      else hi |= code << (8 * (k - 4));
-    }
+    float v[8];
+    load.values(raw[p], c, v);
+    uint32_t lo, hi;
+    codes8(v, s, fp8_max, kind, m, clipped, lo, hi);
     if (q) *reinterpret_cast<uint2*>(q + r * C + c) = make_uint2(lo, hi);
     *reinterpret_cast<uint32_t*>(&tile[i][tc]) = lo;
     *reinterpret_cast<uint32_t*>(&tile[i][tc + 4]) = hi;
   }
-  // One atomic per block, not per warp: a 256 MB gradient is 32768 tiles, and same-address
-  // atomics queue at one L2 slice.
-  __shared__ float block_max[kVecThreads / 32];
-  __shared__ unsigned block_clipped[kVecThreads / 32];
-  m = warp_max(m);
-  for (int o = 16; o > 0; o >>= 1) clipped += __shfl_xor_sync(0xffffffffu, clipped, o);
-  if ((threadIdx.x & 31) == 0) {
-    block_max[threadIdx.x / 32] = m;
-    block_clipped[threadIdx.x / 32] = clipped;
-  }
-  __syncthreads();  // also completes the tile for the transposed writes
-  if (threadIdx.x == 0) {
-    float bm = 0.f;
-    unsigned long long bc = 0;
-    for (int w = 0; w < kVecThreads / 32; ++w) {
-      bm = fmaxf(bm, block_max[w]);
-      bc += block_clipped[w];
-    }
-    if (amax) atomic_max_nonneg(amax, bm);  // none where the amax is known already
-    if (bc) atomicAdd(saturated, bc);
-  }
-  if (qt) store_tile_transposed(tile, r0, c0, R, C, qt);
+  commit_block(m, clipped, amax, saturated);  // its barrier also completes the tile
+  if (qt) store_smem_tile_transposed(tile, r0, c0, R, C, qt);
 }
 
 }  // namespace
@@ -325,6 +431,21 @@ namespace mt::ops::gpu {
 
 using cuda::compute_stream;
 
+namespace {
+
+// Blocks of kVecThreads that fit the device at once (8 an SM): a grid-stride pass sized to one wave.
+unsigned resident_blocks() {
+  static const unsigned n = [] {
+    int dev = 0, sms = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return static_cast<unsigned>(sms * (2048 / cuda::kVecThreads));
+  }();
+  return n;
+}
+
+}  // namespace
+
 void fp8_amax(const Tensor& x, Tensor& amax) {
   float* a = cuda_data<float>(amax, DType::F32, 1, "fp8_amax (amax)");
   MT_CUDA_CHECK(cudaMemsetAsync(a, 0, sizeof(float), compute_stream()));
@@ -333,8 +454,8 @@ void fp8_amax(const Tensor& x, Tensor& amax) {
   const bool vec = n % 8 == 0 && reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
   with_float_type(x, [&](auto* p) {
     if (vec)
-      cuda::amax_vec_kernel<<<cuda::grid_for(n / 8, cuda::kThreads, 2048), cuda::kThreads, 0, compute_stream()>>>(
-          p, n / 8, a);
+      cuda::amax_vec_kernel<<<cuda::grid_for(n / 8, cuda::kVecThreads * cuda::kAmaxUnroll, resident_blocks()),
+                              cuda::kVecThreads, 0, compute_stream()>>>(p, n / 8, a);
     else
       cuda::amax_kernel<<<cuda::grid_for(n, cuda::kThreads, 1024), cuda::kThreads, 0, compute_stream()>>>(p, n, a);
   }, "fp8_amax");
@@ -424,16 +545,23 @@ struct CastOut {
   // allocations: 8-byte aligned unless views).
   bool vec(std::initializer_list<const void*> in) const {
     bool ok = R % 8 == 0 && C % 8 == 0 && reinterpret_cast<uintptr_t>(q) % 8 == 0 &&
-              reinterpret_cast<uintptr_t>(qt) % 8 == 0 && cuda::ceil_div(R, cuda::kVecTile) < 65536;
+              reinterpret_cast<uintptr_t>(qt) % 8 == 0 && cuda::ceil_div(R, cuda::kSmemTile) < 65536;
     for (const void* p : in) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
     return ok;
   }
   template <typename Load>
   void launch_vec(const Load& load, const cuda::CurrentScale& cur = {}) const {
-    const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kVecTile)),
-                    static_cast<unsigned>(cuda::ceil_div(R, cuda::kVecTile)));
-    cuda::cast_transpose_vec_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(load, R, C, scale, e5m2, max, q,
-                                                                                      qt, amax, saturated, cur);
+    if (fp8_cast_smem_tiles()) {
+      const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kSmemTile)),
+                      static_cast<unsigned>(cuda::ceil_div(R, cuda::kSmemTile)));
+      cuda::cast_transpose_smem_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(load, R, C, scale, e5m2, max,
+                                                                                         q, qt, amax, saturated, cur);
+    } else {
+      const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kVecTileCols)),
+                      static_cast<unsigned>(cuda::ceil_div(R, cuda::kVecTileRows)));
+      cuda::cast_transpose_vec_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(load, R, C, scale, e5m2, max,
+                                                                                        q, qt, amax, saturated, cur);
+    }
     MT_CUDA_LAUNCH_CHECK();
   }
 };
@@ -497,7 +625,8 @@ void swiglu_backward_amax(const Tensor& dy, const Tensor& h, Tensor& amax) {
   float* a = cuda_data<float>(amax, DType::F32, 1, "swiglu_backward_amax (amax)");
   MT_CUDA_CHECK(cudaMemsetAsync(a, 0, sizeof(float), compute_stream()));
   if (n == 0) return;
-  cuda::swiglu_grad_amax_kernel<<<cuda::grid_for(n / 8, cuda::kThreads, 2048), cuda::kThreads, 0, compute_stream()>>>(
+  cuda::swiglu_grad_amax_kernel<<<cuda::grid_for(n / 8, cuda::kVecThreads, 2048), cuda::kVecThreads, 0,
+                                  compute_stream()>>>(
       dy.data<cuda::bf16>(), h.data<cuda::bf16>(), n / 8, F, a);
   MT_CUDA_LAUNCH_CHECK();
 }

@@ -5,9 +5,10 @@
 // a [M, K] b [N, K]^T computed as column-major D^T = b^T-as-stored x a, so cuBLASLt's A is our b.
 // The scales are applied per 128-wide K block inside the kernel, with fp32 accumulation; cuBLASLt
 // offers no fast accumulation here (Hopper's block-scaled kernels promote every K block).
+// A plan per GEMM and alignments (fp8_lt.h), autotuned on its first call (lt_tune.h).
 #include <map>
+#include <memory>
 #include <mutex>
-#include <optional>
 #include <tuple>
 
 #include "core/error.h"
@@ -37,20 +38,15 @@ void describe(LtDescs& x, const Fp8BlockGemm& g, const void* a_scale_inv, const 
   const int32_t am = scale_mode(g.b_tiles), bm = scale_mode(g.a_tiles);
   check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am), "A_SCALE_MODE");
   check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm), "B_SCALE_MODE");
-  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
-                                          sizeof b_scale_inv),
-           "A_SCALE_POINTER");
-  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
-                                          sizeof a_scale_inv),
-           "B_SCALE_POINTER");
+  set_scale_pointers(x, a_scale_inv, b_scale_inv);
   const auto K = static_cast<uint64_t>(g.k), M = static_cast<uint64_t>(g.m), N = static_cast<uint64_t>(g.n);
   check_lt(cublasLtMatrixLayoutCreate(&x.a, fp8_type(g.b_format), K, N, g.k), "layout A");
   check_lt(cublasLtMatrixLayoutCreate(&x.b, fp8_type(g.a_format), K, M, g.k), "layout B");
   check_lt(cublasLtMatrixLayoutCreate(&x.d, out_type(g.out), N, M, g.n), "layout D");
 }
 
-// The heuristic's algorithm per GEMM and pointer alignments (cuBLASLt's A, B, C, D), asked for
-// once (see fp8_gemm.cpp); nullopt: cuBLASLt runs no such GEMM here.
+// The plan per GEMM and pointer alignments (cuBLASLt's A, B, C, D), made once (see fp8_gemm.cpp);
+// null: cuBLASLt runs no such GEMM here (remembered too). The caller holds fp8_lt().mu.
 struct Key {
   int64_t m, n, k;
   int a_fmt, b_fmt, a_tiles, b_tiles, out, has_c;
@@ -62,8 +58,7 @@ struct Key {
   }
 };
 
-std::optional<cublasLtMatmulAlgo_t> algo_for(const Fp8BlockGemm& g, const uint32_t align[4], const void* a_scale_inv,
-                                             const void* b_scale_inv) {
+Fp8Plan* plan_for(const Fp8BlockGemm& g, const uint32_t align[4], const void* a_scale_inv, const void* b_scale_inv) {
   const Key key{g.m,
                 g.n,
                 g.k,
@@ -74,17 +69,16 @@ std::optional<cublasLtMatmulAlgo_t> algo_for(const Fp8BlockGemm& g, const uint32
                 static_cast<int>(g.out),
                 g.has_c,
                 {align[0], align[1], align[2], align[3]}};
-  static std::mutex mu;
-  static std::map<Key, std::optional<cublasLtMatmulAlgo_t>> algos;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = algos.find(key);
-  if (it == algos.end()) {
-    LtDescs x;
-    describe(x, g, a_scale_inv, b_scale_inv);
-    cublasLtMatmulAlgo_t algo;
-    it = algos.emplace(key, fp8_lt_heuristic(x, key.align, algo) ? std::optional(algo) : std::nullopt).first;
+  // Never destroyed: the descriptors would outlive the dlopen'ed cuBLASLt at exit (cublaslt_loader.cpp).
+  static auto* plans = new std::map<Key, std::unique_ptr<Fp8Plan>>;
+  auto it = plans->find(key);
+  if (it == plans->end()) {
+    auto made = std::make_unique<Fp8Plan>();
+    describe(made->x, g, a_scale_inv, b_scale_inv);
+    if (!fp8_lt_candidates(*made, key.align)) made.reset();
+    it = plans->emplace(key, std::move(made)).first;
   }
-  return it->second;
+  return it->second.get();
 }
 
 // Stand-ins for the scale pointers of a query without tensors (aligned as any allocation).
@@ -108,7 +102,9 @@ bool takes(const Fp8BlockGemm& g) {
 bool fp8_block_gemm_supported(Device /*device*/, const Fp8BlockGemm& g) {
   if (!takes(g)) return false;
   const uint32_t aligned[4] = {256, 256, 256, 256};  // fresh allocations
-  return algo_for(g, aligned, placeholder_scales(), placeholder_scales()).has_value();
+  const void* scales = placeholder_scales();
+  std::lock_guard<std::mutex> lock(fp8_lt().mu);
+  return plan_for(g, aligned, scales, scales) != nullptr;
 }
 
 void fp8_block_gemm_into(const Tensor& a, Fp8Format a_format, Fp8Tiles a_tiles, const Tensor& a_scale_inv,
@@ -132,21 +128,17 @@ void fp8_block_gemm_into(const Tensor& a, Fp8Format a_format, Fp8Tiles a_tiles, 
   if (g.m == 0 || g.n == 0) return;
   const void* cp = c ? c->raw() : d.raw();
   const uint32_t align[4] = {alignment_of(bp), alignment_of(ap), alignment_of(cp), alignment_of(d.raw())};
-  const std::optional<cublasLtMatmulAlgo_t> algo =
-      takes(g) ? algo_for(g, align, asi, bsi) : std::nullopt;
-  MT_CHECK(algo.has_value(),
+  std::lock_guard<std::mutex> lock(fp8_lt().mu);
+  Fp8Plan* p = takes(g) ? plan_for(g, align, asi, bsi) : nullptr;
+  MT_CHECK(p != nullptr,
            "fp8_block_gemm: cuBLASLt offers no block-scaled FP8 algorithm for {} x {} x {} ({} x {}, {} tiles x {} "
            "tiles, {} out{}; alignments {}/{}/{}/{}): this needs Hopper and CUDA 12.9 or newer",
            g.m, g.n, g.k, fp8_format_name(a_format), fp8_format_name(b_format),
            a_tiles == Fp8Tiles::Rows1x128 ? "1x128" : "128x128", b_tiles == Fp8Tiles::Rows1x128 ? "1x128" : "128x128",
            dtype_name(g.out), c ? " + C" : "", align[0], align[1], align[2], align[3]);
-  Fp8Lt& h = fp8_lt();
-  LtDescs x;
-  describe(x, g, asi, bsi);
-  const float alpha = 1.f, beta = c ? 1.f : 0.f;
-  check_lt(cublasLtMatmul(h.handle, x.op, &alpha, bp, x.a, ap, x.b, &beta, cp, x.d, d.raw(), x.d, &*algo,
-                          h.workspace, h.workspace_bytes, cuda::compute_stream()),
-           "cublasLtMatmul");
+  set_scale_pointers(p->x, asi, bsi);
+  fp8_lt_matmul(*p, {ap, bp, c ? c->raw() : nullptr, d.raw(), g.m, g.n, g.k, c ? 1.f : 0.f, g.out == DType::F32 ? 4 : 2},
+                "fp8 block gemm");
 }
 
 }  // namespace mt::ops::gpu

@@ -3,11 +3,15 @@
 // weight). The CPU reference is kernels/cpu/fp8_codes.cpp.
 #include <cuda_fp8.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/fp8_cast_kernel.h"
 #include "kernels/cuda/fp8_tile.cuh"
 #include "kernels/cuda/tensor_args.h"
 #include "kernels/fp8_codes.h"
@@ -44,17 +48,33 @@ __global__ void transpose_codes_kernel(const uint8_t* __restrict__ q, uint8_t* _
   }
 }
 
-// The same over 64x64 tiles in 8-byte vectors (R, C multiples of 8, pointers 8-byte aligned: the
-// weights' codes each backward transposes under MT_FP8_WT_FROM_CODES, model/fp8.h): one byte a
-// thread per access leaves the scalar kernel well short of memory bandwidth. 256 threads; each
-// loads 8 codes of a row twice, then stores 8 codes of a column twice (a row of qt), as the cast
-// kernel of fp8.cu writes its transpose.
+// The same in fp8_tile.cuh's layout (R, C multiples of 8, pointers 8-byte aligned: the weights'
+// codes each backward transposes under MT_FP8_WT_FROM_CODES, model/fp8.h): each lane loads its
+// 8x8 block as 8 row pieces of 8 bytes (64 bytes in flight), transposes it in registers and writes
+// 8 column pieces; one byte a thread per access leaves the scalar kernel well short of memory
+// bandwidth.
 __global__ void __launch_bounds__(kVecThreads)
     transpose_codes_vec_kernel(const uint8_t* __restrict__ q, uint8_t* __restrict__ qt, int64_t R, int64_t C) {
-  __shared__ __align__(8) uint8_t tile[kVecTile][kVecPitch];
-  const int64_t r0 = int64_t{blockIdx.y} * kVecTile, c0 = int64_t{blockIdx.x} * kVecTile;
+  const int64_t r = lane_row(int64_t{blockIdx.y} * kVecTileRows), c = lane_col(int64_t{blockIdx.x} * kVecTileCols);
+  if (r >= R || c >= C) return;  // R, C multiples of 8: a lane's block is wholly inside or outside
+  uint32_t lo[8], hi[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint2 v = *reinterpret_cast<const uint2*>(q + (r + i) * C + c);
+    lo[i] = v.x;
+    hi[i] = v.y;
+  }
+  store_block_transposed(lo, hi, r, c, R, qt);
+}
+
+// The same through a 64x64 shared-memory tile (MT_FP8_CAST_KERNEL=tile, fp8_cast_kernel.h): each
+// thread loads 8 codes of a row twice, then stores 8 codes of a column twice (a row of qt).
+__global__ void __launch_bounds__(kVecThreads)
+    transpose_codes_smem_kernel(const uint8_t* __restrict__ q, uint8_t* __restrict__ qt, int64_t R, int64_t C) {
+  __shared__ __align__(8) uint8_t tile[kSmemTile][kSmemPitch];
+  const int64_t r0 = int64_t{blockIdx.y} * kSmemTile, c0 = int64_t{blockIdx.x} * kSmemTile;
   const int tc = (threadIdx.x % 8) * 8;
-  for (int i = threadIdx.x / 8; i < kVecTile; i += kVecThreads / 8) {
+  for (int i = threadIdx.x / 8; i < kSmemTile; i += kVecThreads / 8) {
     const int64_t r = r0 + i, c = c0 + tc;
     if (r >= R || c >= C) continue;  // C % 8 == 0: a vector is wholly inside or outside
     const uint2 v = *reinterpret_cast<const uint2*>(q + r * C + c);
@@ -62,7 +82,7 @@ __global__ void __launch_bounds__(kVecThreads)
     *reinterpret_cast<uint32_t*>(&tile[i][tc + 4]) = v.y;
   }
   __syncthreads();
-  store_tile_transposed(tile, r0, c0, R, C, qt);
+  store_smem_tile_transposed(tile, r0, c0, R, C, qt);
 }
 
 }  // namespace
@@ -71,6 +91,16 @@ __global__ void __launch_bounds__(kVecThreads)
 namespace mt::ops::gpu {
 
 using cuda::compute_stream;
+
+namespace {
+std::atomic<bool> smem_tiles{[] {
+  const char* v = std::getenv("MT_FP8_CAST_KERNEL");
+  return v && std::strcmp(v, "tile") == 0;
+}()};
+}  // namespace
+
+bool fp8_cast_smem_tiles() { return smem_tiles.load(std::memory_order_relaxed); }
+void set_fp8_cast_smem_tiles(bool on) { smem_tiles.store(on, std::memory_order_relaxed); }
 
 Tensor fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Fp8Format format, DType dtype) {
   check_cuda_tensor(q, DType::U8, "fp8_dequantize (q)");
@@ -94,10 +124,16 @@ void fp8_transpose_codes(const Tensor& q, Tensor& qt) {
   if (R * C == 0) return;
   const auto* in = q.data<uint8_t>();
   if (R % 8 == 0 && C % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0 &&
-      cuda::ceil_div(R, cuda::kVecTile) < 65536) {
-    const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kVecTile)),
-                    static_cast<unsigned>(cuda::ceil_div(R, cuda::kVecTile)));
-    cuda::transpose_codes_vec_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(in, out, R, C);
+      cuda::ceil_div(R, cuda::kSmemTile) < 65536) {
+    if (fp8_cast_smem_tiles()) {
+      const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kSmemTile)),
+                      static_cast<unsigned>(cuda::ceil_div(R, cuda::kSmemTile)));
+      cuda::transpose_codes_smem_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(in, out, R, C);
+    } else {
+      const dim3 grid(static_cast<unsigned>(cuda::ceil_div(C, cuda::kVecTileCols)),
+                      static_cast<unsigned>(cuda::ceil_div(R, cuda::kVecTileRows)));
+      cuda::transpose_codes_vec_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(in, out, R, C);
+    }
     MT_CUDA_LAUNCH_CHECK();
     return;
   }

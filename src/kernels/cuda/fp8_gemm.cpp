@@ -2,9 +2,10 @@
 // ("TN", the only FP8 layout Hopper's cuBLASLt runs), per-tensor scale_invs read from the device
 // (A/B_SCALE_POINTER: no host sync), fp32 accumulation, bf16 or f32 output. Row-major D [M, N] =
 // a [M, K] b[N, K]^T is column-major D^T [N, M] = b^T-as-stored x a, so cuBLASLt's A is b
-// (transposed) and its B is a. Its own handle and workspace: the bf16 Gemm's tuning cache is
-// keyed for bf16 calls only.
+// (transposed) and its B is a. A plan per shape, types and alignments (fp8_lt.h), its algorithm
+// autotuned on the first call as the bf16 GEMMs' are (lt_tune.h).
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 
@@ -18,10 +19,10 @@ namespace mt::ops::gpu {
 
 namespace {
 
-// The heuristic's algorithm per GEMM shape and types, asked for once: the query costs far more
-// host time than the GEMM's launch, and a step runs the same few shapes over and over.
-// The pointers' alignments are part of it: the heuristic assumes 256-byte aligned operands unless
-// told otherwise, and views into the flat main-grad buffer or residual rows may be less aligned.
+// A plan per GEMM shape and types, made once: the heuristic's query costs far more host time than
+// the GEMM's launch, and a step runs the same few shapes over and over. The pointers' alignments
+// are part of it: the heuristic assumes 256-byte aligned operands unless told otherwise, and views
+// into the flat main-grad buffer or residual rows may be less aligned.
 struct AlgoKey {
   int64_t m, n, k;
   int a_fmt, b_fmt, out, has_c;  // has_c: bit 0 a C operand, bit 1 fast accumulation
@@ -32,39 +33,24 @@ struct AlgoKey {
   }
 };
 
+// The descriptors of a per-tensor-scaled GEMM (the scale pointers are set per call).
+void describe(LtDescs& x, int64_t M, int64_t N, int64_t K, Fp8Format a_format, Fp8Format b_format,
+              cudaDataType_t dt, bool fast_accum) {
+  check_lt(cublasLtMatmulDescCreate(&x.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), "TRANSA");
+  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n), "TRANSB");
+  const int8_t fast = fast_accum ? 1 : 0;
+  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), "FAST_ACCUM");
+  // cuBLASLt's A is our b, its B our a.
+  check_lt(cublasLtMatrixLayoutCreate(&x.a, fp8_type(b_format), static_cast<uint64_t>(K), static_cast<uint64_t>(N), K),
+           "layout A");
+  check_lt(cublasLtMatrixLayoutCreate(&x.b, fp8_type(a_format), static_cast<uint64_t>(K), static_cast<uint64_t>(M), K),
+           "layout B");
+  check_lt(cublasLtMatrixLayoutCreate(&x.d, dt, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N), "layout D");
+}
+
 }  // namespace
-
-Fp8Lt& fp8_lt() {
-  static Fp8Lt s;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    check_lt(cublasLtCreate(&s.handle), "cublasLtCreate");
-    MT_CUDA_CHECK(cudaMalloc(&s.workspace, s.workspace_bytes));
-  });
-  return s;
-}
-
-bool fp8_lt_heuristic(LtDescs& x, const uint32_t align[4], cublasLtMatmulAlgo_t& algo) {
-  Fp8Lt& h = fp8_lt();
-  check_lt(cublasLtMatmulPreferenceCreate(&x.pref), "preference");
-  check_lt(cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &h.workspace_bytes,
-                                                sizeof h.workspace_bytes),
-           "workspace preference");
-  const cublasLtMatmulPreferenceAttributes_t which[4] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (int i = 0; i < 4; ++i)
-    check_lt(cublasLtMatmulPreferenceSetAttribute(x.pref, which[i], &align[i], sizeof align[i]), "alignment preference");
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  // A refusal of the whole problem (an unsupported scale mode, type or shape) comes back as a status
-  // or as no result; either way there is no algorithm.
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(h.handle, x.op, x.a, x.b, x.d, x.d, x.pref, 1, &heur, &found);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
-  algo = heur.algo;
-  return true;
-}
 
 Tensor fp8_gemm(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b, Fp8Format b_format,
                 const Tensor& b_scale_inv, DType out_dtype) {
@@ -96,24 +82,9 @@ void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_in
   if (M == 0 || N == 0) return;
   MT_CHECK(K % 16 == 0 && N % 16 == 0, "fp8_gemm: cuBLASLt's FP8 GEMM needs K and N multiples of 16, got {} x {} x {}",
            M, N, K);
-  Fp8Lt& h = fp8_lt();
-  LtDescs x;
-  check_lt(cublasLtMatmulDescCreate(&x.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), "TRANSA");
-  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n), "TRANSB");
-  // cuBLASLt's A is our b, its B our a.
-  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &bsi, sizeof bsi), "A_SCALE");
-  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &asi, sizeof asi), "B_SCALE");
-  const int8_t fast = fast_accum ? 1 : 0;
-  check_lt(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), "FAST_ACCUM");
   const cudaDataType_t dt = out_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  check_lt(cublasLtMatrixLayoutCreate(&x.a, fp8_type(b_format), static_cast<uint64_t>(K), static_cast<uint64_t>(N), K),
-           "layout A");
-  check_lt(cublasLtMatrixLayoutCreate(&x.b, fp8_type(a_format), static_cast<uint64_t>(K), static_cast<uint64_t>(M), K),
-           "layout B");
-  check_lt(cublasLtMatrixLayoutCreate(&x.d, dt, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N), "layout D");
   const void* cp = c ? c->raw() : d.raw();
+  const int8_t fast = fast_accum ? 1 : 0;
   const AlgoKey key{M,
                     N,
                     K,
@@ -122,24 +93,23 @@ void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_in
                     static_cast<int>(dt),
                     (c != nullptr) + 2 * fast,
                     {alignment_of(bp), alignment_of(ap), alignment_of(cp), alignment_of(d.raw())}};
-  cublasLtMatmulAlgo_t algo;
-  {
-    static std::mutex mu;
-    static std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = algos.find(key);
-    if (it == algos.end()) {
-      cublasLtMatmulAlgo_t found;
-      MT_CHECK(fp8_lt_heuristic(x, key.align, found), "fp8_gemm: cuBLASLt offers no FP8 algorithm for {} x {} x {}", M,
-               N, K);
-      it = algos.emplace(key, found).first;
-    }
-    algo = it->second;
+  Fp8Lt& h = fp8_lt();
+  std::lock_guard<std::mutex> lock(h.mu);
+  // Never destroyed: the descriptors would outlive the dlopen'ed cuBLASLt at exit (cublaslt_loader.cpp).
+  static auto* plans = new std::map<AlgoKey, std::unique_ptr<Fp8Plan>>;
+  auto it = plans->find(key);
+  if (it == plans->end()) {
+    auto made = std::make_unique<Fp8Plan>();
+    describe(made->x, M, N, K, a_format, b_format, dt, fast_accum);
+    set_scale_pointers(made->x, asi, bsi);
+    MT_CHECK(fp8_lt_candidates(*made, key.align), "fp8_gemm: cuBLASLt offers no FP8 algorithm for {} x {} x {}", M, N,
+             K);
+    it = plans->emplace(key, std::move(made)).first;
   }
-  const float alpha = 1.f, beta = c ? 1.f : 0.f;
-  check_lt(cublasLtMatmul(h.handle, x.op, &alpha, bp, x.a, ap, x.b, &beta, cp, x.d, d.raw(), x.d, &algo, h.workspace,
-                          h.workspace_bytes, cuda::compute_stream()),
-           "cublasLtMatmul");
+  Fp8Plan& p = *it->second;
+  set_scale_pointers(p.x, asi, bsi);
+  fp8_lt_matmul(p, {ap, bp, c ? c->raw() : nullptr, d.raw(), M, N, K, c ? 1.f : 0.f, dt == CUDA_R_32F ? 4 : 2},
+                "fp8 gemm");
 }
 
 }  // namespace mt::ops::gpu

@@ -3,7 +3,7 @@
 //   forward  y (col-major N x M)  = op(w: K x N)^T * (x: K x M)          "TN", the layout Hopper likes
 //   dgrad    dx (col-major K x M) = (w: K x N) * (dy: N x M)             "NN"
 //   wgrad    dw (col-major K x N) += (x: K x M) * op(dy: N x M)^T        "NT", beta = 1 into fp32
-// Descriptors, layouts and up to tune_candidates() of the heuristic's algorithms are cached per
+// Descriptors, layouts and up to lt_tune::candidates() of the heuristic's algorithms are cached per
 // (shape, types, alignment, epilogue), so steady-state calls are one cublasLtMatmul. The bias
 // epilogue adds b in the GEMM's output stage; db is a deterministic column-sum kernel.
 // Residual forward (linear_forward_residual): y = x w^T + b + r in one GEMM, r as cuBLASLt's C
@@ -14,23 +14,13 @@
 // readings are the same math, within an fp32 ulp), so the reference is that fp32 sum rounded once.
 //
 // Autotuning (on by default; MT_GEMM_TUNE=0 turns it off, MT_GEMM_TUNE=verbose prints one line
-// per tuned shape to stderr). The heuristic's first choice is an estimate and need not be the
-// fastest kernel, so the first call of each plan (up to kMaxTunedPlans) times every candidate on the call's real inputs
-// (one stream synchronisation per shape, in the first training step) and keeps the fastest. Different kernels may sum in a different order, and the project promises
-// bit-identical results run to run and with tuning off, so a candidate is only eligible when
-// its output is bit-identical (a 64-bit digest of every output element) to the heuristic
-// default's on those inputs; inputs that are mostly zero cannot tell summation orders apart, so
-// tuning waits for a later call (and gives up after kMaxDeferrals). In-place beta != 0 calls (the
-// fp32 wgrad accumulation, C == D) are tuned on a scratch copy of D, so D is accumulated exactly
-// once, by the real call. With a separate C (the residual forward) the candidates read C, never
-// write it, and write D, which the real call then overwrites: no copy needed.
+// per tuned shape to stderr): lt_tune.h, shared with the FP8 GEMMs. Each plan keeps up to
+// lt_tune::candidates() of the heuristic's algorithms; its first call times them on the call's
+// inputs and keeps the fastest whose output is bit-identical to the heuristic default's.
 #include <cublasLt.h>
 
-#include <algorithm>
 #include <array>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -38,6 +28,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/lt_tune.h"
 #include "kernels/device.h"
 
 namespace mt::cuda {
@@ -56,24 +47,7 @@ int alignment_of(const void* p) {
   return al;
 }
 
-size_t elem_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
-
-// Heuristic results kept per plan: enough to hold the kernels that are fastest at our shapes,
-// few enough that timing them all on the first call stays well under a second per shape.
-constexpr int kMaxTuneCandidates = 32;
-// MT_GEMM_TUNE_CANDIDATES (1..32, default 8) sets how many of the heuristic's results a plan
-// keeps and times: a benchmarking knob.
-int tune_candidates() {
-  static const int n = [] {
-    const char* v = std::getenv("MT_GEMM_TUNE_CANDIDATES");
-    const int k = v ? std::atoi(v) : 8;
-    return k < 1 ? 1 : k > kMaxTuneCandidates ? kMaxTuneCandidates : k;
-  }();
-  return n;
-}
-constexpr int kTuneRuns = 5;       // timed runs per candidate (rounds over all candidates); the median counts
-constexpr int kMaxDeferrals = 3;   // calls with uninformative inputs before a plan keeps its default
-constexpr double kMinGain = 0.01;  // a candidate must beat the default by this fraction
+int elem_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 
 struct Candidate {
   cublasLtMatmulAlgo_t algo{};
@@ -84,8 +58,7 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   std::vector<Candidate> cands;  // in the heuristic's order; [0] is its choice, the untuned default
-  int chosen = -1;               // index into cands once tuned (or given up on); -1 before
-  int deferrals = 0;
+  lt_tune::State tune;
   bool bucket = false;  // made for a row-count bucket: its layouts are resized to each call's shape
 };
 
@@ -102,11 +75,6 @@ int64_t row_bucket(int64_t rows) {
   while (b < rows) b *= 2;
   return b;
 }
-
-// How many plans a process tunes: the dense model's shapes are a few dozen; the MoE experts' row
-// counts change with the routing, so their shapes keep coming and each would cost a tuning pass
-// (a stream sync and ~tens of ms). Past the cap, new plans keep the heuristic's default.
-constexpr int kMaxTunedPlans = 128;
 
 // Key: m, n, k, lda, ldb, ldc, transa, transb, a/b type, c/d type, epilogue, alignments of A, B,
 // D and the bias, and of a separate C (0 when C is D): a residual GEMM gets its own plan, tuned
@@ -127,90 +95,6 @@ struct Call {
   float beta;
   cudaDataType_t ab_type, d_type;
   bool in_place() const { return C == D; }
-  // Bytes from D's first element to its last (the padding between columns included).
-  size_t d_span() const { return static_cast<size_t>((n - 1) * ldd + m) * elem_bytes(d_type); }
-};
-
-// ---- Digests for the tuning guard. Each element of a column-major matrix contributes
-// mix64(position, bits); the contributions are added mod 2^64, which does not depend on the
-// order, so integer atomics keep the digest deterministic. Any changed bit changes the sum
-// except with probability ~2^-64. The same pass counts the non-zero elements (+-0 are zero).
-struct Digest {
-  unsigned long long hash, nonzero;
-};
-
-// splitmix64's finaliser: a bijection that spreads every input bit over the output.
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-template <typename W>
-__global__ void digest_kernel(const W* __restrict__ p, int64_t rows, int64_t cols, int64_t ld, Digest* out) {
-  constexpr W kMagnitude = static_cast<W>(~W{0}) >> 1;  // all bits but the sign
-  uint64_t h = 0, nz = 0;
-  for (int64_t j = blockIdx.y; j < cols; j += gridDim.y)
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const W w = p[j * ld + i];
-      h += mix64((static_cast<uint64_t>(j * rows + i) * 0x9e3779b97f4a7c15ull) ^ w);
-      nz += (w & kMagnitude) != 0;
-    }
-  for (int off = 16; off > 0; off >>= 1) {
-    h += __shfl_down_sync(0xffffffffu, h, off);
-    nz += __shfl_down_sync(0xffffffffu, nz, off);
-  }
-  if ((threadIdx.x & 31) == 0) {
-    atomicAdd(&out->hash, static_cast<unsigned long long>(h));
-    atomicAdd(&out->nonzero, static_cast<unsigned long long>(nz));
-  }
-}
-
-// Adds the digest of p (rows x cols, leading dim ld, elements of type t) into *out (zeroed by the
-// caller), in stream order.
-void digest(const void* p, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, Digest* out, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(rows, 256), 32)),
-                  static_cast<unsigned>(std::min<int64_t>(cols, 2048)));
-  if (elem_bytes(t) == 4)
-    digest_kernel<<<grid, 256, 0, s>>>(static_cast<const uint32_t*>(p), rows, cols, ld, out);
-  else
-    digest_kernel<<<grid, 256, 0, s>>>(static_cast<const uint16_t*>(p), rows, cols, ld, out);
-  MT_CUDA_LAUNCH_CHECK();
-}
-
-// Stream-ordered device memory that may fail: tuning is optional, so running out of memory for
-// it means "not now" rather than an error. Aligned to 256 bytes, as the plan's D may be.
-class TuneBuffer {
- public:
-  TuneBuffer(size_t bytes, cudaStream_t s) : s_(s) {
-    if (bytes && cudaMallocAsync(&raw_, bytes + 256, s) != cudaSuccess) {
-      raw_ = nullptr;
-      cudaGetLastError();  // clear it, or the next launch check would report it
-    }
-  }
-  ~TuneBuffer() {
-    if (raw_) cudaFreeAsync(raw_, s_);
-  }
-  TuneBuffer(const TuneBuffer&) = delete;
-  TuneBuffer& operator=(const TuneBuffer&) = delete;
-  template <typename T>
-  T* as() const {
-    if (!raw_) return nullptr;
-    const uintptr_t a = (reinterpret_cast<uintptr_t>(raw_) + 255) & ~uintptr_t{255};
-    return reinterpret_cast<T*>(a);
-  }
-
- private:
-  void* raw_ = nullptr;
-  cudaStream_t s_;
-};
-
-// What timing one candidate found, read back after the stream synchronises.
-struct Trial {
-  bool ran = false;
-  std::array<cudaEvent_t, 2 * kTuneRuns> ev{};
-  float ms = 0;  // median of the timed runs
 };
 
 // db[n] += sum over rows of dy[M, N]: each thread owns columns, rows summed in a fixed order in
@@ -238,19 +122,6 @@ void column_sum_add(const T* dy, float* db, int64_t M, int64_t N, cudaStream_t s
   partial_rows_sum_add(part.as<float>(), db, chunks, N, s);
 }
 
-// MT_GEMM_TUNE: unset or anything else -> on; 0/off/false/no -> off; verbose -> on, with a line
-// per tuned shape.
-struct TuneMode {
-  bool on = true, verbose = false;
-};
-TuneMode tune_mode_from_env() {
-  const char* v = std::getenv("MT_GEMM_TUNE");
-  if (!v) return {};
-  for (const char* off : {"0", "off", "false", "no"})
-    if (std::strcmp(v, off) == 0) return {false, false};
-  return {true, std::strcmp(v, "verbose") == 0};
-}
-
 }  // namespace
 
 struct Gemm::Impl {
@@ -262,9 +133,7 @@ struct Gemm::Impl {
   // workspace, the constructor's going to the first stream that asks.
   std::map<cudaStream_t, void*> stream_workspaces;
   std::mutex mu;
-  TuneMode tune = tune_mode_from_env();
-  int tuned_plans = 0;
-  int tune_attempts = 0;  // tune_plan calls (deferred ones included): bounded by kMaxTunedPlans
+  lt_tune::Tuner tuner{lt_tune::mode_from(std::getenv("MT_GEMM_TUNE"))};
 
   ~Impl() {
     for (auto& [k, p] : plans) {
@@ -319,9 +188,8 @@ struct Gemm::Impl {
     if (bias)
       MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     const Call call{transa, transb, m, n, k, lda, ldb, ldd, A, B, C, D, beta, ab_type, d_type};
-    int use = 0;
-    if (tune.on && p.chosen < 0 && tune_attempts >= kMaxTunedPlans) p.chosen = 0;
-    if (tune.on) use = p.chosen >= 0 ? p.chosen : (++tune_attempts, tune_plan(p, call, s));
+    int use = tuner.settled(p.tune);
+    if (use < 0) use = tuner.tune(p.tune, tune_job(p, call, s), s);
     const cublasStatus_t st = run(p, p.cands[use], call, D, s);
     if (st == CUBLAS_STATUS_SUCCESS) return;
     // The bucket's algorithm cannot run this count (cuBLASLt says so before launching anything):
@@ -372,122 +240,21 @@ struct Gemm::Impl {
     return w;
   }
 
-  // Times every candidate on the call's inputs and returns the index to use now; sets p.chosen
-  // unless tuning is put off. Synchronises the stream once: this happens on a plan's first call
-  // (the first training step), never in the steady state.
-  int tune_plan(Plan& p, const Call& call, cudaStream_t s) {
-    const int n = static_cast<int>(p.cands.size());
-    if (n == 1) return p.chosen = 0;
-    // Beta == 0 or a separate C: the candidates may write D, the real call overwrites it.
-    // Accumulating in place, they accumulate into a copy of D (restored before each checked run).
-    const bool scratch = call.beta != 0.f && call.in_place();
-    TuneBuffer copy(scratch ? call.d_span() : 0, s);
-    TuneBuffer digests((2 + 2 * n) * sizeof(Digest), s);
-    void* out = scratch ? copy.as<void>() : call.D;
-    Digest* dg = digests.as<Digest>();
-    if (!out || !dg) return defer(p, call, "no memory for tuning");
-    MT_CUDA_CHECK(cudaMemsetAsync(dg, 0, (2 + 2 * n) * sizeof(Digest), s));
-    digest(call.A, call.ab_type, call.transa ? call.k : call.m, call.transa ? call.m : call.k, call.lda, &dg[0], s);
-    digest(call.B, call.ab_type, call.transb ? call.n : call.k, call.transb ? call.k : call.n, call.ldb, &dg[1], s);
-    std::vector<Trial> trials(n);
-    for (int i = 0; i < n; ++i) trials[i].ran = check_candidate(p, i, call, out, &dg[2 + 2 * i], s);
-    time_candidates(p, trials, call, out, s);
-    std::vector<Digest> host(2 + 2 * n);
-    MT_CUDA_CHECK(cudaMemcpyAsync(host.data(), dg, host.size() * sizeof(Digest), cudaMemcpyDeviceToHost, s));
-    MT_CUDA_CHECK(cudaStreamSynchronize(s));
-    for (Trial& t : trials) t.ms = median_ms(t);
-    if (!informative(host[0], call.m, call.k) || !informative(host[1], call.k, call.n))
-      return defer(p, call, "inputs mostly zero");
-    return p.chosen = pick(trials, host, call);
-  }
-
-  // Runs candidate i twice from the same starting D (and the same C), digesting each output into
-  // dg[0] and dg[1] (the guard compares both with the default's first). False when it cannot run.
-  // Stream order.
-  bool check_candidate(const Plan& p, int i, const Call& call, void* out, Digest* dg, cudaStream_t s) {
-    for (int rep = 0; rep < 2; ++rep) {
-      if (out != call.D) MT_CUDA_CHECK(cudaMemcpyAsync(out, call.D, call.d_span(), cudaMemcpyDeviceToDevice, s));
-      if (run(p, p.cands[i], call, out, s) != CUBLAS_STATUS_SUCCESS) return false;
-      digest(out, call.d_type, call.m, call.n, call.ldd, &dg[rep], s);
-    }
-    return true;
-  }
-
-  // kTuneRuns rounds, each timing every runnable candidate once, back to back: no copies or
-  // digests between the timed runs (they would leave L2 and clocks in a state the real calls do
-  // not see) and interleaved so that drift in clocks or temperature spreads over all candidates.
-  // In-place beta != 0 runs keep accumulating into the scratch copy: its values no longer matter.
-  void time_candidates(const Plan& p, std::vector<Trial>& trials, const Call& call, void* out, cudaStream_t s) {
-    for (Trial& t : trials)
-      if (t.ran)
-        for (cudaEvent_t& e : t.ev) MT_CUDA_CHECK(cudaEventCreate(&e));
-    for (int r = 0; r < kTuneRuns; ++r)
-      for (size_t i = 0; i < trials.size(); ++i) {
-        if (!trials[i].ran) continue;
-        MT_CUDA_CHECK(cudaEventRecord(trials[i].ev[2 * r], s));
-        MT_CUBLAS_CHECK(run(p, p.cands[i], call, out, s));  // it ran before, so a failure now is an error
-        MT_CUDA_CHECK(cudaEventRecord(trials[i].ev[2 * r + 1], s));
-      }
-  }
-
-  // Reads a synchronised trial's events (and destroys them).
-  static float median_ms(Trial& t) {
-    if (!t.ran) return 0;
-    std::array<float, kTuneRuns> ms{};
-    for (int r = 0; r < kTuneRuns; ++r) {
-      MT_CUDA_CHECK(cudaEventElapsedTime(&ms[r], t.ev[2 * r], t.ev[2 * r + 1]));
-      cudaEventDestroy(t.ev[2 * r]);
-      cudaEventDestroy(t.ev[2 * r + 1]);
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[kTuneRuns / 2];
-  }
-
-  // Whether a rows x cols input can tell summation orders apart: mostly zero inputs (zero-
-  // initialised weights, masked gradients) make every order agree, and the guard would pass
-  // candidates that differ on later data.
-  static bool informative(const Digest& d, int64_t rows, int64_t cols) {
-    return d.nonzero * 8 >= static_cast<unsigned long long>(rows * cols);
-  }
-
-  int defer(Plan& p, const Call& call, const char* why) {
-    if (++p.deferrals >= kMaxDeferrals) p.chosen = 0;
-    if (tune.verbose)
-      std::fprintf(stderr, "gemm tune m=%lld n=%lld k=%lld: put off (%s)%s\n", static_cast<long long>(call.m),
-                   static_cast<long long>(call.n), static_cast<long long>(call.k), why,
-                   p.chosen == 0 ? ", keeping the default" : "");
-    return 0;
-  }
-
-  // The fastest candidate whose two checked outputs are bit-identical to the default's first
-  // one; the default unless one beats it by kMinGain. host: digests of A, B, then two
-  // per candidate.
-  int pick(const std::vector<Trial>& trials, const std::vector<Digest>& host, const Call& call) {
-    const unsigned long long ref = host[2].hash;
-    int best = 0, survivors = 0;
-    // A default that is not itself reproducible leaves nothing to compare with: keep it.
-    const bool ref_ok = trials[0].ran && host[3].hash == ref;
-    for (int i = 0; ref_ok && i < static_cast<int>(trials.size()); ++i) {
-      if (!trials[i].ran || host[2 + 2 * i].hash != ref || host[3 + 2 * i].hash != ref) continue;
-      ++survivors;
-      if (trials[i].ms < trials[best].ms) best = i;
-    }
-    if (trials[best].ms > (1.0 - kMinGain) * trials[0].ms) best = 0;
-    ++tuned_plans;
-    if (tune.verbose) {
-      int fastest = best;  // any candidate, bit-identical or not: what the guard costs
-      for (int i = 0; i < static_cast<int>(trials.size()); ++i)
-        if (trials[i].ran && trials[i].ms < trials[fastest].ms) fastest = i;
-      std::fprintf(
-          stderr,
-          "gemm tune m=%lld n=%lld k=%lld beta=%g: default %.4f ms, chosen #%d %.4f ms (%.1f%% faster), "
-          "%d of %zu candidates bit-identical; fastest of all #%d %.4f ms\n",
-          static_cast<long long>(call.m), static_cast<long long>(call.n), static_cast<long long>(call.k),
-          static_cast<double>(call.beta), static_cast<double>(trials[0].ms), best, static_cast<double>(trials[best].ms),
-          trials[best].ms > 0 ? 100.0 * (trials[0].ms / trials[best].ms - 1.0) : 0.0, survivors, trials.size(),
-          fastest, static_cast<double>(trials[fastest].ms));
-    }
-    return best;
+  // What tuning p on this call times (lt_tune.h): the call's operands, and a run of one candidate.
+  lt_tune::Job tune_job(const Plan& p, const Call& call, cudaStream_t s) {
+    lt_tune::Job j;
+    j.what = "gemm";
+    j.m = call.m, j.n = call.n, j.k = call.k, j.beta = call.beta;
+    const int ab = elem_bytes(call.ab_type);
+    j.a = {call.A, ab, call.transa ? call.k : call.m, call.transa ? call.m : call.k, call.lda};
+    j.b = {call.B, ab, call.transb ? call.n : call.k, call.transb ? call.k : call.n, call.ldb};
+    j.d = {call.D, elem_bytes(call.d_type), call.m, call.n, call.ldd};
+    j.in_place = call.beta != 0.f && call.in_place();
+    j.count = static_cast<int>(p.cands.size());
+    j.run = [this, &p, call, s](int i, void* out) {
+      return run(p, p.cands[i], call, out, s) == CUBLAS_STATUS_SUCCESS;
+    };
+    return j;
   }
 
   Plan make_plan(const Key& key, bool transa, bool transb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
@@ -518,10 +285,10 @@ struct Gemm::Impl {
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4));
-    std::array<cublasLtMatmulHeuristicResult_t, kMaxTuneCandidates> res{};
+    std::array<cublasLtMatmulHeuristicResult_t, lt_tune::kMaxCandidates> res{};
     int count = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, tune_candidates(), res.data(), &count);
+        cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, lt_tune::candidates(), res.data(), &count);
     cublasLtMatmulPreferenceDestroy(pref);
     for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < count; ++i)
       if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= workspace_bytes)
@@ -542,15 +309,15 @@ Gemm::~Gemm() = default;
 
 void Gemm::set_tuning(bool on) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->tune.on = on;
+  impl_->tuner.mode.on = on;
 }
 bool Gemm::tuning() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->tune.on;
+  return impl_->tuner.mode.on;
 }
 int Gemm::tuned_shapes() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->tuned_plans;
+  return impl_->tuner.tuned;
 }
 int Gemm::plans() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
