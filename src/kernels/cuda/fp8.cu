@@ -351,6 +351,23 @@ __device__ __forceinline__ void codes8(const float* v, float s, float fp8_max, _
   }
 }
 
+// What a lane of the vector casts (fp8_tile.cuh's layout) starts from: the cast's scale and
+// format, its block's corner (r, c), and its running amax and clipped count.
+struct LaneCast {
+  float s, fp8_max;
+  __nv_fp8_interpretation_t kind;
+  int64_t r, c;
+  float m = 0.f;
+  unsigned clipped = 0;
+  __device__ LaneCast(const float* scale, bool e5m2, float max, const CurrentScale& cur)
+      : s(cast_scale(scale, max, cur)),
+        fp8_max(max),
+        kind(e5m2 ? __NV_E5M2 : __NV_E4M3),
+        r(lane_row(int64_t{blockIdx.y} * kVecTileRows)),
+        c(lane_col(int64_t{blockIdx.x} * kVecTileCols)) {}
+  __device__ void codes(const float* v, uint32_t& lo, uint32_t& hi) { codes8(v, s, fp8_max, kind, m, clipped, lo, hi); }
+};
+
 // The vector cast (fp8_tile.cuh's layout): each lane loads its 8x8 block (8 rows of 8 elements,
 // 16 bytes of bf16 each: 128 bytes in flight a lane, all issued before any is used), writes the
 // codes row-major (one 8-byte store a row) and, transposed in registers, column-major (one 8-byte
@@ -361,11 +378,8 @@ __global__ void __launch_bounds__(kVecThreads)
     cast_transpose_vec_kernel(Load load, int64_t R, int64_t C, const float* scale, bool e5m2, float fp8_max,
                               uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
                               unsigned long long* saturated, CurrentScale cur) {
-  const float s = cast_scale(scale, fp8_max, cur);
-  const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
-  const int64_t r = lane_row(int64_t{blockIdx.y} * kVecTileRows), c = lane_col(int64_t{blockIdx.x} * kVecTileCols);
-  float m = 0.f;
-  unsigned clipped = 0;
+  LaneCast L(scale, e5m2, fp8_max, cur);
+  const int64_t r = L.r, c = L.c;
   if (r < R && c < C) {  // R, C multiples of 8: a lane's block is wholly inside or outside
     typename Load::Raw raw[8];
 #pragma unroll
@@ -375,12 +389,12 @@ __global__ void __launch_bounds__(kVecThreads)
     for (int i = 0; i < 8; ++i) {
       float v[8];
       load.values(raw[i], c, v);
-      codes8(v, s, fp8_max, kind, m, clipped, lo[i], hi[i]);
+      L.codes(v, lo[i], hi[i]);
       if (q) *reinterpret_cast<uint2*>(q + (r + i) * C + c) = make_uint2(lo[i], hi[i]);
     }
     if (qt) store_block_transposed(lo, hi, r, c, R, qt);
   }
-  commit_block(m, clipped, amax, saturated);
+  commit_block(L.m, L.clipped, amax, saturated);
 }
 
 // SwiGLU's input gradient dh [R, 2F] = [d gate | d up] cast from dy [R, F] and h [R, 2F] in one
@@ -394,11 +408,8 @@ __global__ void __launch_bounds__(kVecThreads, 2)
     swiglu_grad_cast_kernel(const T* __restrict__ dy, const T* __restrict__ h, int64_t R, int64_t F,
                             const float* scale, bool e5m2, float fp8_max, uint8_t* __restrict__ q,
                             uint8_t* __restrict__ qt, float* amax, unsigned long long* saturated, CurrentScale cur) {
-  const float s = cast_scale(scale, fp8_max, cur);
-  const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
-  const int64_t r = lane_row(int64_t{blockIdx.y} * kVecTileRows), c = lane_col(int64_t{blockIdx.x} * kVecTileCols);
-  float m = 0.f;
-  unsigned clipped = 0;
+  LaneCast L(scale, e5m2, fp8_max, cur);
+  const int64_t r = L.r, c = L.c;
   if (r < R && c < F) {  // R, F multiples of 8: a lane's block is wholly inside or outside
     uint32_t glo[8], ghi[8], ulo[8], uhi[8];
 #pragma unroll
@@ -424,8 +435,8 @@ __global__ void __launch_bounds__(kVecThreads, 2)
           dg[k] = to_f(from_f<T>(dg[k]));
           du[k] = to_f(from_f<T>(du[k]));
         }
-        codes8(dg, s, fp8_max, kind, m, clipped, glo[ri], ghi[ri]);
-        codes8(du, s, fp8_max, kind, m, clipped, ulo[ri], uhi[ri]);
+        L.codes(dg, glo[ri], ghi[ri]);
+        L.codes(du, ulo[ri], uhi[ri]);
         if (q) {
           uint8_t* row = q + (r + ri) * 2 * F;
           *reinterpret_cast<uint2*>(row + c) = make_uint2(glo[ri], ghi[ri]);
@@ -438,7 +449,7 @@ __global__ void __launch_bounds__(kVecThreads, 2)
       store_block_transposed(ulo, uhi, r, F + c, R, qt);
     }
   }
-  commit_block(m, clipped, amax, saturated);
+  commit_block(L.m, L.clipped, amax, saturated);
 }
 
 // The same through a 64x64 shared-memory tile (MT_FP8_CAST_KERNEL=tile, fp8_cast_kernel.h): each
