@@ -15,6 +15,9 @@
 #                    the FP8 GEMM autotuning's gain (kernels/cuda/fp8_lt.h) on the same card
 #   MT_FP8_CAST_AB=1 each recipe also with MT_FP8_CAST_KERNEL=tile (the casts' shared-memory tile
 #                    kernels instead of the lane blocks, kernels/cuda/fp8_cast_kernel.h; "-smem-casts")
+#   MT_FP8_OVERLAP_AB=1 each per-tensor recipe also with MT_FP8_WGRAD_OVERLAP=1 (the weight
+#                    gradients' GEMMs on side streams beside the backward, model/fp8.h; "-wgrad-overlap")
+#   MT_FP8_BF16_BREAKDOWN=0 no bf16 breakdown run (its split is known; saves a run)
 #   MT_FP8_OPTIN=1   tensorwise also with each switch of model/fp8.h (Fp8Switches) flipped from its
 #                    default ("-no-fused-scale", "-no-wt-from-codes", "-swiglu-grad-codes" in the
 #                    bench name), the default path's line first: old and new in one call on one
@@ -80,6 +83,9 @@ for recipe in ${MT_FP8_RECIPES:-delayed tensorwise}; do
   [ "${MT_FP8_TUNE_AB:-0}" = 1 ] && MT_FP8_GEMM_TUNE=0 run "fp8-$recipe-no-fp8-tune" $(fp8_args "$recipe")
   # shellcheck disable=SC2046
   [ "${MT_FP8_CAST_AB:-0}" = 1 ] && MT_FP8_CAST_KERNEL=tile run "fp8-$recipe-smem-casts" $(fp8_args "$recipe")
+  # shellcheck disable=SC2046
+  [ "${MT_FP8_OVERLAP_AB:-0}" = 1 ] && [ "$recipe" != blockwise ] &&
+    MT_FP8_WGRAD_OVERLAP=1 run "fp8-$recipe-wgrad-overlap" $(fp8_args "$recipe")
   if [ "${MT_FP8_OPTIN:-0}" = 1 ] && [ "$recipe" = tensorwise ]; then
     # shellcheck disable=SC2046
     MT_FP8_FUSED_SCALE=0 run "fp8-$recipe-no-fused-scale" $(fp8_args "$recipe")
@@ -92,8 +98,10 @@ done
 # Where the time goes, bf16 and the faster FP8 recipe (CUDA events cost a few percent: own runs).
 ITERS=$(( ITERS < 12 ? ITERS : 12 ))
 BF16_TOK=; BF16_MEM=
-run bf16-timed --log-op-breakdown >/dev/null
-grep "time breakdown" "$OUT/bf16-timed.txt" | tail -1 | sed 's/^/bf16: /'
+if [ "${MT_FP8_BF16_BREAKDOWN:-1}" != 0 ]; then
+  run bf16-timed --log-op-breakdown >/dev/null
+  grep "time breakdown" "$OUT/bf16-timed.txt" | tail -1 | sed 's/^/bf16: /'
+fi
 if [ -n "$best" ]; then
   # shellcheck disable=SC2046
   run "fp8-$best-timed" $(fp8_args "$best") --log-op-breakdown >/dev/null

@@ -34,9 +34,9 @@
 #   fp8tune   #18: the FP8 GPU tests (ctest -L gpu -R 'Fp8|BackendOps|GemmTune': the vector casts vs the
 #             CPU, tuned FP8 GEMMs against untuned), cuda_ops_bench --only=fp8cast (each cast kernel
 #             in GB/s against the copy rate, both vector kernels) and --only=fp8gemm (tuning off /
-#             on, verbose), and bf16 / tensorwise / tensorwise with MT_FP8_GEMM_TUNE=0, 8 iterations,
-#             and the breakdowns (~400 s; MT_FP8_CAST_AB=1 adds a tensorwise run with
-#             MT_FP8_CAST_KERNEL=tile, ~50 s more)
+#             on, verbose), and bf16 / tensorwise / tensorwise with MT_FP8_GEMM_TUNE=0 / with
+#             MT_FP8_WGRAD_OVERLAP=1, 8 iterations, and tensorwise's breakdown (~400 s;
+#             MT_FP8_CAST_AB=1 adds a tensorwise run with MT_FP8_CAST_KERNEL=tile, ~50 s more)
 #   genopt    #22: the decode ops' GPU tests (ctest -L gpu -R 'Decode|Gemv|InferenceGpu|KvCache':
 #             the fusions, both GEMV kernels, the decode kernels, the engine), then batch-1 decode,
 #             graphs only: default / general / default-fusions / default+gemv-base / default+arena,
@@ -99,7 +99,8 @@ for p in ${PARTS//,/ }; do
     fp8optin) MT_BENCH_ITERS=8 MT_FP8_RECIPES=tensorwise MT_FP8_OPTIN=1 part fp8optin 500 bash bench/gpu_fp8_bench.sh ;;
     fp8tune) part fp8tune 480 bash -c "(cd $B && timeout 150 ctest -L gpu -R 'Fp8|BackendOps|GemmTune' --output-on-failure);
                timeout 60 $B/bin/cuda_ops_bench --only=fp8cast; MT_GEMM_TUNE=verbose timeout 90 $B/bin/cuda_ops_bench --only=fp8gemm;
-               MT_BENCH_ITERS=8 MT_FP8_RECIPES=tensorwise MT_FP8_TUNE_AB=1 MT_FP8_CAST_AB=${MT_FP8_CAST_AB:-0} bash bench/gpu_fp8_bench.sh" ;;
+               MT_BENCH_ITERS=8 MT_FP8_RECIPES=tensorwise MT_FP8_TUNE_AB=1 MT_FP8_OVERLAP_AB=1 \
+               MT_FP8_BF16_BREAKDOWN=0 MT_FP8_CAST_AB=${MT_FP8_CAST_AB:-0} bash bench/gpu_fp8_bench.sh" ;;
     genopt) MT_DECODE_GRAPH_STATS=1 MT_GEN_HF=0 MT_GEN_ARGS="--graphs-only 1 --ttft-prompt 0" part genopt 500 bash -c \
               "(cd $B && ctest -L gpu -R 'Decode|Gemv|InferenceGpu|KvCache' --output-on-failure | tail -30);
                bash bench/gpu_generate_bench.sh && grep -h 'decode graph at' $OUT/generate_bench.err | head -12" ;;

@@ -56,7 +56,8 @@ struct PassContext {
   // whole sequences, positions 0..S-1, one document per sample. Set by GPTModel per chunk pass.
   std::shared_ptr<const SequenceLayout> seq;
   // Parameters whose gradient GEMMs are still running beside the pass (the grouped MoE experts'
-  // weight gradients on the GPU): reported ready by join_deferred_expert_grads (model/moe/experts.h).
+  // weight gradients on the GPU; FP8 linears' under MT_FP8_WGRAD_OVERLAP, model/fp8.h): joined and
+  // reported ready by join_deferred_expert_grads (model/moe/experts.h) when a chunk's backward ends.
   std::vector<const Param*> deferred_grads;
   uint64_t dropout_offset(uint64_t n) { return rng ? rng->next_offset(n) : 0; }
   RngState* region_rng(bool tp_region) const { return tp_region && tp_rng ? tp_rng : rng; }

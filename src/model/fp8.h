@@ -161,8 +161,14 @@ struct Fp8Linear {
   // dx = dy w and dw (+)= dy^T x (fp32, accumulate_dw: beta 1). x: the forward's input, read only
   // where the forward kept no transposed codes (or with --no-fp8-wgrad).
   // dy_amax, pc: dy's amax or codes from its producer, as gemm_forward's.
+  // defer_wgrad (defers_wgrad): dw's GEMM is left running (ops::fp8_gemm_into_deferred); the
+  // caller hands dw's parameter to ctx.deferred_grads, whose join reports it ready.
   Tensor gemm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, bool accumulate_dw,
-                       PassContext& ctx, const Tensor* dy_amax = nullptr, const ProducerCast* pc = nullptr) const;
+                       PassContext& ctx, const Tensor* dy_amax = nullptr, const ProducerCast* pc = nullptr,
+                       bool defer_wgrad = false) const;
+  // Whether gemm_backward may defer the weight gradient of a dw on device d (MT_FP8_WGRAD_OVERLAP,
+  // the GPU, FP8 wgrad, a per-tensor recipe).
+  bool defers_wgrad(Device d) const;
 
  private:
   // --fp8-param-gather: the gathered codes read back (weight_q, made once per gather).
@@ -213,8 +219,15 @@ int64_t fp8_producer_fusions();
 //     bf16 round trip it saves): under current scaling SwiGLU's backward takes the amax of
 //     linear_fc1's output gradient in a pass that stores nothing, then writes its FP8 codes (and
 //     transpose) itself from dy and h, as under delayed scaling.
+//   MT_FP8_WGRAD_OVERLAP (off; "1" turns it on; not measured yet): on the GPU, the per-tensor
+//     recipes' weight-gradient GEMMs run on the deferred side streams (ops::fp8_gemm_into_deferred),
+//     joined when the chunk's backward pass ends (join_deferred_expert_grads, which then reports
+//     those gradients ready): compute-bound GEMMs beside the memory-bound casts, norms and
+//     activations of the layers after them. Their operands (dy^T and x^T codes) stay allocated
+//     until the join. Whether Hopper's cuBLASLt kernels leave room to overlap is for the GPU to say.
 struct Fp8Switches {
   bool fused_scale = false, wt_from_codes = false, swiglu_grad_codes = false;  // {}: every switch off
+  bool wgrad_overlap = false;
 };
 Fp8Switches fp8_switches();
 void set_fp8_switches(const Fp8Switches& s);

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "kernels/fp8_codes.h"
+#include "kernels/fp8_deferred.h"
 #include "kernels/ops.h"
 #include "model/fp8.h"
 
@@ -116,18 +117,25 @@ bool env_off(const char* name) {
 
 // The switches (model/fp8.h, Fp8Switches), read once at start-up.
 std::atomic<bool> fused_scale_on{!env_off("MT_FP8_FUSED_SCALE")}, wt_from_codes_on{!env_off("MT_FP8_WT_FROM_CODES")},
-    swiglu_grad_codes_on{env_on("MT_FP8_SWIGLU_GRAD_CODES")};
+    swiglu_grad_codes_on{env_on("MT_FP8_SWIGLU_GRAD_CODES")}, wgrad_overlap_on{env_on("MT_FP8_WGRAD_OVERLAP")};
 
 }  // namespace
 
 Fp8Switches fp8_switches() {
   return Fp8Switches{fused_scale_on.load(std::memory_order_relaxed), wt_from_codes_on.load(std::memory_order_relaxed),
-                     swiglu_grad_codes_on.load(std::memory_order_relaxed)};
+                     swiglu_grad_codes_on.load(std::memory_order_relaxed),
+                     wgrad_overlap_on.load(std::memory_order_relaxed)};
 }
 void set_fp8_switches(const Fp8Switches& s) {
   fused_scale_on.store(s.fused_scale, std::memory_order_relaxed);
   wt_from_codes_on.store(s.wt_from_codes, std::memory_order_relaxed);
   swiglu_grad_codes_on.store(s.swiglu_grad_codes, std::memory_order_relaxed);
+  wgrad_overlap_on.store(s.wgrad_overlap, std::memory_order_relaxed);
+}
+
+bool Fp8Linear::defers_wgrad(Device d) const {
+  return on() && fp8_switches().wgrad_overlap && d == Device::CUDA && store->config().wgrad &&
+         store->config().recipe != Fp8Recipe::Blockwise;
 }
 
 bool fp8_producer_amax() { return producer_amax_on.load(std::memory_order_relaxed); }
@@ -258,7 +266,8 @@ Tensor Fp8Linear::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* r
 }
 
 Tensor Fp8Linear::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, bool accumulate_dw,
-                                PassContext& ctx, const Tensor* dy_amax, const ProducerCast* pc) const {
+                                PassContext& ctx, const Tensor* dy_amax, const ProducerCast* pc,
+                                bool defer_wgrad) const {
   const Fp8Config& c = store->config();
   const Fp8Format ff = c.forward_format(), gf = c.grad_format();
   MT_CHECK(!state->saved.empty(), "{}: an FP8 backward without its forward", state->name);
@@ -312,7 +321,10 @@ Tensor Fp8Linear::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor&
     recast(*state, rows2d(x), e.scale, ff, none, &x_t);
   }
   ScopedOpTimer t(ctx.times, &OpTimes::gemm);
-  ops::fp8_gemm_into(dq_t, gf, g_scale_inv, x_t, ff, e.scale_inv, accumulate_dw ? &dw : nullptr, dw);
+  if (defer_wgrad)
+    ops::fp8_gemm_into_deferred(dq_t, gf, g_scale_inv, x_t, ff, e.scale_inv, accumulate_dw ? &dw : nullptr, dw);
+  else
+    ops::fp8_gemm_into(dq_t, gf, g_scale_inv, x_t, ff, e.scale_inv, accumulate_dw ? &dw : nullptr, dw);
   return dx;
 }
 

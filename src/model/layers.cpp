@@ -70,8 +70,10 @@ Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx, con
     const Tensor xf = x.defined() ? input_region().forward(x, ctx.times) : Tensor();
     const Tensor dyf = output_region().backward(dy, ctx.times);
     if (fp8.backward_is_real()) {
-      dx = fp8.gemm_backward(dyf, xf, weight->value, weight->grad, weight->take_accumulate(), ctx, dy_amax);
-      return finish_backward(input_region().backward(dx, ctx.times), ctx);
+      const bool defer = defers_wgrad();
+      dx = fp8.gemm_backward(dyf, xf, weight->value, weight->grad, weight->take_accumulate(), ctx, dy_amax, nullptr,
+                             defer);
+      return finish_backward(input_region().backward(dx, ctx.times), ctx, defer);
     }
     MT_CHECK(xf.defined(), "Linear::backward of {} without its input", weight->name);
     if (fp8.on()) return backward_fp8(dyf, xf, ctx);
@@ -84,8 +86,9 @@ Tensor Linear::backward(const Tensor& dy, const Tensor& x, PassContext& ctx, con
   return finish_backward(dx, ctx);
 }
 
-Tensor Linear::finish_backward(const Tensor& dx, PassContext& ctx) const {
-  if (report_weight_grad) ctx.grad_ready(weight);
+Tensor Linear::finish_backward(const Tensor& dx, PassContext& ctx, bool wgrad_deferred) const {
+  if (wgrad_deferred) ctx.deferred_grads.push_back(weight);
+  else if (report_weight_grad) ctx.grad_ready(weight);
   ctx.grad_ready(bias);
   return dx;
 }
@@ -125,9 +128,10 @@ Tensor Linear::forward_codes(const Fp8Linear::ProducerCast& pc, PassContext& ctx
 // The output gradient's way in (output_region's backward) is the identity here (wants_grad_codes).
 Tensor Linear::backward_codes(const Fp8Linear::ProducerCast& pc, const Tensor& x, PassContext& ctx) const {
   const Tensor xf = x.defined() ? input_region().forward(x, ctx.times) : Tensor();
-  const Tensor dx =
-      fp8.gemm_backward(Tensor(), xf, weight->value, weight->grad, weight->take_accumulate(), ctx, nullptr, &pc);
-  return finish_backward(input_region().backward(dx, ctx.times), ctx);
+  const bool defer = defers_wgrad();
+  const Tensor dx = fp8.gemm_backward(Tensor(), xf, weight->value, weight->grad, weight->take_accumulate(), ctx,
+                                      nullptr, &pc, defer);
+  return finish_backward(input_region().backward(dx, ctx.times), ctx, defer);
 }
 
 bool Linear::keeps_input(const Tensor& x, const PassContext& ctx) const {

@@ -79,8 +79,11 @@ struct Linear {
   Tensor backward_fp8(const Tensor& dyf, const Tensor& xf, PassContext& ctx) const;
   // The GPU FP8 path: no bias (cuBLASLt's FP8 epilogues are not used), real FP8 GEMMs possible.
   bool fp8_gemms(const Tensor& x) const { return bias == nullptr && fp8.real_gemms(x, weight->value); }
-  // The gradient hooks of the weight and bias, then dx.
-  Tensor finish_backward(const Tensor& dx, PassContext& ctx) const;
+  // The gradient hooks of the weight and bias, then dx. wgrad_deferred: the weight gradient's GEMM
+  // is still running (Fp8Linear::defers_wgrad): the weight goes to ctx.deferred_grads instead.
+  Tensor finish_backward(const Tensor& dx, PassContext& ctx, bool wgrad_deferred = false) const;
+  // Whether the real FP8 backward defers the weight gradient (only where its hook is this layer's).
+  bool defers_wgrad() const { return report_weight_grad && fp8.defers_wgrad(weight->grad.device()); }
   // The bias forward adds: a row-parallel layer's joins the sum once, from TP rank 0.
   const Tensor* forward_bias() const;
 };

@@ -330,14 +330,15 @@ void expect_producer_codes_change_nothing(Device d) {
 // The opt-in switches (model/fp8.h, Fp8Switches) change no bit under current scaling: the fused
 // scale, the transposed weight from the cached codes, and the output gradient's codes from its
 // producer (fp8_amax and fp8_cast_transpose stand in for SwiGLU backward's two passes, ops-tested
-// on their own). Two micro-batches a step, so that the second reads the cached weight codes.
+// on their own), and (the GPU) the weight gradient left running on a side stream until joined.
+// Two micro-batches a step, so that the second reads the cached weight codes.
 void expect_switches_change_nothing(Device d) {
   TwinLinears t(Fp8Recipe::Tensorwise, d);
   Fp8Store &plain = t.a, &switched = t.b;
   Fp8Linear &lp = t.la, &ls = t.lb;
   set_fp8_producer_amax(true);
   const Fp8Switches before = fp8_switches();
-  const Fp8Switches off{}, on_all{true, true, true};
+  const Fp8Switches off{}, on_all{true, true, true, true};
   PassContext ctx;
   const int64_t uses = fp8_producer_fusions();
   const double mags[] = {2000.0, 3.0, 0.05};
@@ -358,16 +359,20 @@ void expect_switches_change_nothing(Device d) {
       EXPECT_EQ(host(ls.gemm_forward(x, w, nullptr, true, ctx)), yp);
       ASSERT_TRUE(ls.producer_casts(kRows, d, w, ctx, true));
       std::vector<float> dxs;
+      // The weight gradient left running where the switch lets it (the GPU), joined before dw is read.
+      const bool defer = ls.defers_wgrad(d);
+      EXPECT_EQ(defer, d == Device::CUDA);
       if (mb == 0) {
-        dxs = host(ls.gemm_backward(dy, Tensor(), w, dw_s, false, ctx));
+        dxs = host(ls.gemm_backward(dy, Tensor(), w, dw_s, false, ctx, nullptr, nullptr, defer));
       } else {
         Fp8Linear::ProducerCast pc = ls.producer_cast(kRows, kOut, dy.dtype(), true);
         ASSERT_TRUE(pc.current);
         ops::fp8_amax(dy, pc.amax);
         ls.producer_current_scale(pc, true);
         ops::fp8_cast_transpose(dy, pc.scale, pc.format, pc.q, &pc.qt, pc.amax, pc.saturated);
-        dxs = host(ls.gemm_backward(Tensor(), Tensor(), w, dw_s, false, ctx, nullptr, &pc));
+        dxs = host(ls.gemm_backward(Tensor(), Tensor(), w, dw_s, false, ctx, nullptr, &pc, defer));
       }
+      ops::join_deferred_work(d);
       EXPECT_EQ(dxs, dxp);
       EXPECT_EQ(host(dw_s), host(dw_p));
     }

@@ -112,8 +112,9 @@ TEST(Fp8TrainingGpu, TensorwiseProducerFusionChangesNoBit) {
 TEST(Fp8TrainingGpu, DelayedProducerFusionChangesNoBit) { expect_fusion_changes_nothing(model::Fp8Recipe::Delayed, 2); }
 
 // The opt-in switches of the GPU path's casts (model/fp8.h, Fp8Switches: the fused current scale,
-// the transposed weight from the cached codes, SwiGLU backward's codes) change no bit of
-// tensorwise training either: the same losses and scales as the default path, with them all on.
+// the transposed weight from the cached codes, SwiGLU backward's codes, the weight gradients left
+// running on side streams) change no bit of tensorwise training either: the same losses and
+// scales as the default path, with them all on.
 TEST(Fp8TrainingGpu, TensorwiseOptInSwitchesChangeNoBit) {
   if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   test::gpu();
@@ -122,7 +123,7 @@ TEST(Fp8TrainingGpu, TensorwiseOptInSwitchesChangeNoBit) {
   const model::Fp8Switches before = model::fp8_switches();
   model::set_fp8_switches({});
   const TrainRun plain = train(a);
-  model::set_fp8_switches({true, true, true});
+  model::set_fp8_switches({true, true, true, true});
   const int64_t fused_before = model::fp8_producer_fusions();
   const TrainRun switched = train(a);
   const int64_t fusions = model::fp8_producer_fusions() - fused_before;

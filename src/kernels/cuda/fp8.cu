@@ -351,6 +351,23 @@ __device__ __forceinline__ void codes8(const float* v, float s, float fp8_max, _
   }
 }
 
+// What a lane of the vector casts (fp8_tile.cuh's layout) starts from: the cast's scale and
+// format, its block's corner (r, c), and its running amax and clipped count.
+struct LaneCast {
+  float s, fp8_max;
+  __nv_fp8_interpretation_t kind;
+  int64_t r, c;
+  float m = 0.f;
+  unsigned clipped = 0;
+  __device__ LaneCast(const float* scale, bool e5m2, float max, const CurrentScale& cur)
+      : s(cast_scale(scale, max, cur)),
+        fp8_max(max),
+        kind(e5m2 ? __NV_E5M2 : __NV_E4M3),
+        r(lane_row(int64_t{blockIdx.y} * kVecTileRows)),
+        c(lane_col(int64_t{blockIdx.x} * kVecTileCols)) {}
+  __device__ void codes(const float* v, uint32_t& lo, uint32_t& hi) { codes8(v, s, fp8_max, kind, m, clipped, lo, hi); }
+};
+
 // The vector cast (fp8_tile.cuh's layout): each lane loads its 8x8 block (8 rows of 8 elements,
 // 16 bytes of bf16 each: 128 bytes in flight a lane, all issued before any is used), writes the
 // codes row-major (one 8-byte store a row) and, transposed in registers, column-major (one 8-byte
@@ -361,11 +378,8 @@ __global__ void __launch_bounds__(kVecThreads)
     cast_transpose_vec_kernel(Load load, int64_t R, int64_t C, const float* scale, bool e5m2, float fp8_max,
                               uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
                               unsigned long long* saturated, CurrentScale cur) {
-  const float s = cast_scale(scale, fp8_max, cur);
-  const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
-  const int64_t r = lane_row(int64_t{blockIdx.y} * kVecTileRows), c = lane_col(int64_t{blockIdx.x} * kVecTileCols);
-  float m = 0.f;
-  unsigned clipped = 0;
+  LaneCast L(scale, e5m2, fp8_max, cur);
+  const int64_t r = L.r, c = L.c;
   if (r < R && c < C) {  // R, C multiples of 8: a lane's block is wholly inside or outside
     typename Load::Raw raw[8];
 #pragma unroll
@@ -375,19 +389,74 @@ __global__ void __launch_bounds__(kVecThreads)
     for (int i = 0; i < 8; ++i) {
       float v[8];
       load.values(raw[i], c, v);
-      codes8(v, s, fp8_max, kind, m, clipped, lo[i], hi[i]);
+      L.codes(v, lo[i], hi[i]);
       if (q) *reinterpret_cast<uint2*>(q + (r + i) * C + c) = make_uint2(lo[i], hi[i]);
     }
     if (qt) store_block_transposed(lo, hi, r, c, R, qt);
   }
-  commit_block(m, clipped, amax, saturated);
+  commit_block(L.m, L.clipped, amax, saturated);
+}
+
+// SwiGLU's input gradient dh [R, 2F] = [d gate | d up] cast from dy [R, F] and h [R, 2F] in one
+// read of each: a lane of the grid over F columns takes its 8x8 block of dy, gate and up, and
+// writes the codes of both halves (columns c and F + c, row-major and transposed). The generic
+// kernel with SwigluGradLoad covers the 2F columns, so each half's tiles read dy and the gate
+// again (twice the loads, from L2 at best). Rows in two passes of four: 12 loads (192 bytes) in
+// flight a lane, not 24, to keep 2 blocks an SM. The values are swiglu_grads8's, rounded to T.
+template <typename T>
+__global__ void __launch_bounds__(kVecThreads, 2)
+    swiglu_grad_cast_kernel(const T* __restrict__ dy, const T* __restrict__ h, int64_t R, int64_t F,
+                            const float* scale, bool e5m2, float fp8_max, uint8_t* __restrict__ q,
+                            uint8_t* __restrict__ qt, float* amax, unsigned long long* saturated, CurrentScale cur) {
+  LaneCast L(scale, e5m2, fp8_max, cur);
+  const int64_t r = L.r, c = L.c;
+  if (r < R && c < F) {  // R, F multiples of 8: a lane's block is wholly inside or outside
+    uint32_t glo[8], ghi[8], ulo[8], uhi[8];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      Raw8<T> rd[4], rg[4], ru[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t row = r + 4 * half + i;
+        rd[i] = fetch8(dy + row * F + c);
+        rg[i] = fetch8(h + row * 2 * F + c);
+        ru[i] = fetch8(h + row * 2 * F + F + c);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int ri = 4 * half + i;
+        float d[8], g[8], u[8], dg[8], du[8];
+        unpack8(rd[i], d);
+        unpack8(rg[i], g);
+        unpack8(ru[i], u);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          swiglu_grads(d[k], g[k], u[k], dg[k], du[k]);
+          dg[k] = to_f(from_f<T>(dg[k]));
+          du[k] = to_f(from_f<T>(du[k]));
+        }
+        L.codes(dg, glo[ri], ghi[ri]);
+        L.codes(du, ulo[ri], uhi[ri]);
+        if (q) {
+          uint8_t* row = q + (r + ri) * 2 * F;
+          *reinterpret_cast<uint2*>(row + c) = make_uint2(glo[ri], ghi[ri]);
+          *reinterpret_cast<uint2*>(row + F + c) = make_uint2(ulo[ri], uhi[ri]);
+        }
+      }
+    }
+    if (qt) {
+      store_block_transposed(glo, ghi, r, c, R, qt);
+      store_block_transposed(ulo, uhi, r, F + c, R, qt);
+    }
+  }
+  commit_block(L.m, L.clipped, amax, saturated);
 }
 
 // The same through a 64x64 shared-memory tile (MT_FP8_CAST_KERNEL=tile, fp8_cast_kernel.h): each
 // thread loads 8 elements of a row twice (32 bytes in flight), writes their codes row-major and
 // into the tile, and after the block's barrier 8 rows of a tile column (a row of qt).
 template <typename Load>
-__global__ void __launch_bounds__(kVecThreads)
+__global__ void __launch_bounds__(kVecThreads, 8)  // 32 registers, 8 blocks an SM: as it was
     cast_transpose_smem_kernel(Load load, int64_t R, int64_t C, const float* scale, bool e5m2, float fp8_max,
                                uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* amax,
                                unsigned long long* saturated, CurrentScale cur) {
@@ -655,7 +724,16 @@ void swiglu_backward_fp8(const Tensor& dy, const Tensor& h, const Tensor& scale,
   const CastOut o(h.dim(0), 2 * F, scale, format, q, qt, &amax, saturated, "swiglu_backward_fp8");
   if (o.R * o.C == 0) return;
   if (h.dtype() == DType::BF16 && dy.dtype() == DType::BF16 && F % 8 == 0 && o.vec({h.raw(), dy.raw()})) {
-    o.launch_vec(cuda::SwigluGradLoad<cuda::bf16>{dy.data<cuda::bf16>(), h.data<cuda::bf16>(), F});
+    if (fp8_cast_smem_tiles()) {
+      o.launch_vec(cuda::SwigluGradLoad<cuda::bf16>{dy.data<cuda::bf16>(), h.data<cuda::bf16>(), F});
+      return;
+    }
+    const dim3 grid(static_cast<unsigned>(cuda::ceil_div(F, cuda::kVecTileCols)),
+                    static_cast<unsigned>(cuda::ceil_div(o.R, cuda::kVecTileRows)));
+    cuda::swiglu_grad_cast_kernel<<<grid, cuda::kVecThreads, 0, compute_stream()>>>(
+        dy.data<cuda::bf16>(), h.data<cuda::bf16>(), o.R, F, o.scale, o.e5m2, o.max, o.q, o.qt, o.amax, o.saturated,
+        cuda::CurrentScale{});
+    MT_CUDA_LAUNCH_CHECK();
     return;
   }
   fp8_cast_transpose(swiglu_backward(dy, h, nullptr), scale, format, q, qt, amax, saturated);

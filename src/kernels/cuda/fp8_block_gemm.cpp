@@ -138,7 +138,7 @@ void fp8_block_gemm_into(const Tensor& a, Fp8Format a_format, Fp8Tiles a_tiles, 
            dtype_name(g.out), c ? " + C" : "", align[0], align[1], align[2], align[3]);
   set_scale_pointers(p->x, asi, bsi);
   fp8_lt_matmul(*p, {ap, bp, c ? c->raw() : nullptr, d.raw(), g.m, g.n, g.k, c ? 1.f : 0.f, g.out == DType::F32 ? 4 : 2},
-                "fp8 block gemm");
+                "fp8 block gemm", cuda::compute_stream());
 }
 
 }  // namespace mt::ops::gpu

@@ -3,7 +3,8 @@
 // (A/B_SCALE_POINTER: no host sync), fp32 accumulation, bf16 or f32 output. Row-major D [M, N] =
 // a [M, K] b[N, K]^T is column-major D^T [N, M] = b^T-as-stored x a, so cuBLASLt's A is b
 // (transposed) and its B is a. A plan per shape, types and alignments (fp8_lt.h), its algorithm
-// autotuned on the first call as the bf16 GEMMs' are (lt_tune.h).
+// autotuned on the first call as the bf16 GEMMs' are (lt_tune.h). fp8_gemm_into_deferred
+// (kernels/fp8_deferred.h): the same GEMM left running on a side stream.
 #include <map>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,7 @@
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/fp8_lt.h"
 #include "kernels/cuda/tensor_args.h"
+#include "kernels/fp8_deferred.h"
 #include "kernels/op_backends.h"
 
 namespace mt::ops::gpu {
@@ -60,8 +62,11 @@ Tensor fp8_gemm(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, 
   return d;
 }
 
-void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b,
-                   Fp8Format b_format, const Tensor& b_scale_inv, const Tensor* c, Tensor& d, bool fast_accum) {
+namespace {
+
+// fp8_gemm_into on stream s.
+void gemm_on(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b, Fp8Format b_format,
+             const Tensor& b_scale_inv, const Tensor* c, Tensor& d, bool fast_accum, cudaStream_t s) {
   MT_CHECK(a.ndim() == 2 && b.ndim() == 2 && a.dim(1) == b.dim(1), "fp8_gemm: [M, K] x [N, K], got {} and {}",
            a.shape_str(), b.shape_str());
   MT_CHECK(a_format == Fp8Format::E4M3 || b_format == Fp8Format::E4M3, "fp8_gemm: cuBLASLt has no E5M2 x E5M2 GEMM");
@@ -109,7 +114,27 @@ void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_in
   Fp8Plan& p = *it->second;
   set_scale_pointers(p.x, asi, bsi);
   fp8_lt_matmul(p, {ap, bp, c ? c->raw() : nullptr, d.raw(), M, N, K, c ? 1.f : 0.f, dt == CUDA_R_32F ? 4 : 2},
-                "fp8 gemm");
+                "fp8 gemm", s);
+}
+
+}  // namespace
+
+void fp8_gemm_into(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b,
+                   Fp8Format b_format, const Tensor& b_scale_inv, const Tensor* c, Tensor& d, bool fast_accum) {
+  gemm_on(a, a_format, a_scale_inv, b, b_format, b_scale_inv, c, d, fast_accum, cuda::compute_stream());
+}
+
+// On a deferred side stream (cuda::SideStreams: it starts after the compute stream's work so far,
+// and the compute stream waits for it at join_deferred_work), every operand kept allocated until
+// then: the allocator orders reuse on the compute stream only.
+void fp8_gemm_into_deferred(const Tensor& a, Fp8Format a_format, const Tensor& a_scale_inv, const Tensor& b,
+                            Fp8Format b_format, const Tensor& b_scale_inv, const Tensor* c, Tensor& d) {
+  {
+    cuda::SideStreams side(cuda::compute_stream(), cuda::SideStreams::Join::Deferred);
+    gemm_on(a, a_format, a_scale_inv, b, b_format, b_scale_inv, c, d, false, side.next());
+  }
+  for (const Tensor* t : {&a, &a_scale_inv, &b, &b_scale_inv, c, static_cast<const Tensor*>(&d)})
+    if (t) cuda::keep_until_joined(std::make_shared<const Tensor>(*t));
 }
 
 }  // namespace mt::ops::gpu

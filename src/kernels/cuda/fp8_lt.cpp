@@ -5,7 +5,7 @@
 #include <array>
 #include <cstdlib>
 
-#include "kernels/cuda/context.h"
+#include "kernels/cuda/ops_cuda.h"
 
 namespace mt::ops::gpu {
 
@@ -19,6 +19,14 @@ Fp8Lt& fp8_lt() {
     s.tuner.mode = cuda::lt_tune::mode_from(own ? own : std::getenv("MT_GEMM_TUNE"));
   });
   return s;
+}
+
+void* Fp8Lt::workspace_for(cudaStream_t s) {
+  auto it = stream_workspaces.find(s);
+  if (it != stream_workspaces.end()) return it->second;
+  void* w = workspace;
+  if (!stream_workspaces.empty()) MT_CUDA_CHECK(cudaMalloc(&w, workspace_bytes));
+  return stream_workspaces.emplace(s, w).first->second;
 }
 
 bool fp8_lt_candidates(Fp8Plan& p, const uint32_t align[4]) {
@@ -47,9 +55,9 @@ bool fp8_lt_candidates(Fp8Plan& p, const uint32_t align[4]) {
   return true;
 }
 
-void fp8_lt_matmul(Fp8Plan& p, const Fp8LtCall& call, const char* what) {
+void fp8_lt_matmul(Fp8Plan& p, const Fp8LtCall& call, const char* what, cudaStream_t s) {
   Fp8Lt& h = fp8_lt();
-  const cudaStream_t s = cuda::compute_stream();
+  void* ws = h.workspace_for(s);
   // C == D accumulates in place (the weight gradient into the fp32 main grad); with beta 0 C is
   // not read, and cuBLASLt is given D for it.
   const void* c = call.c ? call.c : call.d;
@@ -57,7 +65,7 @@ void fp8_lt_matmul(Fp8Plan& p, const Fp8LtCall& call, const char* what) {
     const float alpha = 1.f;
     const void* cin = c == call.d ? out : c;
     return cublasLtMatmul(h.handle, p.x.op, &alpha, call.b, p.x.a, call.a, p.x.b, &call.beta, cin, p.x.d, out, p.x.d,
-                          &p.cands[static_cast<size_t>(i)], h.workspace, h.workspace_bytes, s);
+                          &p.cands[static_cast<size_t>(i)], ws, h.workspace_bytes, s);
   };
   int use = h.tuner.settled(p.tune);
   if (use < 0) {

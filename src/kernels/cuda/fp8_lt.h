@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -64,7 +65,11 @@ struct Fp8Lt {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = size_t{32} << 20;
-  // Held for a whole call by both files: their plan maps, the tuner, the workspace.
+  // A workspace per stream that runs FP8 GEMMs (the compute stream's is `workspace`; deferred
+  // weight gradients run on side streams: ops::fp8_gemm_into_deferred), made on its first call.
+  std::map<cudaStream_t, void*> stream_workspaces;
+  void* workspace_for(cudaStream_t s);
+  // Held for a whole call by both files: their plan maps, the tuner, the workspaces.
   std::mutex mu;
   cuda::lt_tune::Tuner tuner{cuda::lt_tune::Mode{}};
   int plans = 0;
@@ -101,10 +106,10 @@ struct Fp8LtCall {
   int d_bytes;  // 2: bf16, 4: f32
 };
 
-// Runs the call with p's descriptors (scale pointers already set) and its chosen candidate,
-// timing the candidates first on the plan's first call while tuning is on. The caller holds
-// fp8_lt().mu.
-void fp8_lt_matmul(Fp8Plan& p, const Fp8LtCall& call, const char* what);
+// Runs the call on stream s with p's descriptors (scale pointers already set) and its chosen
+// candidate, timing the candidates first on the plan's first call while tuning is on. The caller
+// holds fp8_lt().mu.
+void fp8_lt_matmul(Fp8Plan& p, const Fp8LtCall& call, const char* what, cudaStream_t s);
 
 // ---- For tests and benchmarks (tests/kernels/fp8_gemm_tune_test.cpp, cuda_ops_bench).
 struct Fp8TuneStats {
