@@ -42,7 +42,7 @@ TEST(DecodeFusionsGpu, FusedLinearEqualsTheUnfusedOpsOnTheGemv) {
   for (const LinearCase& c : {LinearCase{1, 3072, 2048, true, false, false, false},  // llama-1.5b's QKV
                               LinearCase{2, 3072, 2048, true, false, false, false},
                               LinearCase{1, 2048, 2048, true, true, false, false},  // fc1, F = 1024
-                              LinearCase{2, 512, 8192, true, true, false, false},   // long rows: 4 warps each
+                              LinearCase{2, 512, 8192, true, true, false, false},   // K > 4,096 with the norm: the composition (gemv.cu)
                               LinearCase{1, 2048, 8192, false, true, false, false},
                               LinearCase{1, 512, 8192, false, false, false, true},  // fc2-like, residual
                               LinearCase{2, 42, 64, true, true, true, false},       // idle warps, bias

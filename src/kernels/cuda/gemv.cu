@@ -328,8 +328,15 @@ void launch(const TI* x, const TI* w, const TO* b, const TO* residual, TO* y, in
 
 }  // namespace
 
+// The norm fusion recomputes rstd in the order of norms.cu's one-warp kernel, which rmsnorm_forward
+// runs for rows of up to 32 x 16 vectors of 8 (K <= 4,096); longer rows take its block kernel,
+// which sums in another order, so the fusion would no longer store the unfused bits (an H200 run
+// of DecodeFusionsGpu found K = 8,192 one bf16 ulp off): those go to the composition.
+constexpr int64_t kNormFusionMaxK = 32 * 16 * 8;
+
 bool gemv_fusable(const void* x, const void* w, const void* gamma, int64_t M, int64_t K) {
-  return M >= 1 && M <= 2 && K % 8 == 0 && aligned16(x) && aligned16(w) && (!gamma || aligned16(gamma));
+  return M >= 1 && M <= 2 && K % 8 == 0 && aligned16(x) && aligned16(w) &&
+         (!gamma || (aligned16(gamma) && K <= kNormFusionMaxK));
 }
 
 template <typename TI, typename TO>
