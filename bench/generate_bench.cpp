@@ -18,8 +18,8 @@
 // A/B variant, a switch set here per engine (inference/model_runner.cpp reads them when the
 // engine is built): "general" (MT_DECODE_FUSED=0: the general kernels, no fusions),
 // "default-fusions" (MT_DECODE_FUSIONS=0: the decode kernels without the norm/SwiGLU/KV-write
-// fusions), "default+gemv-base" (MT_GEMV_KERNEL=base: session 16's GEMV kernel) and
-// "default+arena" (MT_DECODE_ARENA=1: the graphs' temporaries in an arena, no memory nodes);
+// fusions), "default+gemv-base" (MT_GEMV_KERNEL=base: session 16's first GEMV kernel) and
+// "default-arena" (MT_DECODE_ARENA=0: the graphs' temporaries from the pool, as memory nodes);
 // each variant's generated tokens are compared with the default run's ("same_tokens": greedy
 // ties on a random model may break differently under another summation order).
 #include <cuda_runtime_api.h>
@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
 
   // Batch 1: eager, then graphed with the linears on cuBLASLt, then graphed on the GEMV (the
   // default: GEMV linears, the decode kernels), then that with the general kernels
-  // (MT_DECODE_FUSED=0) and with the graph arena; --graphs-only 1 keeps the graphed GEMV runs alone.
+  // (MT_DECODE_FUSED=0) and each other variant; --graphs-only 1 keeps the graphed GEMV runs alone.
   struct Mode {
     bool graphs, gemv;
     const char* path;  // "default": the engine's defaults; else the variant's name
@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
   const std::vector<Mode> variants{{true, true, "general", {"MT_DECODE_FUSED=0"}},
                                    {true, true, "default-fusions", {"MT_DECODE_FUSIONS=0"}},
                                    {true, true, "default+gemv-base", {"MT_GEMV_KERNEL=base"}},
-                                   {true, true, "default+arena", {"MT_DECODE_ARENA=1"}}};
+                                   {true, true, "default-arena", {"MT_DECODE_ARENA=0"}}};
   std::vector<Mode> modes{{false, true, "default", {}}, {true, false, "default", {}}, {true, true, "default", {}}};
   if (graphs_only) modes = {{true, true, "default", {}}};
   modes.insert(modes.end(), variants.begin(), variants.end());

@@ -10,8 +10,8 @@
 #                   GEMV run five times, "path": "default" (the decode kernels, their fusions,
 #                   the Wide GEMV), "general" (MT_DECODE_FUSED=0), "default-fusions"
 #                   (MT_DECODE_FUSIONS=0), "default+gemv-base" (MT_GEMV_KERNEL=base) and
-#                   "default+arena" (the graph's temporaries in an arena: no memory nodes,
-#                   MT_DECODE_ARENA=1), each variant with "same_tokens" (its greedy ids equal the
+#                   "default-arena" (the graph's temporaries as the pool's memory nodes,
+#                   MT_DECODE_ARENA=0), each variant with "same_tokens" (its greedy ids equal the
 #                   default run's)
 #   decode_batch64  generated tokens/s with 64 requests at once
 #   ttft_2048       ms to the first token of a 2,048-token prompt

@@ -39,7 +39,7 @@
 #             MT_FP8_CAST_AB=1 adds a tensorwise run with MT_FP8_CAST_KERNEL=tile, ~50 s more)
 #   genopt    #22: the decode ops' GPU tests (ctest -L gpu -R 'Decode|Gemv|InferenceGpu|KvCache':
 #             the fusions, both GEMV kernels, the decode kernels, the engine), then batch-1 decode,
-#             graphs only: default / general / default-fusions / default+gemv-base / default+arena,
+#             graphs only: default / general / default-fusions / default+gemv-base / default-arena,
 #             each with graph_gpu_ms_per_token (the graph alone) and host_gap_ms_per_token, and each
 #             graph's node census (kernels, memory nodes, programmatic edges); no HF anchor
 # Every part's log stays in /tmp/mt_logs; $OUT gets summary.txt and logs.tar.gz (two files: the
@@ -102,7 +102,7 @@ for p in ${PARTS//,/ }; do
                MT_BENCH_ITERS=8 MT_FP8_RECIPES=tensorwise MT_FP8_TUNE_AB=1 MT_FP8_OVERLAP_AB=1 \
                MT_FP8_BF16_BREAKDOWN=0 MT_FP8_CAST_AB=${MT_FP8_CAST_AB:-0} bash bench/gpu_fp8_bench.sh" ;;
     genopt) MT_DECODE_GRAPH_STATS=1 MT_GEN_HF=0 MT_GEN_ARGS="--graphs-only 1 --ttft-prompt 0" part genopt 500 bash -c \
-              "(cd $B && ctest -L gpu -R 'Decode|Gemv|InferenceGpu|KvCache' --output-on-failure | tail -30);
+              "(cd $B && ctest -L gpu -R 'Decode|Gemv|InferenceGpu|KvCache' --output-on-failure);
                bash bench/gpu_generate_bench.sh && grep -h 'decode graph at' $OUT/generate_bench.err | head -12" ;;
     *) say "unknown part $p" ;;
   esac

@@ -61,7 +61,7 @@ class ModelRunner {
   const model::GPTModel& model() const { return m_; }
   bool cuda_graphs() const { return graphs_on_; }
   bool decode_kernels() const { return decode_kernels_; }  // unless MT_DECODE_FUSED=0 at construction
-  bool graph_arena() const { return arena_; }                // MT_DECODE_ARENA=1 at construction
+  bool graph_arena() const { return arena_; }                // unless MT_DECODE_ARENA=0 at construction
   // The decode fusions (norm -> GEMV, GEMV -> SwiGLU, QKV split -> KV cache; issue #22): with the
   // decode kernels on the GPU's GEMV, unless MT_DECODE_FUSIONS=0 at construction.
   bool decode_fusions() const { return fusions_; }
@@ -108,7 +108,7 @@ class ModelRunner {
   bool graphs_on_ = false;
   bool gemv_ = true;
   bool decode_kernels_ = true;  // unless MT_DECODE_FUSED=0 (the constructor says why)
-  bool arena_ = false;           // the decode graphs' temporaries in a DeviceArena (MT_DECODE_ARENA=1)
+  bool arena_ = true;            // the decode graphs' temporaries in a DeviceArena (unless MT_DECODE_ARENA=0)
   bool fusions_ = false;         // decode_fusions()
   ops::InferenceGemv::Kernel gemv_kernel_ = ops::InferenceGemv::Kernel::Wide;  // MT_GEMV_KERNEL
   int64_t replays_ = 0;

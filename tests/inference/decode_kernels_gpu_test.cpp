@@ -1,6 +1,6 @@
 // The decode kernels (ops::DecodeKernels, the default since session 16; MT_DECODE_FUSED=0 turns
 // them off; issue #22) against the CPU references and against the general GPU kernels, and the
-// decode graphs' arena (MT_DECODE_ARENA=1). Labelled gpu (test names *Gpu*).
+// decode graphs' arena (the default; MT_DECODE_ARENA=0 turns it off). Labelled gpu (test names *Gpu*).
 //   argmax_rows: exact (the same max-then-lowest-index rule, any scan order gives the same id).
 //   cached_attention: within 2e-2 of the CPU's fp32 result, the default kernel's tolerance (the
 //   output is rounded to bf16, |out| <= 1; fp32 sums in another order than the default kernel's).
@@ -157,15 +157,17 @@ TEST(DecodeKernelsGpu, EngineTokensEqualWithEachOptInSwitch) {
     setenv("MT_DECODE_ARENA", "1", 1);
     inference::ModelRunner opted(m, 1, 32, true);
     setenv("MT_DECODE_FUSED", "0", 1);
-    unsetenv("MT_DECODE_ARENA");
+    setenv("MT_DECODE_ARENA", "0", 1);
     inference::ModelRunner general(m, 1, 32, true);
     unsetenv("MT_DECODE_FUSED");
+    unsetenv("MT_DECODE_ARENA");
     inference::ModelRunner dflt(m, 1, 32, true);
     EXPECT_TRUE(opted.decode_kernels());
     EXPECT_TRUE(opted.graph_arena());
     EXPECT_FALSE(general.decode_kernels());
-    EXPECT_TRUE(dflt.decode_kernels());  // the decode kernels are the default (session 16)
-    EXPECT_FALSE(dflt.graph_arena());
+    EXPECT_FALSE(general.graph_arena());
+    EXPECT_TRUE(dflt.decode_kernels());  // the decode kernels and the arena are the defaults (session 16)
+    EXPECT_TRUE(dflt.graph_arena());
   }
 }
 
@@ -204,7 +206,7 @@ TEST(DecodeKernelsGpu, EngineTokensEqualWithAndWithoutTheDecodeFusions) {
   }
 }
 
-// ops::DeviceArena (MT_DECODE_ARENA=1): a capture served from an arena has no memory nodes, its
+// ops::DeviceArena (the decode graphs' default): a capture served from an arena has no memory nodes, its
 // tally is every request rounded to 256 bytes, and its replays give the eager result bit for bit
 // (the same kernels on other addresses), also after the inputs change.
 TEST(DecodeArenaGpu, CaptureWithoutMemoryNodesReplaysTheEagerResult) {
