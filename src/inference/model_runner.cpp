@@ -39,7 +39,8 @@ ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, boo
   // captures with the pool's memory nodes.
   const char* arena = std::getenv("MT_DECODE_ARENA");
   arena_ = !(arena && std::strcmp(arena, "0") == 0);
-  // The decode fusions (fused_linear_forward, qkv_split_to_cache): part of the decode kernels on
+  // The decode fusions (fused_linear_forward, fused_qkv_forward, qkv_split_to_cache, the attention's
+  // split merge): part of the decode kernels on
   // the GEMV; MT_DECODE_FUSIONS=0 leaves them out alone (A/B runs).
   const char* fusions = std::getenv("MT_DECODE_FUSIONS");
   fusions_ = decode_kernels_ && small_rows_gemv && device_ == Device::CUDA && !(fusions && std::strcmp(fusions, "0") == 0);
@@ -94,33 +95,39 @@ Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Inputs& in) 
   const int64_t N = x.dim(0), G = c.num_query_groups / m_.tensor_parallel().size(), D = c.kv_channels;
   PassContext ctx;
   ctx.training = false;
-  Tensor qkv;
-  if (L.input_norm.rms && fusable(A.qkv, in)) {  // the input norm inside the QKV GEMV
-    const Tensor g = L.input_norm.scale();
-    qkv = ops::fused_linear_forward(x, A.qkv.weight->value, A.qkv.bias ? &A.qkv.bias->value : nullptr,
-                                    {&g, L.input_norm.eps});
-  } else {
-    Norm::Saved ns;
-    qkv = A.qkv.forward(L.input_norm.forward(x, ns, ctx), ctx);
-  }
   Tensor q, k, v;
   // RoPE inside the split where nothing runs between them (no qk-norm), as the training forward.
   const bool fused = A.rope && !c.qk_layernorm;
   const ops::RopeRef rope = fused ? ops::RopeRef{&cos, &sin, rope_.rot_dim} : ops::RopeRef{};
-  if (!c.qk_layernorm && fusions_ && !in.fresh_prompt) {  // k and v straight into the cache
-    q = ops::qkv_split_to_cache(qkv, k_cache_[li], v_cache_[li], slot, pos, G, c.q_per_group(), D, rope);
+  // The decode fusions: k and v straight into the cache (no qk-norm between), and the input
+  // norm inside the QKV GEMV where it is RMSNorm; both: norm, product, RoPE and split in one GEMV.
+  const bool to_cache = !c.qk_layernorm && fusions_ && !in.fresh_prompt;
+  const bool norm_in_gemv = L.input_norm.rms && fusable(A.qkv, in);
+  const Tensor* qkv_bias = A.qkv.bias ? &A.qkv.bias->value : nullptr;
+  const Tensor in_scale = norm_in_gemv ? L.input_norm.scale() : Tensor();
+  const ops::LinearFusion in_norm{&in_scale, L.input_norm.eps};
+  if (to_cache && norm_in_gemv) {
+    q = ops::fused_qkv_forward(x, A.qkv.weight->value, qkv_bias, in_norm, k_cache_[li], v_cache_[li], slot, pos, G,
+                               c.q_per_group(), D, rope);
   } else {
-    ops::qkv_split(qkv, q, k, v, N, 1, G, c.q_per_group(), D, rope);
-    if (c.qk_layernorm) {
-      Norm::Saved qs, ks;
-      q = A.q_norm.forward(q.view({-1, D}), qs, ctx).view(q.shape());
-      k = A.k_norm.forward(k.view({-1, D}), ks, ctx).view(k.shape());
+    Norm::Saved ns;
+    const Tensor qkv = norm_in_gemv ? ops::fused_linear_forward(x, A.qkv.weight->value, qkv_bias, in_norm)
+                                    : A.qkv.forward(L.input_norm.forward(x, ns, ctx), ctx);
+    if (to_cache) {
+      q = ops::qkv_split_to_cache(qkv, k_cache_[li], v_cache_[li], slot, pos, G, c.q_per_group(), D, rope);
+    } else {
+      ops::qkv_split(qkv, q, k, v, N, 1, G, c.q_per_group(), D, rope);
+      if (c.qk_layernorm) {
+        Norm::Saved qs, ks;
+        q = A.q_norm.forward(q.view({-1, D}), qs, ctx).view(q.shape());
+        k = A.k_norm.forward(k.view({-1, D}), ks, ctx).view(k.shape());
+      }
+      if (A.rope && !fused) {
+        ops::rope_forward(q, cos, sin, rope_.rot_dim);
+        ops::rope_forward(k, cos, sin, rope_.rot_dim);
+      }
+      ops::kv_cache_write(k_cache_[li], v_cache_[li], k, v, slot, pos);
     }
-    if (A.rope && !fused) {
-      ops::rope_forward(q, cos, sin, rope_.rot_dim);
-      ops::rope_forward(k, cos, sin, rope_.rot_dim);
-    }
-    ops::kv_cache_write(k_cache_[li], v_cache_[li], k, v, slot, pos);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   Tensor core;
@@ -143,10 +150,10 @@ Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Inputs& in) 
   // The pre-MLP norm and SwiGLU inside linear_fc1's GEMV, the residual in linear_fc2's.
   if (!L.is_moe && c.swiglu && L.pre_mlp_norm.rms && L.mlp.fc2.fuses_residual() && fusable(L.mlp.fc1, in) &&
       fusable(L.mlp.fc2, in)) {
-    const Tensor g = L.pre_mlp_norm.scale();
+    const Tensor mlp_scale = L.pre_mlp_norm.scale();
     const Tensor a = ops::fused_linear_forward(h, L.mlp.fc1.weight->value,
                                                L.mlp.fc1.bias ? &L.mlp.fc1.bias->value : nullptr,
-                                               {&g, L.pre_mlp_norm.eps, true});
+                                               {&mlp_scale, L.pre_mlp_norm.eps, true});
     return L.mlp.fc2.forward(a, ctx, &h);
   }
   Norm::Saved ns2;

@@ -19,6 +19,24 @@ namespace gpu {
 #undef MT_OP
 #undef MT_DEFAULT
 
+// The decode fusions (ops.def) as the compositions of the ops they fuse, through the dispatching
+// ops: the CPU's implementations, and the GPU's where its fused kernels do not apply.
+inline Tensor fused_linear_composed(const Tensor& x, const Tensor& w, const Tensor* b, const LinearFusion& f) {
+  MT_CHECK(!(f.swiglu && f.residual), "fused_linear_forward: a residual is not added after SwiGLU");
+  Tensor xn = x;
+  if (f.norm_weight) {
+    Tensor rstd;
+    xn = ops::rmsnorm_forward(x, *f.norm_weight, f.norm_eps, rstd);
+  }
+  Tensor y = f.residual ? ops::linear_forward_residual(xn, w, b, *f.residual) : ops::linear_forward(xn, w, b);
+  return f.swiglu ? ops::swiglu_forward(y) : y;
+}
+inline Tensor fused_qkv_composed(const Tensor& x, const Tensor& w, const Tensor* b, const LinearFusion& f,
+                                 Tensor& k_cache, Tensor& v_cache, const Tensor& slot, const Tensor& pos, int64_t G,
+                                 int64_t qpg, int64_t D, const RopeRef& rope) {
+  return ops::qkv_split_to_cache(ops::fused_linear_forward(x, w, b, f), k_cache, v_cache, slot, pos, G, qpg, D, rope);
+}
+
 // Argument checks both implementations make (internal invariants: the callers pass these right).
 inline void check_vector(const Tensor& t, Device device, DType dtype, int64_t n, const char* what) {
   MT_CHECK(t.device() == device && t.dtype() == dtype && t.numel() == n,

@@ -7,6 +7,8 @@
 //   slice of its fc1 (norm + SwiGLU), rows of 8,192 (the Wide kernel's 4 warps per column),
 //   column counts that leave warps idle, and shapes the fusion leaves to the composition.
 //   qkv_split_to_cache: bit for bit qkv_split + kv_cache_write (the same RoPE arithmetic).
+//   fused_qkv_forward (norm, QKV product, RoPE, split into the cache in the GEMV): bit for bit
+//   fused_linear_forward + qkv_split_to_cache.
 // Forward-only inference ops: no gradient checks.
 #include <gtest/gtest.h>
 
@@ -118,6 +120,49 @@ TEST(DecodeFusionsGpu, QkvSplitToCacheEqualsTheSplitThenTheWrite) {
       EXPECT_EQ(max_abs_diff(from_gpu(q), from_gpu(wq)), 0.0) << what;
       EXPECT_EQ(max_abs_diff(from_gpu(kc), from_gpu(kc2)), 0.0) << what;
       EXPECT_EQ(max_abs_diff(from_gpu(vc), from_gpu(vc2)), 0.0) << what;
+    }
+  }
+}
+
+// fused_qkv_forward in the GEMV against fused_linear_forward + qkv_split_to_cache on the same
+// GEMV kernel: bit for bit (q and both caches). llama-1.5b's QKV (8 groups of 4 + 2 heads of 64),
+// the tiny models' head dim 8, no RoPE, a bias, 2 rows, and a partial rotary (the composition).
+struct QkvCase {
+  int64_t M, G, qpg, D, rot, K;
+  bool bias;
+};
+
+TEST(DecodeFusionsGpu, FusedQkvEqualsTheLinearThenTheSplitIntoTheCache) {
+  MT_REQUIRE_GPU();
+  for (const QkvCase& c : {QkvCase{1, 8, 4, 64, 64, 2048, false}, QkvCase{2, 8, 4, 64, 64, 2048, false},
+                           QkvCase{1, 2, 2, 8, 8, 32, false}, QkvCase{2, 4, 1, 64, 0, 256, true},
+                           QkvCase{1, 2, 3, 128, 64, 512, false}}) {
+    const int64_t slots = 2, L = 24, out = c.G * (c.qpg + 2) * c.D;
+    const Tensor x = random_bf16_values({c.M, c.K}, 31), gamma = random_bf16_values({c.K}, 32);
+    const Tensor w = random_bf16_values({out, c.K}, 33), b = random_bf16_values({out}, 34);
+    const Tensor slot = Tensor::from_vector(std::vector<int32_t>{1, 0}, {2}).slice(0, c.M).to_device(Device::CUDA);
+    const Tensor pos = Tensor::from_vector(std::vector<int32_t>{17, 3}, {2}).slice(0, c.M).to_device(Device::CUDA);
+    const int64_t half = std::max<int64_t>(c.rot / 2, 1);
+    const Tensor cs = random_bf16_values({c.M, half}, 35).to_device(Device::CUDA);
+    const Tensor sn = random_bf16_values({c.M, half}, 36).to_device(Device::CUDA);
+    const ops::RopeRef rope = c.rot ? ops::RopeRef{&cs, &sn, c.rot} : ops::RopeRef{};
+    const Tensor kc0 = random_bf16_values({slots, c.G, L, c.D}, 37), vc0 = random_bf16_values({slots, c.G, L, c.D}, 38);
+    for (const DType dt : {DType::BF16, DType::F16}) {
+      for (const Kernel k : {Kernel::Wide, Kernel::Base}) {
+        const std::string what = "M " + std::to_string(c.M) + " G " + std::to_string(c.G) + " qpg " +
+                                 std::to_string(c.qpg) + " D " + std::to_string(c.D) + " rot " + std::to_string(c.rot) +
+                                 " " + dtype_name(dt) + (k == Kernel::Wide ? " wide" : " base");
+        const ops::InferenceGemv gemv(true, k);
+        const Tensor gx = to_gpu(x, dt), gg = to_gpu(gamma, dt), gw = to_gpu(w, dt), gb = to_gpu(b, dt);
+        const Tensor* bias = c.bias ? &gb : nullptr;
+        Tensor kc = to_gpu(kc0, dt), vc = to_gpu(vc0, dt), kc2 = to_gpu(kc0, dt), vc2 = to_gpu(vc0, dt);
+        const Tensor q = ops::fused_qkv_forward(gx, gw, bias, {&gg, 1e-5f}, kc, vc, slot, pos, c.G, c.qpg, c.D, rope);
+        const Tensor packed = ops::fused_linear_forward(gx, gw, bias, {&gg, 1e-5f});
+        const Tensor wq = ops::qkv_split_to_cache(packed, kc2, vc2, slot, pos, c.G, c.qpg, c.D, rope);
+        EXPECT_EQ(max_abs_diff(from_gpu(q), from_gpu(wq)), 0.0) << what;
+        EXPECT_EQ(max_abs_diff(from_gpu(kc), from_gpu(kc2)), 0.0) << what;
+        EXPECT_EQ(max_abs_diff(from_gpu(vc), from_gpu(vc2)), 0.0) << what;
+      }
     }
   }
 }

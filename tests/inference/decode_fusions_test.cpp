@@ -1,4 +1,5 @@
-// The decode fusions' CPU references (ops.def: fused_linear_forward, qkv_split_to_cache; issue
+// The decode fusions' CPU references (ops.def: fused_linear_forward, qkv_split_to_cache,
+// fused_qkv_forward; issue
 // #22) against the arithmetic written out here: RMSNorm, the product, SwiGLU and the residual in
 // double; the split's index math into the caches. Forward only (inference has no backward), so
 // no gradient checks. The GPU's fused kernels are tested against these and against the unfused
@@ -110,6 +111,28 @@ TEST(DecodeFusions, QkvSplitToCacheWritesQAndTheCaches) {
   EXPECT_EQ(max_abs_diff(q2, wq), 0.0);
   EXPECT_EQ(max_abs_diff(kc2, kc3), 0.0);
   EXPECT_EQ(max_abs_diff(vc2, vc3), 0.0);
+}
+
+// fused_qkv_forward: the norm, the product, the split with RoPE and the cache write, against
+// those ops one by one.
+TEST(DecodeFusions, FusedQkvIsTheLinearThenTheSplitIntoTheCache) {
+  const int64_t G = 2, qpg = 2, D = 8, N = 2, in = 16, slots = 2, L = 5, out = G * (qpg + 2) * D;
+  const Tensor x = random_bf16_values({N, in}, 21), gamma = random_bf16_values({in}, 22);
+  const Tensor w = random_bf16_values({out, in}, 23), b = random_bf16_values({out}, 24);
+  const Tensor slot = Tensor::from_vector(std::vector<int32_t>{1, 0}, {N});
+  const Tensor pos = Tensor::from_vector(std::vector<int32_t>{4, 1}, {N});
+  const Tensor cs = random_bf16_values({N, D / 2}, 25), sn = random_bf16_values({N, D / 2}, 26);
+  const ops::RopeRef rope{&cs, &sn, D};
+  const Tensor kc0 = random_bf16_values({slots, G, L, D}, 27), vc0 = random_bf16_values({slots, G, L, D}, 28);
+  Tensor kc = kc0.clone(), vc = vc0.clone();
+  const Tensor q = ops::fused_qkv_forward(x, w, &b, {&gamma, 1e-5f}, kc, vc, slot, pos, G, qpg, D, rope);
+  Tensor rstd, wq, wk, wv, kc2 = kc0.clone(), vc2 = vc0.clone();
+  ops::qkv_split(ops::linear_forward(ops::rmsnorm_forward(x, gamma, 1e-5f, rstd), w, &b), wq, wk, wv, N, 1, G, qpg, D,
+                 rope);
+  ops::kv_cache_write(kc2, vc2, wk, wv, slot, pos);
+  EXPECT_EQ(max_abs_diff(q, wq), 0.0);
+  EXPECT_EQ(max_abs_diff(kc, kc2), 0.0);
+  EXPECT_EQ(max_abs_diff(vc, vc2), 0.0);
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // decode graphs' arena (the default; MT_DECODE_ARENA=0 turns it off). Labelled gpu (test names *Gpu*).
 //   argmax_rows: exact (the same max-then-lowest-index rule, any scan order gives the same id).
 //   cached_attention: within 2e-2 of the CPU's fp32 result, the default kernel's tolerance (the
-//   output is rounded to bf16, |out| <= 1; fp32 sums in another order than the default kernel's).
+//   output is rounded to bf16, |out| <= 1; fp32 sums in another order than the default kernel's);
+//   its split merge fused into the attention kernel bit for bit the merge kernel's.
 //   The engine: the same greedy tokens as the general kernels (as GEMV vs cuBLASLt: differences
 //   only in fp32 summation order).
 #include <gtest/gtest.h>
@@ -99,6 +100,14 @@ TEST(DecodeKernelsGpu, CachedAttentionMatchesTheCpu) {
     const Tensor got = from_gpu(ops::cached_attention(gq, gkc, gvc, gs, gp, scale));
     EXPECT_LT(max_abs_diff(got, want), 2e-2) << what;
     EXPECT_LT(max_abs_diff(got, dflt), 2e-2) << what;
+    // The split merge in the attention kernel's last block (the default) and as a kernel of its
+    // own (MT_DECODE_FUSIONS=0): the same arithmetic, the same bits; a second fused call (its
+    // arrival counters reset by the first) too.
+    setenv("MT_DECODE_FUSIONS", "0", 1);
+    const Tensor merged_apart = from_gpu(ops::cached_attention(gq, gkc, gvc, gs, gp, scale));
+    unsetenv("MT_DECODE_FUSIONS");
+    EXPECT_EQ(max_abs_diff(got, merged_apart), 0.0) << what;
+    EXPECT_EQ(max_abs_diff(from_gpu(ops::cached_attention(gq, gkc, gvc, gs, gp, scale)), got), 0.0) << what;
     // fp16 caches take the same kernel.
     const Tensor got16 =
         from_gpu(ops::cached_attention(to_gpu(q, DType::F16), to_gpu(kc, DType::F16), to_gpu(vc, DType::F16), gs, gp, scale));

@@ -20,23 +20,29 @@
 // H200's bandwidth x latency asks for); with U = 8 a 2,048 row is one round, and fc2's 2,048
 // blocks of 4 warps (each a quarter row, one round) all fit on the SMs at once: one round.
 //
-// Between kernels: a decode step is ~100-180 small kernels, and a GEMV of a few MB lasts a few
+// Between kernels: a decode step is ~85-180 small kernels, and a GEMV of a few MB lasts a few
 // microseconds, so the gap before each matters. On Hopper the GEMV is launched as a programmatic
 // dependent launch: its blocks may start while the kernel before it drains, issue their first
 // round of weight loads and prefetch the rest of their rows into L2 (the weights do not depend
 // on that kernel), and only then wait for it (griddepcontrol.wait: its completion and the
-// visibility of its writes) before reading x.
+// visibility of its writes) before reading x. The GEMV itself lets its dependents start as soon
+// as all its blocks have (griddepcontrol.launch_dependents): with the norms and SwiGLU fused
+// away, a decode layer's GEMVs mostly follow one another (proj -> fc1 -> fc2 -> next QKV).
 //
 // The decode fusions (ops::fused_linear_forward, issue #22), each computing what the unfused
 // ops would have stored, bit for bit:
 //  - NORM: x is RMSNorm's input; each warp recomputes its rows' rstd from x (a few KB, L1/L2
 //    resident) with rmsnorm_forward's summation order (norms.cu's one-warp kernel), and reads x as
 //    round(x * rstd * gamma), as that kernel stores it. Saves the norm's kernel and its output.
-//  - SWIGLU: w is fc1's [gate; up] (2F rows) and y [M, F] is swiglu(x w^T): a warp owns columns j
-//    and j + F, rounds both to y's type (as fc1's output is stored), then writes silu(g) * u
-//    rounded. Saves SwiGLU's kernel and the [M, 2F] intermediate. (Fusing SwiGLU into fc2's x
-//    load instead would evaluate silu once per output column: 2,048 x 8,192 sigmoids per token,
-//    ~4 us of SFU time per layer on an H200, more than fc2's memory time; here it is F per token.)
+//  - Out::SwiGlu: w is fc1's [gate; up] (2F rows) and y [M, F] is swiglu(x w^T): a warp owns
+//    columns j and j + F, rounds both to y's type (as fc1's output is stored), then writes
+//    silu(g) * u rounded. Saves SwiGLU's kernel and the [M, 2F] intermediate. (Fusing SwiGLU into
+//    fc2's x load instead would evaluate silu once per output column: 2,048 x 8,192 sigmoids per
+//    layer, ~4 us of SFU time on an H200, more than fc2's memory time; here it is F per layer.)
+//  - Out::Qkv: w is linear_qkv's; a warp owns column d of a packed head and its RoPE partner
+//    d + D/2, rounds both as linear_qkv's output is stored, rotates them as qkv_split does, and
+//    writes q, or k and v into the KV caches at the row's slot and position (ops::fused_qkv_forward).
+//    Saves the split kernel (ops::qkv_split_to_cache) and the packed intermediate.
 // gemm.cu's forward picks the GEMV (gemv_applies) only while an InferenceGemv scope is open
 // (kernels/device.h), so training keeps cuBLASLt's results.
 #include <cuda_bf16.h>
@@ -114,24 +120,72 @@ __device__ __forceinline__ void load_round(uint4 (&raw)[R][U], const TI* const* 
     }
 }
 
+// What a warp's columns become: y's columns (Plain), y = SwiGLU of a gate and an up column
+// (SwiGlu), or q and the KV caches' new rows, a column and its RoPE partner (Qkv, GemvQkvOut).
+enum class Out { Plain, SwiGlu, Qkv };
+
+// Qkv's epilogue for row m: packed QKV columns c1 (d of its head) and c1 + D/2 as linear_qkv's
+// output stores them, rotated as qkv_split rotates q and k (layout.cu's rope_chunk pairs d with
+// d + D/2 through rope_pair), written where qkv_split_to_cache puts them: q [1, G*qpg, M, D], k
+// and v at the row's (slot, position) of the caches (a row outside the cache is skipped).
+template <typename T>
+__device__ __forceinline__ void qkv_store(const GemvQkvOut& o, const T* b, int64_t c1, float s1, float s2, int m,
+                                          int M) {
+  const int D = o.D, half = D / 2, heads = o.qpg + 2;  // heads per group: qpg of q, k, v
+  const int64_t hd = c1 / D;
+  const int d = static_cast<int>(c1 - hd * D), g = static_cast<int>(hd / heads), j = static_cast<int>(hd % heads);
+  if (b) s1 += to_f(b[c1]), s2 += to_f(b[c1 + half]);
+  float x1 = rounded<T>(s1), x2 = rounded<T>(s2);
+  if (j <= o.qpg && o.cos) {
+    float o1, o2;
+    rope_pair(x1, x2, o.cos[static_cast<int64_t>(m) * half + d], o.sin[static_cast<int64_t>(m) * half + d], o1, o2);
+    x1 = o1, x2 = o2;
+  }
+  T* dst;
+  if (j < o.qpg) {
+    dst = static_cast<T*>(o.q) + ((static_cast<int64_t>(g) * o.qpg + j) * M + m) * D;
+  } else {
+    const int64_t s = o.slot[m], p = o.pos[m];
+    if (s < 0 || s >= o.slots || p < 0 || p >= o.L) return;
+    dst = static_cast<T*>(j == o.qpg ? o.k_cache : o.v_cache) + ((s * o.G + g) * o.L + p) * D;
+  }
+  dst[d] = from_f<T>(x1);
+  dst[d + half] = from_f<T>(x2);
+}
+
 // The 16-byte path (K % 8 == 0, x and w 16-byte aligned). MR: the rows of x this instantiation
 // handles (M <= MR). WPC warps per output column, U loads in flight per lane and weight row.
-// SWIGLU: N is w's 2F rows and y has F columns (see the top of the file).
-template <typename TI, typename TO, int MR, bool NORM, bool SWIGLU, int WPC, int U>
+// OUT: what the warp's columns become (Out, above); SwiGlu and Qkv give each warp two weight rows.
+template <typename TI, typename TO, int MR, bool NORM, Out OUT, int WPC, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const TI* __restrict__ x, const TI* __restrict__ gamma, float eps, const TI* __restrict__ w,
-                const TO* __restrict__ b, const TO* residual, TO* y, int M, int64_t N, int64_t K) {
-  constexpr int V = Vec<TI>::N, R = SWIGLU ? 2 : 1, kCols = kWarps / WPC;
+                const TO* __restrict__ b, const TO* residual, TO* y, int M, int64_t N, int64_t K, GemvQkvOut qkv) {
+  // The next GEMV (a programmatic dependent) may start its blocks once all of this one's have
+  // started: its first loads and prefetches then overlap this one's tail (it still waits for
+  // this grid's completion before reading x).
+  allow_dependent_launch();
+  constexpr int V = Vec<TI>::N, R = OUT == Out::Plain ? 1 : 2, kCols = kWarps / WPC;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % WPC;
-  const int64_t cols = SWIGLU ? N / 2 : N;
+  const int64_t cols = N / R;  // the warps' work items: columns, or pairs of them
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kCols + warp / WPC;
   // With WPC > 1 the block meets at a barrier below: a warp past the last column stays, idle.
   const bool live = n < cols;
   if (WPC == 1 && !live) return;  // a whole warp: the shuffles below see full warps only
   const int64_t chunks = K / V, step = static_cast<int64_t>(WPC) * 32 * U;
+  // The weight rows: n; or gate n and up n + F (SwiGlu); or, in the packed QKV row, column d of
+  // head hd and its RoPE partner d + D/2 (Qkv: work item n = hd * D/2 + d).
+  int64_t col[R];
+  if constexpr (OUT == Out::Qkv) {
+    const int64_t half = qkv.D / 2, hd = n / half;
+    col[0] = hd * qkv.D + (n - hd * half);
+    col[R - 1] = col[0] + half;
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) col[r] = n + r * cols;
+  }
   const TI* wr[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) wr[r] = w + (live ? n + r * cols : 0) * K;
+  for (int r = 0; r < R; ++r) wr[r] = w + (live ? col[r] : 0) * K;
   uint4 raw[R][U];
   int64_t c0 = static_cast<int64_t>(part) * 32 * U;
   // Before the wait (the weights do not depend on the kernel before): this warp's later rounds
@@ -214,10 +268,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int m = 0; m < MR; ++m) {
     if (m >= M) break;
     if (lane != m % 32) continue;
-    if constexpr (SWIGLU) {  // fc1's two outputs as stored, then SwiGLU's, as elementwise.cu computes it
+    if constexpr (OUT == Out::SwiGlu) {  // fc1's two outputs as stored, then SwiGLU's, as elementwise.cu computes it
       float g = sum[0][m], up = sum[1][m];
       if (b) g += to_f(b[n]), up += to_f(b[n + cols]);
       y[m * cols + n] = from_f<TO>(swiglu_value(rounded<TO>(g), rounded<TO>(up)));
+    } else if constexpr (OUT == Out::Qkv) {
+      qkv_store<TO>(qkv, b, col[0], sum[0][m], sum[R - 1][m], m, M);
     } else {
       float v = sum[0][m];
       if (b) v += to_f(b[n]);
@@ -232,6 +288,7 @@ template <typename TI, typename TO, int MR>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_scalar_kernel(const TI* __restrict__ x, const TI* __restrict__ w, const TO* __restrict__ b,
                        const TO* residual, TO* y, int M, int64_t N, int64_t K) {
+  allow_dependent_launch();
   const int lane = threadIdx.x & 31;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (n >= N) return;
@@ -287,24 +344,24 @@ struct Launch {  // the launch's geometry and attributes
 };
 
 // The 16-byte kernel in the variant the open InferenceGemv scope asks for.
-template <typename TI, typename TO, int MR, bool NORM, bool SWIGLU>
+template <typename TI, typename TO, int MR, bool NORM, Out OUT>
 void launch_vec(const TI* x, const TI* gamma, float eps, const TI* w, const TO* b, const TO* residual, TO* y,
-                int64_t M, int64_t N, int64_t K, cudaStream_t s) {
-  const int64_t cols = SWIGLU ? N / 2 : N, chunks = K / Vec<TI>::N;
+                int64_t M, int64_t N, int64_t K, const GemvQkvOut& qkv, cudaStream_t s) {
+  const int64_t cols = OUT == Out::Plain ? N : N / 2, chunks = K / Vec<TI>::N;
   const bool wide = ops::InferenceGemv::kernel() == ops::InferenceGemv::Kernel::Wide;
   // Wide: a warp per column while the row is one round of 8 loads per lane, else 4 per column.
   const int wpc = wide && chunks > 32 * 8 ? 4 : 1;
   const int m = static_cast<int>(M);
   Launch l(ceil_div(cols, kWarps / wpc), s);
   if (!wide)
-    MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_kernel<TI, TO, MR, NORM, SWIGLU, 1, 4>, x, gamma, eps, w, b, residual,
-                                     y, m, N, K));
+    MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_kernel<TI, TO, MR, NORM, OUT, 1, 4>, x, gamma, eps, w, b, residual, y,
+                                     m, N, K, qkv));
   else if (wpc == 1)
-    MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_kernel<TI, TO, MR, NORM, SWIGLU, 1, 8>, x, gamma, eps, w, b, residual,
-                                     y, m, N, K));
+    MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_kernel<TI, TO, MR, NORM, OUT, 1, 8>, x, gamma, eps, w, b, residual, y,
+                                     m, N, K, qkv));
   else
-    MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_kernel<TI, TO, MR, NORM, SWIGLU, 4, 8>, x, gamma, eps, w, b, residual,
-                                     y, m, N, K));
+    MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_kernel<TI, TO, MR, NORM, OUT, 4, 8>, x, gamma, eps, w, b, residual, y,
+                                     m, N, K, qkv));
   MT_CUDA_LAUNCH_CHECK();
 }
 
@@ -313,12 +370,17 @@ void launch(const TI* x, const TI* w, const TO* b, const TO* residual, TO* y, in
             const GemvFusion& f, cudaStream_t s) {
   if (K % Vec<TI>::N == 0 && aligned16(x) && aligned16(w)) {
     const TI* gamma = static_cast<const TI*>(f.norm_weight);
+    const GemvQkvOut none{};
     if constexpr (std::is_same_v<TI, TO> && MR <= 2) {  // the fusions: decode's 1-2 rows, one type
-      if (gamma && f.swiglu) return launch_vec<TI, TO, MR, true, true>(x, gamma, f.eps, w, b, residual, y, M, N, K, s);
-      if (gamma) return launch_vec<TI, TO, MR, true, false>(x, gamma, f.eps, w, b, residual, y, M, N, K, s);
-      if (f.swiglu) return launch_vec<TI, TO, MR, false, true>(x, gamma, f.eps, w, b, residual, y, M, N, K, s);
+      const float e = f.eps;
+      if (f.qkv && gamma) return launch_vec<TI, TO, MR, true, Out::Qkv>(x, gamma, e, w, b, residual, y, M, N, K, *f.qkv, s);
+      if (f.qkv) return launch_vec<TI, TO, MR, false, Out::Qkv>(x, gamma, e, w, b, residual, y, M, N, K, *f.qkv, s);
+      if (gamma && f.swiglu)
+        return launch_vec<TI, TO, MR, true, Out::SwiGlu>(x, gamma, e, w, b, residual, y, M, N, K, none, s);
+      if (gamma) return launch_vec<TI, TO, MR, true, Out::Plain>(x, gamma, e, w, b, residual, y, M, N, K, none, s);
+      if (f.swiglu) return launch_vec<TI, TO, MR, false, Out::SwiGlu>(x, gamma, e, w, b, residual, y, M, N, K, none, s);
     }
-    return launch_vec<TI, TO, MR, false, false>(x, nullptr, 0.f, w, b, residual, y, M, N, K, s);
+    return launch_vec<TI, TO, MR, false, Out::Plain>(x, nullptr, 0.f, w, b, residual, y, M, N, K, none, s);
   }
   Launch l(ceil_div(N, kWarps), s);
   MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_scalar_kernel<TI, TO, MR>, x, w, b, residual, y, static_cast<int>(M), N,
@@ -346,11 +408,14 @@ void gemv_forward(const TI* x, const nd<TI>* w, const nd<TO>* b, const nd<TO>* r
   MT_CHECK(M >= 0 && M <= kGemvMaxRows && N >= 0 && K >= 0, "gemv_forward: {} x {} x {} (at most {} rows)", M, N, K,
            kGemvMaxRows);
   MT_CHECK(N < (int64_t{1} << 31) * kWarps / 4, "gemv_forward: {} output columns exceed the grid", N);
-  const bool fused = f.norm_weight || f.swiglu;
+  const bool fused = f.norm_weight || f.swiglu || f.qkv;
   MT_CHECK(!fused || (std::is_same_v<TI, TO> && gemv_fusable(x, w, f.norm_weight, M, K)),
            "gemv_forward: the fusions take 1-2 rows of one half type, K % 8 == 0, 16-byte aligned (got {} x {} x {})",
            M, N, K);
   MT_CHECK(!f.swiglu || (N % 2 == 0 && !residual), "gemv_forward: SwiGLU needs [gate; up] rows and no residual");
+  MT_CHECK(!f.qkv || (!f.swiglu && !residual && f.qkv->D % 2 == 0 && N == int64_t{f.qkv->G} * (f.qkv->qpg + 2) * f.qkv->D),
+           "gemv_forward: the QKV epilogue needs linear_qkv's {} x (qpg + 2) x {} rows, got {}, no SwiGLU or residual",
+           f.qkv ? f.qkv->G : 0, f.qkv ? f.qkv->D : 0, N);
   if (M == 0 || N == 0) return;
   calls.fetch_add(1, std::memory_order_relaxed);
   // The smallest instantiation that holds M rows: its accumulators stay in registers.

@@ -157,13 +157,30 @@ constexpr int64_t kGemvMaxRows = 16;
 // the GEMV streams the QKV, proj and fc1 weights at 1.1-1.8x cuBLASLt's rate; from 4 rows on,
 // cuBLASLt is faster everywhere (at 16 rows by 2-4x).
 constexpr int64_t kGemvChosenMaxRows = 2;
+// ops::fused_qkv_forward's epilogue in the GEMV: where the packed QKV columns go instead of y.
+// q [1, G*qpg, M, D] and the caches [slots, G, L, D] in y's type; row m to (slot[m], pos[m]);
+// RoPE over whole heads with fp32 tables [M, D/2] (cos and sin null: none).
+struct GemvQkvOut {
+  void* q = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  const int32_t* slot = nullptr;
+  const int32_t* pos = nullptr;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int G = 0, qpg = 0, D = 0;
+  int64_t slots = 0, L = 0;
+};
 // The decode fusions of ops::fused_linear_forward inside the GEMV (gemv.cu): x read as
 // rmsnorm(x; norm_weight, eps) (x's type) where norm_weight is set; with swiglu, w's N rows are
-// [gate; up] and y [M, N/2] is swiglu of the product (no residual). Only where gemv_fusable.
+// [gate; up] and y [M, N/2] is swiglu of the product (no residual); with qkv, w's N rows are
+// linear_qkv's (N = G*(qpg+2)*D) and the output goes where *qkv says (y unused, no residual).
+// Only where gemv_fusable.
 struct GemvFusion {
   const void* norm_weight = nullptr;
   float eps = 0.f;
   bool swiglu = false;
+  const GemvQkvOut* qkv = nullptr;
 };
 template <typename TI, typename TO>
 void gemv_forward(const TI* x, const nd<TI>* w, const nd<TO>* b, const nd<TO>* residual, TO* y, int64_t M, int64_t N,

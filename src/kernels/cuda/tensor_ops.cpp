@@ -85,6 +85,8 @@ Tensor linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* b
 // One GEMV kernel where it applies and takes the fusions, else the composition (as the CPU's).
 Tensor fused_linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const LinearFusion& f) {
   MT_CHECK(!(f.swiglu && f.residual), "fused_linear_forward: a residual is not added after SwiGLU");
+  MT_CHECK(!f.norm_weight || f.norm_weight->numel() == w.dim(1), "fused_linear_forward: a norm scale of {} for {} inputs",
+           f.norm_weight ? f.norm_weight->numel() : 0, w.dim(1));
   const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
   const void* gamma = f.norm_weight ? f.norm_weight->raw() : nullptr;
   if (cuda::gemv_applies(rows) && x.dtype() != DType::F32 && w.dtype() == x.dtype() &&
@@ -97,13 +99,47 @@ Tensor fused_linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias
     });
     return y;
   }
-  Tensor xn = x;
-  if (f.norm_weight) {
-    Tensor rstd;
-    xn = rmsnorm_forward(x, *f.norm_weight, f.norm_eps, rstd, nullptr);
+  return fused_linear_composed(x, w, bias, f);
+}
+
+// The whole of it in the GEMV where its kernel takes it (gemv.cu, GemvQkvOut), else the two ops.
+Tensor fused_qkv_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const LinearFusion& lf, Tensor& k_cache,
+                         Tensor& v_cache, const Tensor& slot, const Tensor& pos, int64_t G, int64_t qpg, int64_t D,
+                         const RopeRef& rope) {
+  const int64_t out = w.dim(0), in = w.dim(1), rows = x.numel() / in;
+  const void* gamma = lf.norm_weight ? lf.norm_weight->raw() : nullptr;
+  const bool whole_heads = rope.rot_dim == 0 || rope.rot_dim == D;  // RoPE partners half a head apart
+  if (cuda::gemv_applies(rows) && x.dtype() != DType::F32 && w.dtype() == x.dtype() &&
+      k_cache.dtype() == x.dtype() && cuda::gemv_fusable(x.raw(), w.raw(), gamma, rows, in) && whole_heads &&
+      D % 2 == 0 && out == G * (qpg + 2) * D && !lf.swiglu && !lf.residual) {
+    MT_CHECK(k_cache.ndim() == 4 && k_cache.dim(1) == G && k_cache.dim(3) == D && v_cache.shape() == k_cache.shape() &&
+                 v_cache.dtype() == k_cache.dtype(),
+             "fused_qkv_forward: caches {} / {} for {} groups of {}", k_cache.shape_str(), v_cache.shape_str(), G, D);
+    MT_CHECK(slot.dtype() == DType::I32 && pos.dtype() == DType::I32 && slot.numel() == rows &&
+                 pos.numel() == rows && slot.device() == Device::CUDA && pos.device() == Device::CUDA,
+             "fused_qkv_forward: slot and pos must be CUDA i32 [{}]", rows);
+    MT_CHECK(rope.rot_dim == 0 || (rope.cos->numel() == rows * D / 2 && rope.sin->numel() == rows * D / 2),
+             "fused_qkv_forward: RoPE tables of {} rows x {} expected", rows, D / 2);
+    Tensor q = act({1, G * qpg, rows, D}, x);
+    with_half(x, [&]<typename T>(T*) {
+      const cuda::GemvQkvOut o{h<T>(q),
+                               h<T>(k_cache),
+                               h<T>(v_cache),
+                               slot.data<int32_t>(),
+                               pos.data<int32_t>(),
+                               rope.rot_dim ? f(*rope.cos) : nullptr,
+                               rope.rot_dim ? f(*rope.sin) : nullptr,
+                               static_cast<int>(G),
+                               static_cast<int>(qpg),
+                               static_cast<int>(D),
+                               k_cache.dim(0),
+                               k_cache.dim(2)};
+      const cuda::GemvFusion gf{lf.norm_weight ? h<T>(*lf.norm_weight) : nullptr, lf.norm_eps, false, &o};
+      cuda::gemv_forward(h<T>(x), h<T>(w), bias ? h<T>(*bias) : nullptr, nullptr, h<T>(q), rows, out, in, st(), gf);
+    });
+    return q;
   }
-  Tensor y = f.residual ? linear_forward_residual(xn, w, bias, *f.residual) : linear_forward(xn, w, bias);
-  return f.swiglu ? swiglu_forward(y, nullptr) : y;
+  return fused_qkv_composed(x, w, bias, lf, k_cache, v_cache, slot, pos, G, qpg, D, rope);
 }
 
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db, bool need_dx,
