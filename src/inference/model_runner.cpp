@@ -27,23 +27,25 @@ ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, boo
       vocab_(m.config().orig_vocab_size),
       device_(m.device()),
       gemv_(small_rows_gemv) {
+  // A switch set to "0" in the environment (every switch below is on unless so).
+  auto off = [](const char* name) {
+    const char* e = std::getenv(name);
+    return e && std::strcmp(e, "0") == 0;
+  };
   // The decode kernels (ops::DecodeKernels, kernels/device.h) for this runner's passes: on by
   // default since session 16 (H200, llama-1.5b batch 1 with graphs: 1.704 -> 1.454 ms per token);
   // MT_DECODE_FUSED=0 runs the general kernels. Read here, not per step, so that one process
   // (bench/generate_bench.cpp) can build a runner of each kind.
-  const char* fused = std::getenv("MT_DECODE_FUSED");
-  decode_kernels_ = !(fused && std::strcmp(fused, "0") == 0);
+  decode_kernels_ = !off("MT_DECODE_FUSED");
   // The decode graphs' temporaries in an arena of their own, so that the captures have no memory
   // nodes (ops::DeviceArena): on by default since session 16, when with the fusions it saved the
   // host gap between replays (H200, batch 1: 1.188 -> 1.162 ms per token); MT_DECODE_ARENA=0
   // captures with the pool's memory nodes.
-  const char* arena = std::getenv("MT_DECODE_ARENA");
-  arena_ = !(arena && std::strcmp(arena, "0") == 0);
+  arena_ = !off("MT_DECODE_ARENA");
   // The decode fusions (fused_linear_forward, fused_qkv_forward, qkv_split_to_cache, the attention's
-  // split merge): part of the decode kernels on
-  // the GEMV; MT_DECODE_FUSIONS=0 leaves them out alone (A/B runs).
-  const char* fusions = std::getenv("MT_DECODE_FUSIONS");
-  fusions_ = decode_kernels_ && small_rows_gemv && device_ == Device::CUDA && !(fusions && std::strcmp(fusions, "0") == 0);
+  // split merge): part of the decode kernels on the GEMV; MT_DECODE_FUSIONS=0 leaves them out
+  // alone (A/B runs).
+  fusions_ = decode_kernels_ && small_rows_gemv && device_ == Device::CUDA && !off("MT_DECODE_FUSIONS");
   // MT_GEMV_KERNEL=wide|base: the GEMV kernel (kernels/device.h, InferenceGemv), for A/B runs.
   if (const char* k = std::getenv("MT_GEMV_KERNEL"); k && *k) {
     if (std::strcmp(k, "base") == 0) gemv_kernel_ = ops::InferenceGemv::Kernel::Base;
