@@ -517,7 +517,7 @@ void report(const std::string& op, const std::string& shape, double ms, double r
 }  // namespace mt::bench
 
 int main(int argc, char** argv) {
-  // --only=gemm|attn|mem|longattn|varlen|fp8cast|fp8gemm runs one group (the last four only when named)
+  // --only=gemm|attn|mem|longattn|varlen|fp8cast|fp8gemm|gemvchain runs one group (the last five only when named)
   std::string only;
   int64_t seq = 32768;
   for (int i = 1; i < argc; ++i) {
@@ -552,6 +552,7 @@ int main(int argc, char** argv) {
     }
     if (only == "fp8cast") mt::bench::bench_fp8_casts();
     if (only == "fp8gemm") mt::bench::bench_fp8_gemms();
+    if (only == "gemvchain") mt::bench::bench_gemv_chain();
     if (only == "longattn") {
       bench_attention(1, 32, 8, seq, 64);  // llama-1.5b's heads, one long sequence
       bench_packed_attention(32, 8, seq, 64, 4096);

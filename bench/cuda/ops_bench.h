@@ -27,5 +27,8 @@ void fill_uniform_bf16(void* p, int64_t n, uint64_t seed, float lo, float hi, cu
 void bench_fp8_casts();
 // --only=fp8gemm: the FP8 GEMMs of a llama-1.5b layer with cuBLASLt autotuning off and on.
 void bench_fp8_gemms();
+// --only=gemvchain: decode's GEMVs back to back in one CUDA graph, as a decode step runs them
+// (gemv_chain_bench.cpp), in GB/s and as a fraction of the copy rate.
+void bench_gemv_chain();
 
 }  // namespace mt::bench

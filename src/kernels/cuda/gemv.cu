@@ -53,6 +53,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/device.h"
 
 namespace mt::cuda {
@@ -70,15 +71,6 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
-}
-
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
-// Waits for the grid this one depends on programmatically (a no-op when launched normally).
-__device__ __forceinline__ void wait_for_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
 }
 
 constexpr int64_t kPrefetchBytes = 16 * 1024;  // of each weight row, before the wait (K <= 8192 in bf16: all)
@@ -318,29 +310,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Programmatic dependent launches need compute capability 9.0 (Hopper) or newer.
-bool dependent_launch() {
-  static const bool on = [] {
-    int dev = 0, major = 0;
-    MT_CUDA_CHECK(cudaGetDevice(&dev));
-    MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    return major >= 9;
-  }();
-  return on;
-}
-
-struct Launch {  // the launch's geometry and attributes
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  Launch(int64_t blocks, cudaStream_t s) {
-    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-    cfg.blockDim = dim3(kWarps * 32);
-    cfg.stream = s;
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = dependent_launch() ? 1 : 0;
-  }
+struct Launch {  // the launch's geometry, as a programmatic dependent (dependent_launch.cuh)
+  dim3 grid, block;
+  cudaStream_t s;
+  Launch(int64_t blocks, cudaStream_t st) : grid(static_cast<unsigned>(blocks)), block(kWarps * 32), s(st) {}
 };
 
 // The 16-byte kernel in the variant the open InferenceGemv scope asks for.
@@ -354,15 +327,14 @@ void launch_vec(const TI* x, const TI* gamma, float eps, const TI* w, const TO* 
   const int m = static_cast<int>(M);
   Launch l(ceil_div(cols, kWarps / wpc), s);
   if (!wide)
-    MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_kernel<TI, TO, MR, NORM, OUT, 1, 4>, x, gamma, eps, w, b, residual, y,
-                                     m, N, K, qkv));
+    launch_dependent(gemv_kernel<TI, TO, MR, NORM, OUT, 1, 4>, l.grid, l.block, l.s, x, gamma, eps, w, b,
+                     residual, y, m, N, K, qkv);
   else if (wpc == 1)
-    MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_kernel<TI, TO, MR, NORM, OUT, 1, 8>, x, gamma, eps, w, b, residual, y,
-                                     m, N, K, qkv));
+    launch_dependent(gemv_kernel<TI, TO, MR, NORM, OUT, 1, 8>, l.grid, l.block, l.s, x, gamma, eps, w, b,
+                     residual, y, m, N, K, qkv);
   else
-    MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_kernel<TI, TO, MR, NORM, OUT, 4, 8>, x, gamma, eps, w, b, residual, y,
-                                     m, N, K, qkv));
-  MT_CUDA_LAUNCH_CHECK();
+    launch_dependent(gemv_kernel<TI, TO, MR, NORM, OUT, 4, 8>, l.grid, l.block, l.s, x, gamma, eps, w, b,
+                     residual, y, m, N, K, qkv);
 }
 
 template <typename TI, typename TO, int MR>
@@ -383,9 +355,8 @@ void launch(const TI* x, const TI* w, const TO* b, const TO* residual, TO* y, in
     return launch_vec<TI, TO, MR, false, Out::Plain>(x, nullptr, 0.f, w, b, residual, y, M, N, K, none, s);
   }
   Launch l(ceil_div(N, kWarps), s);
-  MT_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, gemv_scalar_kernel<TI, TO, MR>, x, w, b, residual, y, static_cast<int>(M), N,
-                                   K));
-  MT_CUDA_LAUNCH_CHECK();
+  launch_dependent(gemv_scalar_kernel<TI, TO, MR>, l.grid, l.block, l.s, x, w, b, residual, y, static_cast<int>(M), N,
+                   K);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/tensor_args.h"
 #include "kernels/device.h"
 #include "kernels/op_backends.h"
@@ -218,6 +219,17 @@ __global__ void __launch_bounds__(kGqaWarps * 32)
   const int64_t begin = split * per_split, end = valid ? min(p + 1, begin + per_split) : begin;
   const T* kb = kc + (valid ? (s * G + g) * L * D : 0);
   const T* vb = vc + (valid ? (s * G + g) * L * D : 0);
+  // Before the wait (launched as a programmatic dependent of the QKV projection, whose epilogue
+  // writes q and the new position's key and value): this split's older keys and values, which
+  // nothing in this step writes, into L2, a 16-byte-aligned row of D elements per thread and step.
+  if (valid)
+    for (int64_t j = begin + threadIdx.x; j < min(end, p); j += kGqaWarps * 32) {
+      for (int64_t o = 0; o < D; o += 128 / static_cast<int64_t>(sizeof(T))) {
+        prefetch_l2(kb + j * D + o);
+        prefetch_l2(vb + j * D + o);
+      }
+    }
+  wait_for_previous_grid();  // q, the new key and value, and the merge's buffers come after it
   float qv[QMAX][8], acc[QMAX][8], m[QMAX], l[QMAX];
 #pragma unroll
   for (int h = 0; h < QMAX; ++h) {
@@ -319,29 +331,6 @@ __global__ void __launch_bounds__(kGqaWarps * 32)
   }
 }
 
-// The fused merge's arrival counters: kMaxArrivals ints per device, zeroed once and left zero by
-// every launch (the last block of each row and group resets its own). Allocated on first use
-// outside a capture (a decode graph's eager step comes first); null where that is not possible
-// (during a capture, or more rows x groups than counters): the merge kernel runs then.
-constexpr int64_t kMaxArrivals = 1 << 16;
-int* arrival_counters(int64_t n, cudaStream_t s) {
-  static std::mutex mu;
-  static std::map<int, int*> per_device;  // never freed: a few hundred KB for the process's life
-  if (n > kMaxArrivals) return nullptr;
-  int dev = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = per_device.find(dev); it != per_device.end()) return it->second;
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  MT_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
-  if (st != cudaStreamCaptureStatusNone) return nullptr;
-  int* p = nullptr;
-  MT_CUDA_CHECK(cudaMalloc(&p, kMaxArrivals * sizeof(int)));
-  MT_CUDA_CHECK(cudaMemset(p, 0, kMaxArrivals * sizeof(int)));
-  per_device[dev] = p;
-  return p;
-}
-
 int sm_count() {
   static const int n = [] {
     int dev = 0, v = 0;
@@ -394,16 +383,15 @@ bool gqa_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache
   // here per call as inference::ModelRunner reads it per runner, keeps the merge kernel).
   const char* fusions = std::getenv("MT_DECODE_FUSIONS");
   int* arrivals = splits > 1 && !(fusions && std::strcmp(fusions, "0") == 0)
-                      ? cuda::arrival_counters(N * c.G, cuda::compute_stream())
+                      ? cuda::arrival_counters(cuda::ArrivalUser::DecodeAttention, N * c.G, cuda::compute_stream())
                       : nullptr;
   with_float_type(q, [&](auto* qp) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
     if constexpr (!std::is_same_v<T, float>) {
       auto launch = [&](auto kernel) {
-        kernel<<<grid, cuda::kGqaWarps * 32, 0, cuda::compute_stream()>>>(
-            qp, k_cache.data<T>(), v_cache.data<T>(), sp, pp, out.data<T>(), part.as<float>(), N, Hq, c.G, c.L,
-            c.slots, splits, per_split, scale, arrivals);
-        MT_CUDA_LAUNCH_CHECK();
+        cuda::launch_dependent(kernel, grid, dim3(cuda::kGqaWarps * 32), cuda::compute_stream(), qp, k_cache.data<T>(),
+                               v_cache.data<T>(), sp, pp, out.data<T>(), part.as<float>(), N, Hq, c.G, c.L, c.slots,
+                               splits, per_split, scale, arrivals);
       };
       if (D == 64 && qpg <= 4) launch(cuda::decode_attention_gqa_kernel<T, 8, 4>);
       else if (D == 64) launch(cuda::decode_attention_gqa_kernel<T, 8, 8>);
