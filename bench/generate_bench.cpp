@@ -18,7 +18,8 @@
 // A/B variant, a switch set here per engine (inference/model_runner.cpp reads them when the
 // engine is built): "general" (MT_DECODE_FUSED=0: the general kernels, no fusions),
 // "default-fusions" (MT_DECODE_FUSIONS=0: the decode kernels without the norm/SwiGLU/KV-write
-// fusions), "default+gemv-base" (MT_GEMV_KERNEL=base: session 16's first GEMV kernel) and
+// fusions), "default+gemv-base" (MT_GEMV_KERNEL=base: session 16's first GEMV kernel),
+// "default+gemv-stream" (MT_GEMV_KERNEL=stream: the persistent GEMV, session 17) and
 // "default-arena" (MT_DECODE_ARENA=0: the graphs' temporaries from the pool, as memory nodes);
 // each variant's generated tokens are compared with the default run's ("same_tokens": greedy
 // ties on a random model may break differently under another summation order).
@@ -211,6 +212,7 @@ int main(int argc, char** argv) {
   const std::vector<Mode> variants{{true, true, "general", {"MT_DECODE_FUSED=0"}},
                                    {true, true, "default-fusions", {"MT_DECODE_FUSIONS=0"}},
                                    {true, true, "default+gemv-base", {"MT_GEMV_KERNEL=base"}},
+                                   {true, true, "default+gemv-stream", {"MT_GEMV_KERNEL=stream"}},
                                    {true, true, "default-arena", {"MT_DECODE_ARENA=0"}}};
   std::vector<Mode> modes{{false, true, "default", {}}, {true, false, "default", {}}, {true, true, "default", {}}};
   if (graphs_only) modes = {{true, true, "default", {}}};

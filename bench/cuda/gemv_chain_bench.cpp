@@ -10,7 +10,7 @@
 // and fc2 (the QKV's cache epilogue is left out: its writes are 12 KB). Every layer has its own
 // weights, so a replay reads ~2.4 GB, 48x the L2. Rows: the whole chain with the output layer, the
 // 16 layers alone, and each shape chained 16 deep alone; each in ms per replay, GB/s of weights
-// and as a fraction of the measured copy rate; for the Wide GEMV (the default) and the Base one.
+// and as a fraction of the measured copy rate; for each GEMV kernel (Wide, the default; Base; Stream).
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -60,6 +60,7 @@ double graph_ms(const std::function<void()>& record) {
 
 void bench_gemv_chain() {
   using bf16 = __nv_bfloat16;
+  ops::GpuContext ctx(0);
   // The copy rate the decode bound uses (bench/generate_bench.cpp: read + write of a 1 GiB copy).
   const int64_t copy_bytes = int64_t{1} << 30;
   Tensor a = Tensor::empty({copy_bytes}, DType::U8, Device::CUDA), b = Tensor::empty({copy_bytes}, DType::U8, Device::CUDA);
@@ -115,7 +116,8 @@ void bench_gemv_chain() {
     const char* name;
     ops::InferenceGemv::Kernel kernel;
   };
-  for (const Kind k : {Kind{"wide", ops::InferenceGemv::Kernel::Wide}, Kind{"base", ops::InferenceGemv::Kernel::Base}}) {
+  for (const Kind k : {Kind{"wide", ops::InferenceGemv::Kernel::Wide}, Kind{"base", ops::InferenceGemv::Kernel::Base},
+                       Kind{"stream", ops::InferenceGemv::Kernel::Stream}}) {
     ops::InferenceGemv scope(true, k.kernel);
     auto row = [&](const std::string& what, double bytes, const std::function<void()>& record) {
       const double ms = graph_ms(record);

@@ -125,6 +125,39 @@ TEST_F(GpuGemv, ChosenOnlyInInferenceForFewRows) {
   }
 }
 
+// The Stream kernel (persistent warps, loads in flight through the items) sums each column's
+// chunks in the one-warp-per-column order of Base, so its outputs are Base's bit for bit: rows
+// of 1,024 to 8,192 (one to eight rounds per item), more columns than the grid's warps (each warp
+// several items, some one fewer: N not a multiple of the warps) and fewer, 1..16 rows of x, bias
+// and residual; and K off its 1,024-element rounds takes the Wide kernel (the same bits as Base
+// there too: one warp per column while a row is one round).
+TEST_F(GpuGemv, StreamEqualsBaseBitForBit) {
+  for (const Shape3 s : {Shape3{1, 3072, 2048}, Shape3{2, 2048, 8192}, Shape3{1, 40001, 1024}, Shape3{4, 77, 2048},
+                         Shape3{16, 300, 1024}, Shape3{1, 500, 1000}, Shape3{2, 130, 264}}) {
+    const uint64_t seed = static_cast<uint64_t>(s.M * 7 + s.N + s.K);
+    const auto x = rounded(random_vec<float>(s.M * s.K, seed, -1, 1));
+    const auto w = rounded(random_vec<float>(s.N * s.K, seed + 1, -1, 1));
+    const auto b = rounded(random_vec<float>(s.N, seed + 2, -1, 1));
+    const auto r = rounded(random_vec<float>(s.M * s.N, seed + 3, -4, 4));
+    DeviceBuffer<bf16> gx(x), gw(w), gb(b), gr(r), base(s.M * s.N), stream(s.M * s.N);
+    for (const bool extras : {false, true}) {
+      {
+        const ops::InferenceGemv k(true, ops::InferenceGemv::Kernel::Base);
+        gemv_forward(gx.get(), gw, extras ? gb.get() : nullptr, extras ? gr.get() : nullptr, base.get(), s.M, s.N, s.K,
+                     nullptr);
+      }
+      {
+        const ops::InferenceGemv k(true, ops::InferenceGemv::Kernel::Stream);
+        gemv_forward(gx.get(), gw, extras ? gb.get() : nullptr, extras ? gr.get() : nullptr, stream.get(), s.M, s.N,
+                     s.K, nullptr);
+      }
+      EXPECT_EQ(bits(stream), bits(base)) << "M " << s.M << " N " << s.N << " K " << s.K << " extras " << extras;
+      const auto want = reference(x, w, extras ? &b : nullptr, extras ? &r : nullptr, s);
+      EXPECT_LT(rel_l2(stream.download(), want), 6e-3) << "M " << s.M << " N " << s.N << " K " << s.K;
+    }
+  }
+}
+
 // Decode's shapes (llama-1.5b: QKV, attention output, gate+up, down, vocabulary) at 1 to 16
 // rows: the GEMV's time and weight bandwidth (its Wide and Base kernels) against cuBLASLt's.
 // Back to back, so weights that fit in L2 (all but fc1 and the vocabulary) may come from it. Printed for the record; the

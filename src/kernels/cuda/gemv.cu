@@ -145,6 +145,46 @@ __device__ __forceinline__ void qkv_store(const GemvQkvOut& o, const T* b, int64
   dst[d + half] = from_f<T>(x2);
 }
 
+// A work item's outputs from its columns' sums (every lane holds them after the warp's butterfly;
+// lane m writes row m): y's column n (Plain), SwiGLU of gate n and up n + cols (SwiGlu), or the
+// packed QKV column c0 and its RoPE partner through qkv_store (Qkv).
+template <typename TO, int MR, Out OUT, int R>
+__device__ __forceinline__ void store_item(const float (&sum)[R][MR], int64_t n, int64_t c0, int64_t cols, int64_t N,
+                                           const TO* b, const TO* residual, TO* y, const GemvQkvOut& qkv, int M,
+                                           int lane) {
+#pragma unroll
+  for (int m = 0; m < MR; ++m) {
+    if (m >= M) break;
+    if (lane != m % 32) continue;
+    if constexpr (OUT == Out::SwiGlu) {  // fc1's two outputs as stored, then SwiGLU's, as elementwise.cu computes it
+      float g = sum[0][m], up = sum[1][m];
+      if (b) g += to_f(b[n]), up += to_f(b[n + cols]);
+      y[m * cols + n] = from_f<TO>(swiglu_value(rounded<TO>(g), rounded<TO>(up)));
+    } else if constexpr (OUT == Out::Qkv) {
+      qkv_store<TO>(qkv, b, c0, sum[0][m], sum[R - 1][m], m, M);
+    } else {
+      float v = sum[0][m];
+      if (b) v += to_f(b[n]);
+      if (residual) v += to_f(residual[m * N + n]);
+      y[m * N + n] = from_f<TO>(v);
+    }
+  }
+}
+
+// The weight rows of work item n: n; or gate n and up n + cols (SwiGlu); or, in the packed QKV
+// row, column d of head hd and its RoPE partner d + D/2 (Qkv: n = hd * D/2 + d).
+template <Out OUT, int R>
+__device__ __forceinline__ void item_rows(int64_t n, int64_t cols, const GemvQkvOut& qkv, int64_t (&col)[R]) {
+  if constexpr (OUT == Out::Qkv) {
+    const int64_t half = qkv.D / 2, hd = n / half;
+    col[0] = hd * qkv.D + (n - hd * half);
+    col[R - 1] = col[0] + half;
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) col[r] = n + r * cols;
+  }
+}
+
 // The 16-byte path (K % 8 == 0, x and w 16-byte aligned). MR: the rows of x this instantiation
 // handles (M <= MR). WPC warps per output column, U loads in flight per lane and weight row.
 // OUT: what the warp's columns become (Out, above); SwiGlu and Qkv give each warp two weight rows.
@@ -164,17 +204,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const bool live = n < cols;
   if (WPC == 1 && !live) return;  // a whole warp: the shuffles below see full warps only
   const int64_t chunks = K / V, step = static_cast<int64_t>(WPC) * 32 * U;
-  // The weight rows: n; or gate n and up n + F (SwiGlu); or, in the packed QKV row, column d of
-  // head hd and its RoPE partner d + D/2 (Qkv: work item n = hd * D/2 + d).
   int64_t col[R];
-  if constexpr (OUT == Out::Qkv) {
-    const int64_t half = qkv.D / 2, hd = n / half;
-    col[0] = hd * qkv.D + (n - hd * half);
-    col[R - 1] = col[0] + half;
-  } else {
-#pragma unroll
-    for (int r = 0; r < R; ++r) col[r] = n + r * cols;
-  }
+  item_rows<OUT, R>(n, cols, qkv, col);
   const TI* wr[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) wr[r] = w + (live ? col[r] : 0) * K;
@@ -256,22 +287,105 @@ __global__ void __launch_bounds__(kWarps * 32)
         sum[r][m] = s;
       }
   }
+  store_item<TO, MR, OUT, R>(sum, n, col[0], cols, N, b, residual, y, qkv, M, lane);
+}
+
+// Stream (InferenceGemv::Kernel::Stream): persistent warps that keep their loads in flight
+// across work items. In Wide and Base each warp loads its item's row in one or two rounds, waits
+// a full memory latency, reduces, writes and exits, and a new block starts: between a warp's
+// last load and the next warp's first, nothing of that warp is in flight. Here a grid of a few
+// blocks per SM walks the items (warp g takes items g, g + warps, ...), each item's rows in
+// rounds of U 16-byte loads per lane and row, and the next round's loads (the same item's next
+// part, or the next item's first) are issued before the current round is multiplied: two rounds
+// in flight per warp at all times, through the item boundaries. The grid is as many blocks as
+// the SMs hold at once (the occupancy calculator's count for the instantiation). Each lane sums its chunks in the
+// same order as Base and Wide's one-warp-per-column kernels (c = lane, lane + 32, ...), so the
+// columns come out bit for bit as theirs. Needs K a multiple of 32 x U x 8 elements.
+constexpr int kStreamU = 4;
+
+template <typename TI, typename TO, int MR, bool NORM, Out OUT>
+__global__ void __launch_bounds__(kWarps * 32, 4)
+    gemv_stream_kernel(const TI* __restrict__ x, const TI* __restrict__ gamma, float eps, const TI* __restrict__ w,
+                       const TO* __restrict__ b, const TO* residual, TO* y, int M, int64_t N, int64_t K,
+                       GemvQkvOut qkv) {
+  allow_dependent_launch();
+  constexpr int V = Vec<TI>::N, R = OUT == Out::Plain ? 1 : 2, U = kStreamU;
+  const int lane = threadIdx.x & 31;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
+  const int64_t cols = N / R, chunks = K / V, per_item = chunks / (32 * U);  // rounds per item
+  if (g >= cols) return;  // a whole warp
+  const int64_t rounds = ((cols - 1 - g) / warps + 1) * per_item;
+  // Round t: item g + (t / per_item) * warps, chunks from (t % per_item) * 32 * U on.
+  auto load = [&](uint4 (&buf)[R][U], int64_t t) {
+    const int64_t n = g + (t / per_item) * warps, c0 = (t % per_item) * 32 * U + lane;
+    int64_t col[R];
+    item_rows<OUT, R>(n, cols, qkv, col);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < U; ++u) buf[r][u] = load_stream(w + col[r] * K + (c0 + u * 32) * V);
+  };
+  float acc[R][MR];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MR; ++m) acc[r][m] = 0.f;
+  [[maybe_unused]] float rs[MR];
+  auto consume = [&](const uint4 (&buf)[R][U], int64_t t) {
+    const int64_t part = t % per_item, c0 = part * 32 * U + lane;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + u * 32;
+      float wf[R][V];
+#pragma unroll
+      for (int r = 0; r < R; ++r) Vec<TI>::unpack(buf[r][u], wf[r]);
+      [[maybe_unused]] float gv[V];
+      if constexpr (NORM) Vec<TI>::load(gamma + c * V, gv);
+#pragma unroll
+      for (int m = 0; m < MR; ++m) {
+        if (m >= M) break;
+        float xv[V];
+        Vec<TI>::unpack(__ldg(reinterpret_cast<const uint4*>(x + m * K + c * V)), xv);
+        if constexpr (NORM) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) xv[e] = rounded<TI>((xv[e] * rs[m]) * gv[e]);  // as norms.cu stores it
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[r][m] = fmaf(wf[r][e], xv[e], acc[r][m]);
+      }
+    }
+    if (part != per_item - 1) return;
+    const int64_t n = g + (t / per_item) * warps;  // the item is complete: its sums, then its outputs
+    float sum[R][MR];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < MR; ++m) {
+        sum[r][m] = m < M ? warp_sum(acc[r][m]) : 0.f;
+        acc[r][m] = 0.f;
+      }
+    int64_t col[R];
+    item_rows<OUT, R>(n, cols, qkv, col);
+    store_item<TO, MR, OUT, R>(sum, n, col[0], cols, N, b, residual, y, qkv, M, lane);
+  };
+  uint4 a[R][U], bb[R][U];
+  load(a, 0);  // before the wait: the weights do not depend on the kernel before
+  wait_for_previous_grid();  // x, b and residual come from the kernels before
 #pragma unroll
   for (int m = 0; m < MR; ++m) {
-    if (m >= M) break;
-    if (lane != m % 32) continue;
-    if constexpr (OUT == Out::SwiGlu) {  // fc1's two outputs as stored, then SwiGLU's, as elementwise.cu computes it
-      float g = sum[0][m], up = sum[1][m];
-      if (b) g += to_f(b[n]), up += to_f(b[n + cols]);
-      y[m * cols + n] = from_f<TO>(swiglu_value(rounded<TO>(g), rounded<TO>(up)));
-    } else if constexpr (OUT == Out::Qkv) {
-      qkv_store<TO>(qkv, b, col[0], sum[0][m], sum[R - 1][m], m, M);
-    } else {
-      float v = sum[0][m];
-      if (b) v += to_f(b[n]);
-      if (residual) v += to_f(residual[m * N + n]);
-      y[m * N + n] = from_f<TO>(v);
-    }
+    rs[m] = 1.f;
+    if constexpr (NORM)
+      if (m < M) rs[m] = row_rstd(x + m * K, K, eps, lane);
+  }
+  for (int64_t t = 0; t < rounds; t += 2) {  // two buffers, named (an indexed pair would spill)
+    if (t + 1 < rounds) load(bb, t + 1);
+    consume(a, t);
+    if (t + 1 >= rounds) break;
+    if (t + 2 < rounds) load(a, t + 2);
+    consume(bb, t + 1);
   }
 }
 
@@ -321,7 +435,20 @@ template <typename TI, typename TO, int MR, bool NORM, Out OUT>
 void launch_vec(const TI* x, const TI* gamma, float eps, const TI* w, const TO* b, const TO* residual, TO* y,
                 int64_t M, int64_t N, int64_t K, const GemvQkvOut& qkv, cudaStream_t s) {
   const int64_t cols = OUT == Out::Plain ? N : N / 2, chunks = K / Vec<TI>::N;
-  const bool wide = ops::InferenceGemv::kernel() == ops::InferenceGemv::Kernel::Wide;
+  const ops::InferenceGemv::Kernel kernel = ops::InferenceGemv::kernel();
+  if (kernel == ops::InferenceGemv::Kernel::Stream && chunks % (32 * kStreamU) == 0) {
+    auto* kern = gemv_stream_kernel<TI, TO, MR, NORM, OUT>;
+    // As many blocks as are resident at once (persistent warps; more would queue behind them).
+    static const int per_sm = [kern] {
+      int n = 0;
+      MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kWarps * 32, 0));
+      return n > 0 ? n : 1;
+    }();
+    Launch l(std::min<int64_t>(ceil_div(cols, kWarps), int64_t{per_sm} * sm_count()), s);
+    launch_dependent(kern, l.grid, l.block, l.s, x, gamma, eps, w, b, residual, y, static_cast<int>(M), N, K, qkv);
+    return;
+  }
+  const bool wide = kernel != ops::InferenceGemv::Kernel::Base;  // Wide, and Stream's other shapes
   // Wide: a warp per column while the row is one round of 8 loads per lane, else 4 per column.
   const int wpc = wide && chunks > 32 * 8 ? 4 : 1;
   const int m = static_cast<int>(M);
