@@ -46,11 +46,10 @@ ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, boo
   // split merge): part of the decode kernels on the GEMV; MT_DECODE_FUSIONS=0 leaves them out
   // alone (A/B runs).
   fusions_ = decode_kernels_ && small_rows_gemv && device_ == Device::CUDA && !off("MT_DECODE_FUSIONS");
-  // MT_GEMV_KERNEL=wide|base|stream: the GEMV kernel (kernels/device.h, InferenceGemv), for A/B runs.
+  // MT_GEMV_KERNEL=wide|base: the GEMV kernel (kernels/device.h, InferenceGemv), for A/B runs.
   if (const char* k = std::getenv("MT_GEMV_KERNEL"); k && *k) {
     if (std::strcmp(k, "base") == 0) gemv_kernel_ = ops::InferenceGemv::Kernel::Base;
-    else if (std::strcmp(k, "stream") == 0) gemv_kernel_ = ops::InferenceGemv::Kernel::Stream;
-    else if (std::strcmp(k, "wide") != 0) fail("MT_GEMV_KERNEL={}: expected wide, base or stream", k);
+    else if (std::strcmp(k, "wide") != 0) fail("MT_GEMV_KERNEL={}: expected wide or base", k);
   }
   const auto& c = m.config();
   // Tensor parallelism: each rank runs its heads and its ffn and vocabulary shards, and caches its

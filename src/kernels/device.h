@@ -145,12 +145,11 @@ class DeviceArena {
 // below the memory bandwidth. Only the inference runner opens one: training's GEMMs, their
 // results and their tests stay cuBLASLt's. Scopes nest; `on` false closes the GEMV for its span.
 // `kernel`: how the GEMV spreads a weight row over its threads (gemv.cu says why): Wide (8 loads
-// in flight per lane, long rows split over 4 warps), Base (a warp per row, 4 loads: session
-// 16's kernel) or Stream (persistent warps with two rounds of loads in flight through their
-// items); inference::ModelRunner takes it from MT_GEMV_KERNEL=wide|base|stream, for A/B runs.
+// in flight per lane, long rows split over 4 warps) or Base (a warp per row, 4 loads: session
+// 16's kernel); inference::ModelRunner takes it from MT_GEMV_KERNEL=wide|base, for A/B runs.
 class InferenceGemv {
  public:
-  enum class Kernel : unsigned char { Wide, Base, Stream };
+  enum class Kernel : unsigned char { Wide, Base };
   explicit InferenceGemv(bool on = true, Kernel kernel = Kernel::Wide) : prev_(active_), prev_kernel_(kernel_) {
     active_ = on;
     kernel_ = kernel;

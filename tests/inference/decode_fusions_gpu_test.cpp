@@ -24,7 +24,7 @@ namespace {
 
 using Kernel = ops::InferenceGemv::Kernel;
 
-std::string kernel_name(Kernel k) { return k == Kernel::Wide ? " wide" : k == Kernel::Base ? " base" : " stream"; }
+std::string kernel_name(Kernel k) { return k == Kernel::Wide ? " wide" : " base"; }
 
 Tensor to_gpu(const Tensor& t, DType dt) { return t.to(dt).to_device(Device::CUDA); }
 Tensor from_gpu(const Tensor& t) { return t.to_device(Device::CPU).to(DType::F32); }
@@ -62,7 +62,7 @@ TEST(DecodeFusionsGpu, FusedLinearEqualsTheUnfusedOpsOnTheGemv) {
       const Tensor gx = to_gpu(x, dt), gg = to_gpu(gamma, dt), gw = to_gpu(w, dt), gb = to_gpu(b, dt),
                    gr = to_gpu(res, dt);
       const Tensor* bias = c.bias ? &gb : nullptr;
-      for (const Kernel k : {Kernel::Wide, Kernel::Base, Kernel::Stream}) {
+      for (const Kernel k : {Kernel::Wide, Kernel::Base}) {
         const std::string what = "M " + std::to_string(c.M) + " N " + std::to_string(c.N) + " K " +
                                  std::to_string(c.K) + " norm " + std::to_string(c.norm) + " swiglu " +
                                  std::to_string(c.swiglu) + " " + dtype_name(dt) +
@@ -150,7 +150,7 @@ TEST(DecodeFusionsGpu, FusedQkvEqualsTheLinearThenTheSplitIntoTheCache) {
     const ops::RopeRef rope = c.rot ? ops::RopeRef{&cs, &sn, c.rot} : ops::RopeRef{};
     const Tensor kc0 = random_bf16_values({slots, c.G, L, c.D}, 37), vc0 = random_bf16_values({slots, c.G, L, c.D}, 38);
     for (const DType dt : {DType::BF16, DType::F16}) {
-      for (const Kernel k : {Kernel::Wide, Kernel::Base, Kernel::Stream}) {
+      for (const Kernel k : {Kernel::Wide, Kernel::Base}) {
         const std::string what = "M " + std::to_string(c.M) + " G " + std::to_string(c.G) + " qpg " +
                                  std::to_string(c.qpg) + " D " + std::to_string(c.D) + " rot " + std::to_string(c.rot) +
                                  " " + dtype_name(dt) + kernel_name(k);

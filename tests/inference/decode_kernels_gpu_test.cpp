@@ -184,7 +184,7 @@ TEST(DecodeKernelsGpu, EngineTokensEqualWithEachOptInSwitch) {
 }
 
 // The decode fusions (norm -> GEMV, GEMV -> SwiGLU, the QKV split into the cache; MT_DECODE_FUSIONS=0
-// turns them off) and the GEMV kernels (MT_GEMV_KERNEL=base|wide|stream): the same greedy tokens, on
+// turns them off) and the two GEMV kernels (MT_GEMV_KERNEL=base|wide): the same greedy tokens, on
 // the tiny family models (the fusions where their layers allow: no qk-norm split fusion for
 // qwen3, no norm fusion for gpt2's LayerNorm) and on a llama of head dim 64, where the split's
 // 16-byte kernel with RoPE and the decode attention kernel run as at llama-1.5b's shape. The
@@ -208,7 +208,6 @@ TEST(DecodeKernelsGpu, EngineTokensEqualWithAndWithoutTheDecodeFusions) {
     const std::vector<inference::Request> reqs = three_requests(c.orig_vocab_size, 91);
     expect_same_tokens_with("MT_DECODE_FUSIONS", m, reqs, false, f);
     expect_same_tokens_with("MT_GEMV_KERNEL", m, reqs, false, f, "base", "wide");
-    expect_same_tokens_with("MT_GEMV_KERNEL", m, reqs, false, f, "base", "stream");
     unsetenv("MT_DECODE_FUSIONS");
     inference::ModelRunner dflt(m, 1, 32, true);
     EXPECT_TRUE(dflt.decode_fusions());  // on by default with the decode kernels

@@ -48,7 +48,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <type_traits>
 
 #include "core/error.h"
@@ -74,6 +76,8 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
 }
 
 constexpr int64_t kPrefetchBytes = 16 * 1024;  // of each weight row, before the wait (K <= 8192 in bf16: all)
+// The norm fusion's longest row (gemv_fusable says why).
+constexpr int64_t kNormMaxK = 32 * 16 * 8;
 
 template <typename T>
 __device__ __forceinline__ float rounded(float v) {  // v as stored in T and read back
@@ -191,18 +195,22 @@ __device__ __forceinline__ void item_rows(int64_t n, int64_t cols, const GemvQkv
 template <typename TI, typename TO, int MR, bool NORM, Out OUT, int WPC, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const TI* __restrict__ x, const TI* __restrict__ gamma, float eps, const TI* __restrict__ w,
-                const TO* __restrict__ b, const TO* residual, TO* y, int M, int64_t N, int64_t K, GemvQkvOut qkv) {
+                const TO* __restrict__ b, const TO* residual, TO* y, int M, int64_t N, int64_t K, GemvQkvOut qkv,
+                int64_t wave, int ahead) {
   // The next GEMV (a programmatic dependent) may start its blocks once all of this one's have
   // started: its first loads and prefetches then overlap this one's tail (it still waits for
   // this grid's completion before reading x).
   allow_dependent_launch();
+  // NORM: x normalised once per block (rounded as norms.cu stores it), then read from here.
+  __shared__ __align__(16) TI xs[NORM ? MR * kNormMaxK : Vec<TI>::N];
   constexpr int V = Vec<TI>::N, R = OUT == Out::Plain ? 1 : 2, kCols = kWarps / WPC;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % WPC;
   const int64_t cols = N / R;  // the warps' work items: columns, or pairs of them
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kCols + warp / WPC;
   // With WPC > 1 the block meets at a barrier below: a warp past the last column stays, idle.
   const bool live = n < cols;
-  if (WPC == 1 && !live) return;  // a whole warp: the shuffles below see full warps only
+  // A whole warp: the shuffles below see full warps only (NORM's dead warps leave after its barrier).
+  if (WPC == 1 && !live && !NORM) return;
   const int64_t chunks = K / V, step = static_cast<int64_t>(WPC) * 32 * U;
   int64_t col[R];
   item_rows<OUT, R>(n, cols, qkv, col);
@@ -221,14 +229,41 @@ __global__ void __launch_bounds__(kWarps * 32)
           if (cb * V + l * (128 / static_cast<int>(sizeof(TI))) < K)
             prefetch_l2(wr[r] + cb * V + l * (128 / static_cast<int>(sizeof(TI))));
   }
+  // The blocks that start while the kernel before drains (the first `wave`, as many as the SMs
+  // hold) also prefetch the rows of the blocks `ahead` waves after them, which start only once
+  // that kernel is gone: the DRAM stays busy through the boundary (the rows land in L2).
+  if (static_cast<int64_t>(blockIdx.x) < wave)
+    for (int k = 1; k <= ahead; ++k) {
+      const int64_t n2 = (static_cast<int64_t>(blockIdx.x) + k * wave) * kCols + warp / WPC;
+      if (n2 >= cols) break;
+      int64_t col2[R];
+      item_rows<OUT, R>(n2, cols, qkv, col2);
+      const int64_t lines = K * static_cast<int64_t>(sizeof(TI)) / 128;  // K % 64 == 0 where this runs (host)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        for (int64_t l = part * 32 + lane; l < lines; l += WPC * 32)
+          prefetch_l2(w + col2[r] * K + l * (128 / static_cast<int64_t>(sizeof(TI))));
+    }
   load_round<TI, R, U>(raw, wr, c0, chunks, live, lane);
   wait_for_previous_grid();  // x, b and residual come from the kernels before
-  [[maybe_unused]] float rs[MR];
+  if constexpr (NORM) {
 #pragma unroll
-  for (int m = 0; m < MR; ++m) {
-    rs[m] = 1.f;
-    if constexpr (NORM)
-      if (m < M) rs[m] = row_rstd(x + m * K, K, eps, lane);
+    for (int m = 0; m < MR; ++m) {
+      if (m >= M) break;
+      // Every warp finds rstd in norms.cu's order (a few KB from L1/L2), then the block writes x's
+      // normalised rows, as rmsnorm_forward would have stored them.
+      const float rs = row_rstd(x + m * K, K, eps, lane);
+      for (int64_t vi = threadIdx.x; vi < K / V; vi += kWarps * 32) {
+        float xv[V], gv[V];
+        Vec<TI>::load(x + m * K + vi * V, xv);
+        Vec<TI>::load(gamma + vi * V, gv);
+#pragma unroll
+        for (int e = 0; e < V; ++e) xv[e] = (xv[e] * rs) * gv[e];
+        Vec<TI>::store(xs + m * K + vi * V, xv);
+      }
+    }
+    __syncthreads();
+    if (WPC == 1 && !live) return;
   }
   float acc[R][MR];
 #pragma unroll
@@ -243,17 +278,14 @@ __global__ void __launch_bounds__(kWarps * 32)
       float wf[R][V];
 #pragma unroll
       for (int r = 0; r < R; ++r) Vec<TI>::unpack(raw[r][u], wf[r]);
-      [[maybe_unused]] float gv[V];
-      if constexpr (NORM) Vec<TI>::load(gamma + c * V, gv);
 #pragma unroll
       for (int m = 0; m < MR; ++m) {
         if (m >= M) break;
         float xv[V];
-        Vec<TI>::unpack(__ldg(reinterpret_cast<const uint4*>(x + m * K + c * V)), xv);
-        if constexpr (NORM) {
-#pragma unroll
-          for (int e = 0; e < V; ++e) xv[e] = rounded<TI>((xv[e] * rs[m]) * gv[e]);  // as norms.cu stores it
-        }
+        if constexpr (NORM)
+          Vec<TI>::load(xs + m * K + c * V, xv);
+        else
+          Vec<TI>::unpack(__ldg(reinterpret_cast<const uint4*>(x + m * K + c * V)), xv);
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -288,105 +320,6 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
   }
   store_item<TO, MR, OUT, R>(sum, n, col[0], cols, N, b, residual, y, qkv, M, lane);
-}
-
-// Stream (InferenceGemv::Kernel::Stream): persistent warps that keep their loads in flight
-// across work items. In Wide and Base each warp loads its item's row in one or two rounds, waits
-// a full memory latency, reduces, writes and exits, and a new block starts: between a warp's
-// last load and the next warp's first, nothing of that warp is in flight. Here a grid of a few
-// blocks per SM walks the items (warp g takes items g, g + warps, ...), each item's rows in
-// rounds of U 16-byte loads per lane and row, and the next round's loads (the same item's next
-// part, or the next item's first) are issued before the current round is multiplied: two rounds
-// in flight per warp at all times, through the item boundaries. The grid is as many blocks as
-// the SMs hold at once (the occupancy calculator's count for the instantiation). Each lane sums its chunks in the
-// same order as Base and Wide's one-warp-per-column kernels (c = lane, lane + 32, ...), so the
-// columns come out bit for bit as theirs. Needs K a multiple of 32 x U x 8 elements.
-constexpr int kStreamU = 4;
-
-template <typename TI, typename TO, int MR, bool NORM, Out OUT>
-__global__ void __launch_bounds__(kWarps * 32, 4)
-    gemv_stream_kernel(const TI* __restrict__ x, const TI* __restrict__ gamma, float eps, const TI* __restrict__ w,
-                       const TO* __restrict__ b, const TO* residual, TO* y, int M, int64_t N, int64_t K,
-                       GemvQkvOut qkv) {
-  allow_dependent_launch();
-  constexpr int V = Vec<TI>::N, R = OUT == Out::Plain ? 1 : 2, U = kStreamU;
-  const int lane = threadIdx.x & 31;
-  const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
-  const int64_t cols = N / R, chunks = K / V, per_item = chunks / (32 * U);  // rounds per item
-  if (g >= cols) return;  // a whole warp
-  const int64_t rounds = ((cols - 1 - g) / warps + 1) * per_item;
-  // Round t: item g + (t / per_item) * warps, chunks from (t % per_item) * 32 * U on.
-  auto load = [&](uint4 (&buf)[R][U], int64_t t) {
-    const int64_t n = g + (t / per_item) * warps, c0 = (t % per_item) * 32 * U + lane;
-    int64_t col[R];
-    item_rows<OUT, R>(n, cols, qkv, col);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int u = 0; u < U; ++u) buf[r][u] = load_stream(w + col[r] * K + (c0 + u * 32) * V);
-  };
-  float acc[R][MR];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int m = 0; m < MR; ++m) acc[r][m] = 0.f;
-  [[maybe_unused]] float rs[MR];
-  auto consume = [&](const uint4 (&buf)[R][U], int64_t t) {
-    const int64_t part = t % per_item, c0 = part * 32 * U + lane;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t c = c0 + u * 32;
-      float wf[R][V];
-#pragma unroll
-      for (int r = 0; r < R; ++r) Vec<TI>::unpack(buf[r][u], wf[r]);
-      [[maybe_unused]] float gv[V];
-      if constexpr (NORM) Vec<TI>::load(gamma + c * V, gv);
-#pragma unroll
-      for (int m = 0; m < MR; ++m) {
-        if (m >= M) break;
-        float xv[V];
-        Vec<TI>::unpack(__ldg(reinterpret_cast<const uint4*>(x + m * K + c * V)), xv);
-        if constexpr (NORM) {
-#pragma unroll
-          for (int e = 0; e < V; ++e) xv[e] = rounded<TI>((xv[e] * rs[m]) * gv[e]);  // as norms.cu stores it
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-          for (int e = 0; e < V; ++e) acc[r][m] = fmaf(wf[r][e], xv[e], acc[r][m]);
-      }
-    }
-    if (part != per_item - 1) return;
-    const int64_t n = g + (t / per_item) * warps;  // the item is complete: its sums, then its outputs
-    float sum[R][MR];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int m = 0; m < MR; ++m) {
-        sum[r][m] = m < M ? warp_sum(acc[r][m]) : 0.f;
-        acc[r][m] = 0.f;
-      }
-    int64_t col[R];
-    item_rows<OUT, R>(n, cols, qkv, col);
-    store_item<TO, MR, OUT, R>(sum, n, col[0], cols, N, b, residual, y, qkv, M, lane);
-  };
-  uint4 a[R][U], bb[R][U];
-  load(a, 0);  // before the wait: the weights do not depend on the kernel before
-  wait_for_previous_grid();  // x, b and residual come from the kernels before
-#pragma unroll
-  for (int m = 0; m < MR; ++m) {
-    rs[m] = 1.f;
-    if constexpr (NORM)
-      if (m < M) rs[m] = row_rstd(x + m * K, K, eps, lane);
-  }
-  for (int64_t t = 0; t < rounds; t += 2) {  // two buffers, named (an indexed pair would spill)
-    if (t + 1 < rounds) load(bb, t + 1);
-    consume(a, t);
-    if (t + 1 >= rounds) break;
-    if (t + 2 < rounds) load(a, t + 2);
-    consume(bb, t + 1);
-  }
 }
 
 // Any K and alignment (one element per load), no fusions: the rare shapes off the 16-byte path.
@@ -436,32 +369,36 @@ void launch_vec(const TI* x, const TI* gamma, float eps, const TI* w, const TO* 
                 int64_t M, int64_t N, int64_t K, const GemvQkvOut& qkv, cudaStream_t s) {
   const int64_t cols = OUT == Out::Plain ? N : N / 2, chunks = K / Vec<TI>::N;
   const ops::InferenceGemv::Kernel kernel = ops::InferenceGemv::kernel();
-  if (kernel == ops::InferenceGemv::Kernel::Stream && chunks % (32 * kStreamU) == 0) {
-    auto* kern = gemv_stream_kernel<TI, TO, MR, NORM, OUT>;
-    // As many blocks as are resident at once (persistent warps; more would queue behind them).
+  const bool wide = kernel == ops::InferenceGemv::Kernel::Wide;
+  // Wide: a warp per column while the row is one round of 8 loads per lane, else 4 per column.
+  const int wpc = wide && chunks > 32 * 8 ? 4 : 1;
+  auto go = [&](auto* kern, int per_column) {
+    // The first wave (the blocks the SMs hold at once) and how many waves after it that wave
+    // prefetches into L2 before its wait, within MT_GEMV_AHEAD_MB (default 24; 0: none) of L2:
+    // the kernel's rows that would otherwise start streaming only once the kernel before is done.
     static const int per_sm = [kern] {
       int n = 0;
       MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kWarps * 32, 0));
       return n > 0 ? n : 1;
     }();
-    Launch l(std::min<int64_t>(ceil_div(cols, kWarps), int64_t{per_sm} * sm_count()), s);
-    launch_dependent(kern, l.grid, l.block, l.s, x, gamma, eps, w, b, residual, y, static_cast<int>(M), N, K, qkv);
-    return;
-  }
-  const bool wide = kernel != ops::InferenceGemv::Kernel::Base;  // Wide, and Stream's other shapes
-  // Wide: a warp per column while the row is one round of 8 loads per lane, else 4 per column.
-  const int wpc = wide && chunks > 32 * 8 ? 4 : 1;
-  const int m = static_cast<int>(M);
-  Launch l(ceil_div(cols, kWarps / wpc), s);
+    const int64_t blocks = ceil_div(cols, kWarps / per_column), wave = int64_t{per_sm} * sm_count();
+    const char* mb = std::getenv("MT_GEMV_AHEAD_MB");
+    const double budget = (mb && *mb ? std::atof(mb) : 24.0) * 1024 * 1024;
+    const double wave_bytes = static_cast<double>(wave) * (kWarps / per_column) * (OUT == Out::Plain ? 1 : 2) *
+                              static_cast<double>(K) * sizeof(TI);
+    int ahead = 0;
+    if (K * static_cast<int64_t>(sizeof(TI)) % 128 == 0)
+      ahead = static_cast<int>(std::min<double>(static_cast<double>(ceil_div(blocks, wave) - 1), budget / wave_bytes));
+    Launch l(blocks, s);
+    launch_dependent(kern, l.grid, l.block, l.s, x, gamma, eps, w, b, residual, y, static_cast<int>(M), N, K, qkv, wave,
+                     ahead);
+  };
   if (!wide)
-    launch_dependent(gemv_kernel<TI, TO, MR, NORM, OUT, 1, 4>, l.grid, l.block, l.s, x, gamma, eps, w, b,
-                     residual, y, m, N, K, qkv);
+    go(gemv_kernel<TI, TO, MR, NORM, OUT, 1, 4>, 1);
   else if (wpc == 1)
-    launch_dependent(gemv_kernel<TI, TO, MR, NORM, OUT, 1, 8>, l.grid, l.block, l.s, x, gamma, eps, w, b,
-                     residual, y, m, N, K, qkv);
+    go(gemv_kernel<TI, TO, MR, NORM, OUT, 1, 8>, 1);
   else
-    launch_dependent(gemv_kernel<TI, TO, MR, NORM, OUT, 4, 8>, l.grid, l.block, l.s, x, gamma, eps, w, b,
-                     residual, y, m, N, K, qkv);
+    go(gemv_kernel<TI, TO, MR, NORM, OUT, 4, 8>, 4);
 }
 
 template <typename TI, typename TO, int MR>
@@ -491,12 +428,10 @@ void launch(const TI* x, const TI* w, const TO* b, const TO* residual, TO* y, in
 // The norm fusion recomputes rstd in the order of norms.cu's one-warp kernel, which rmsnorm_forward
 // runs for rows of up to 32 x 16 vectors of 8 (K <= 4,096); longer rows take its block kernel,
 // which sums in another order, so the fusion would no longer store the unfused bits (an H200 run
-// of DecodeFusionsGpu found K = 8,192 one bf16 ulp off): those go to the composition.
-constexpr int64_t kNormFusionMaxK = 32 * 16 * 8;
-
+// of DecodeFusionsGpu found K = 8,192 one bf16 ulp off): those go to the composition (kNormMaxK).
 bool gemv_fusable(const void* x, const void* w, const void* gamma, int64_t M, int64_t K) {
   return M >= 1 && M <= 2 && K % 8 == 0 && aligned16(x) && aligned16(w) &&
-         (!gamma || (aligned16(gamma) && K <= kNormFusionMaxK));
+         (!gamma || (aligned16(gamma) && K <= kNormMaxK));
 }
 
 template <typename TI, typename TO>
