@@ -18,8 +18,7 @@
 // A/B variant, a switch set here per engine (inference/model_runner.cpp reads them when the
 // engine is built): "general" (MT_DECODE_FUSED=0: the general kernels, no fusions),
 // "default-fusions" (MT_DECODE_FUSIONS=0: the decode kernels without the norm/SwiGLU/KV-write
-// fusions), "default+gemv-base" (MT_GEMV_KERNEL=base: session 16's first GEMV kernel),
-// "default-ahead" (MT_GEMV_AHEAD_MB=0: no GEMV prefetch of the blocks after the first wave) and
+// fusions), "default+gemv-base" (MT_GEMV_KERNEL=base: session 16's first GEMV kernel) and
 // "default-arena" (MT_DECODE_ARENA=0: the graphs' temporaries from the pool, as memory nodes);
 // each variant's generated tokens are compared with the default run's ("same_tokens": greedy
 // ties on a random model may break differently under another summation order).
@@ -99,9 +98,7 @@ struct Timing {
 // engine (decode steps as CUDA graphs or not, their linears on the small-row GEMV or cuBLASLt);
 // times every token of request 0 and the whole run.
 // The switches inference::ModelRunner reads when an engine is built, for the A/B variants.
-// MT_GEMV_AHEAD_MB is read by the GEMV itself at each launch (kernels/cuda/gemv.cu), a capture's included.
-const char* const kSwitches[] = {"MT_DECODE_FUSED", "MT_DECODE_ARENA", "MT_DECODE_FUSIONS", "MT_GEMV_KERNEL",
-                                 "MT_GEMV_AHEAD_MB"};
+const char* const kSwitches[] = {"MT_DECODE_FUSED", "MT_DECODE_ARENA", "MT_DECODE_FUSIONS", "MT_GEMV_KERNEL"};
 
 // `env`: "NAME=VALUE" settings of kSwitches for this engine (the others unset: the defaults).
 Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_tokens, bool graphs, bool gemv = true,
@@ -214,7 +211,6 @@ int main(int argc, char** argv) {
   const std::vector<Mode> variants{{true, true, "general", {"MT_DECODE_FUSED=0"}},
                                    {true, true, "default-fusions", {"MT_DECODE_FUSIONS=0"}},
                                    {true, true, "default+gemv-base", {"MT_GEMV_KERNEL=base"}},
-                                   {true, true, "default-ahead", {"MT_GEMV_AHEAD_MB=0"}},
                                    {true, true, "default-arena", {"MT_DECODE_ARENA=0"}}};
   std::vector<Mode> modes{{false, true, "default", {}}, {true, false, "default", {}}, {true, true, "default", {}}};
   if (graphs_only) modes = {{true, true, "default", {}}};

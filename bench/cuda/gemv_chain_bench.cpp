@@ -10,10 +10,8 @@
 // and fc2 (the QKV's cache epilogue is left out: its writes are 12 KB). Every layer has its own
 // weights, so a replay reads ~2.4 GB, 48x the L2. Rows: the whole chain with the output layer, the
 // 16 layers alone, and each shape chained 16 deep alone; each in ms per replay, GB/s of weights
-// and as a fraction of the measured copy rate; for the Wide GEMV (the default), Wide without its
-// prefetch of later waves (MT_GEMV_AHEAD_MB=0), and Base.
+// and as a fraction of the measured copy rate; for the Wide GEMV (the default) and the Base one.
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -117,16 +115,9 @@ void bench_gemv_chain() {
   struct Kind {
     const char* name;
     ops::InferenceGemv::Kernel kernel;
-    const char* ahead_mb;  // MT_GEMV_AHEAD_MB (null: the default)
   };
-  for (const Kind k : {Kind{"wide", ops::InferenceGemv::Kernel::Wide, nullptr},
-                       Kind{"wide-noahead", ops::InferenceGemv::Kernel::Wide, "0"},
-                       Kind{"base", ops::InferenceGemv::Kernel::Base, nullptr}}) {
+  for (const Kind k : {Kind{"wide", ops::InferenceGemv::Kernel::Wide}, Kind{"base", ops::InferenceGemv::Kernel::Base}}) {
     ops::InferenceGemv scope(true, k.kernel);
-    if (k.ahead_mb)
-      setenv("MT_GEMV_AHEAD_MB", k.ahead_mb, 1);
-    else
-      unsetenv("MT_GEMV_AHEAD_MB");
     auto row = [&](const std::string& what, double bytes, const std::function<void()>& record) {
       const double ms = graph_ms(record);
       const double rate = bytes / ms * 1e-6;
@@ -155,7 +146,6 @@ void bench_gemv_chain() {
     });
     row("head (128256x2048)", head_bytes, [&] { head_gemv(); });
   }
-  unsetenv("MT_GEMV_AHEAD_MB");
 }
 
 }  // namespace mt::bench

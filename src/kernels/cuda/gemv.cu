@@ -48,9 +48,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <type_traits>
 
 #include "core/error.h"
@@ -195,8 +193,7 @@ __device__ __forceinline__ void item_rows(int64_t n, int64_t cols, const GemvQkv
 template <typename TI, typename TO, int MR, bool NORM, Out OUT, int WPC, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const TI* __restrict__ x, const TI* __restrict__ gamma, float eps, const TI* __restrict__ w,
-                const TO* __restrict__ b, const TO* residual, TO* y, int M, int64_t N, int64_t K, GemvQkvOut qkv,
-                int64_t wave, int ahead) {
+                const TO* __restrict__ b, const TO* residual, TO* y, int M, int64_t N, int64_t K, GemvQkvOut qkv) {
   // The next GEMV (a programmatic dependent) may start its blocks once all of this one's have
   // started: its first loads and prefetches then overlap this one's tail (it still waits for
   // this grid's completion before reading x).
@@ -229,21 +226,6 @@ __global__ void __launch_bounds__(kWarps * 32)
           if (cb * V + l * (128 / static_cast<int>(sizeof(TI))) < K)
             prefetch_l2(wr[r] + cb * V + l * (128 / static_cast<int>(sizeof(TI))));
   }
-  // The blocks that start while the kernel before drains (the first `wave`, as many as the SMs
-  // hold) also prefetch the rows of the blocks `ahead` waves after them, which start only once
-  // that kernel is gone: the DRAM stays busy through the boundary (the rows land in L2).
-  if (static_cast<int64_t>(blockIdx.x) < wave)
-    for (int k = 1; k <= ahead; ++k) {
-      const int64_t n2 = (static_cast<int64_t>(blockIdx.x) + k * wave) * kCols + warp / WPC;
-      if (n2 >= cols) break;
-      int64_t col2[R];
-      item_rows<OUT, R>(n2, cols, qkv, col2);
-      const int64_t lines = K * static_cast<int64_t>(sizeof(TI)) / 128;  // K % 64 == 0 where this runs (host)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        for (int64_t l = part * 32 + lane; l < lines; l += WPC * 32)
-          prefetch_l2(w + col2[r] * K + l * (128 / static_cast<int64_t>(sizeof(TI))));
-    }
   load_round<TI, R, U>(raw, wr, c0, chunks, live, lane);
   wait_for_previous_grid();  // x, b and residual come from the kernels before
   if constexpr (NORM) {
@@ -373,25 +355,8 @@ void launch_vec(const TI* x, const TI* gamma, float eps, const TI* w, const TO* 
   // Wide: a warp per column while the row is one round of 8 loads per lane, else 4 per column.
   const int wpc = wide && chunks > 32 * 8 ? 4 : 1;
   auto go = [&](auto* kern, int per_column) {
-    // The first wave (the blocks the SMs hold at once) and how many waves after it that wave
-    // prefetches into L2 before its wait, within MT_GEMV_AHEAD_MB (default 24; 0: none) of L2:
-    // the kernel's rows that would otherwise start streaming only once the kernel before is done.
-    static const int per_sm = [kern] {
-      int n = 0;
-      MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kWarps * 32, 0));
-      return n > 0 ? n : 1;
-    }();
-    const int64_t blocks = ceil_div(cols, kWarps / per_column), wave = int64_t{per_sm} * sm_count();
-    const char* mb = std::getenv("MT_GEMV_AHEAD_MB");
-    const double budget = (mb && *mb ? std::atof(mb) : 24.0) * 1024 * 1024;
-    const double wave_bytes = static_cast<double>(wave) * (kWarps / per_column) * (OUT == Out::Plain ? 1 : 2) *
-                              static_cast<double>(K) * sizeof(TI);
-    int ahead = 0;
-    if (K * static_cast<int64_t>(sizeof(TI)) % 128 == 0)
-      ahead = static_cast<int>(std::min<double>(static_cast<double>(ceil_div(blocks, wave) - 1), budget / wave_bytes));
-    Launch l(blocks, s);
-    launch_dependent(kern, l.grid, l.block, l.s, x, gamma, eps, w, b, residual, y, static_cast<int>(M), N, K, qkv, wave,
-                     ahead);
+    Launch l(ceil_div(cols, kWarps / per_column), s);
+    launch_dependent(kern, l.grid, l.block, l.s, x, gamma, eps, w, b, residual, y, static_cast<int>(M), N, K, qkv);
   };
   if (!wide)
     go(gemv_kernel<TI, TO, MR, NORM, OUT, 1, 4>, 1);
