@@ -212,7 +212,7 @@ Tensor ModelRunner::head_forward(const Tensor& x, const Inputs& in) {
 Tensor ModelRunner::device_forward(const Inputs& in) {
   // Decode steps' linears: the GEMV (eager and captured alike), in the kernel MT_GEMV_KERNEL picks.
   const ops::InferenceGemv gemv(gemv_, gemv_kernel_);
-  const ops::DecodeKernels decode_kernels(decode_kernels_);
+  const ops::DecodeKernels decode_kernels(decode_kernels_, fusions_);
   const model::TensorParallel& tp = m_.tensor_parallel();
   Tensor x;
   if (tp.on()) {  // the vocabulary-parallel lookup, summed over TP (each row is non-zero on one rank)
@@ -250,7 +250,7 @@ Tensor ModelRunner::graph_forward(const Inputs& in, int64_t N) {
       // The greedy ids too (what step() would launch after the replay, with the same kernel),
       // so that a step is the replay and one 4-byte copy to the host per row.
       {
-        const ops::DecodeKernels decode_kernels(decode_kernels_);
+        const ops::DecodeKernels decode_kernels(decode_kernels_, fusions_);
         ops::copy_into(g->ids, ops::argmax_rows(l, vocab_));
       }
       ops::copy_into(g->logits, l);
@@ -375,7 +375,7 @@ StepOutput ModelRunner::step(const StepBatch& b, bool want_logits) {
   if (R == 0) return out;
   // The greedy ids on the logits' device: R ids to the host instead of R x V logits, which at
   // batch 64 and a 128k vocabulary cost more host time (copy, widen, scan) than the model.
-  const ops::DecodeKernels decode_kernels(decode_kernels_);
+  const ops::DecodeKernels decode_kernels(decode_kernels_, fusions_);
   const Tensor ids = (graph_ids_.defined() ? graph_ids_ : ops::argmax_rows(l, vocab_)).to_device(Device::CPU);
   out.argmax.assign(ids.data<int32_t>(), ids.data<int32_t>() + R);
   if (want_logits) out.logits = host_logits(l);

@@ -171,23 +171,33 @@ class InferenceGemv {
 };
 
 // Generation's decode kernels (issue #22; on by default since session 16, `MT_DECODE_FUSED=0`
-// turns them off, read by inference::ModelRunner at construction): while a DecodeKernels scope with `on` lives on this
-// thread, the GPU ops that have a decode-specific kernel use it: argmax_rows scans each row with
-// many blocks' worth of loads in flight (one block of 256 threads with 2-byte loads was latency
-// bound on a 128k vocabulary), and cached_attention at a few query rows runs the kernel that keeps
-// every key of a split in flight and shares each K/V load between the group's query heads. Off,
-// the general kernels run (training never opens a scope). Scopes nest, as InferenceGemv's.
+// turns them off, read by inference::ModelRunner at construction): while a DecodeKernels scope
+// with `on` lives on this thread, the GPU ops that have a decode-specific kernel use it:
+// argmax_rows splits each row of up to 64 over blocks whose last merges their bests (one block
+// per row took 22 us on a 128k vocabulary), and cached_attention at a few query rows runs the
+// kernel that keeps every key of a split in flight and shares each K/V load between the group's
+// query heads. `fusions` (the runner's decode fusions, MT_DECODE_FUSIONS=0 off): that kernel
+// merges its splits in its last block rather than in a kernel of its own. Off, the general
+// kernels run (training never opens a scope). Scopes nest, as InferenceGemv's.
 class DecodeKernels {
  public:
-  explicit DecodeKernels(bool on = true) : prev_(active_) { active_ = on; }
-  ~DecodeKernels() { active_ = prev_; }
+  explicit DecodeKernels(bool on = true, bool fusions = true) : prev_(active_), prev_fusions_(fusions_) {
+    active_ = on;
+    fusions_ = fusions;
+  }
+  ~DecodeKernels() {
+    active_ = prev_;
+    fusions_ = prev_fusions_;
+  }
   DecodeKernels(const DecodeKernels&) = delete;
   DecodeKernels& operator=(const DecodeKernels&) = delete;
   static bool active() { return active_; }
+  static bool fusions() { return active_ && fusions_; }
 
  private:
-  bool prev_;
+  bool prev_, prev_fusions_;
   static inline thread_local bool active_ = false;
+  static inline thread_local bool fusions_ = true;
 };
 
 }  // namespace mt::ops

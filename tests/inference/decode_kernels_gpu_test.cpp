@@ -104,11 +104,15 @@ TEST(DecodeKernelsGpu, CachedAttentionMatchesTheCpu) {
     EXPECT_LT(max_abs_diff(got, want), 2e-2) << what;
     EXPECT_LT(max_abs_diff(got, dflt), 2e-2) << what;
     // The split merge in the attention kernel's last block (the default) and as a kernel of its
-    // own (MT_DECODE_FUSIONS=0): the same arithmetic, the same bits; a second fused call (its
-    // arrival counters reset by the first) too.
-    setenv("MT_DECODE_FUSIONS", "0", 1);
-    const Tensor merged_apart = from_gpu(ops::cached_attention(gq, gkc, gvc, gs, gp, scale));
-    unsetenv("MT_DECODE_FUSIONS");
+    // own (the decode fusions off, as MT_DECODE_FUSIONS=0 sets them for a runner): the same
+    // arithmetic, the same bits; a second fused call (its arrival counters reset by the first) too.
+    Tensor merged_apart;
+    {
+      const ops::DecodeKernels unfused(true, false);
+      EXPECT_FALSE(ops::DecodeKernels::fusions());
+      merged_apart = from_gpu(ops::cached_attention(gq, gkc, gvc, gs, gp, scale));
+    }
+    EXPECT_TRUE(ops::DecodeKernels::fusions());
     EXPECT_EQ(max_abs_diff(got, merged_apart), 0.0) << what;
     EXPECT_EQ(max_abs_diff(from_gpu(ops::cached_attention(gq, gkc, gvc, gs, gp, scale)), got), 0.0) << what;
     // fp16 caches take the same kernel.

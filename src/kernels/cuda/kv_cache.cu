@@ -10,10 +10,6 @@
 // its rows simply have different positions.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include "core/error.h"
@@ -370,10 +366,9 @@ bool gqa_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache
   cuda::Scratch part(splits > 1 ? static_cast<size_t>(N * Hq * splits * (D + 2)) * sizeof(float) : 0,
                      cuda::compute_stream());
   const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(c.G), static_cast<unsigned>(splits));
-  // The split merge inside the attention kernel (the decode fusions; MT_DECODE_FUSIONS=0, read
-  // here per call as inference::ModelRunner reads it per runner, keeps the merge kernel).
-  const char* fusions = std::getenv("MT_DECODE_FUSIONS");
-  int* arrivals = splits > 1 && !(fusions && std::strcmp(fusions, "0") == 0)
+  // The split merge inside the attention kernel (the decode fusions, DecodeKernels::fusions()),
+  // else the merge kernel.
+  int* arrivals = splits > 1 && DecodeKernels::fusions()
                       ? cuda::arrival_counters(cuda::ArrivalUser::DecodeAttention, N * c.G, cuda::compute_stream())
                       : nullptr;
   with_float_type(q, [&](auto* qp) {
