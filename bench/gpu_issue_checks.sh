@@ -26,6 +26,8 @@
 #   dp8 l8b8 l8b8fp8 moe8 big30b   #25: its 8-GPU parts (weak scaling, llama-8b layouts, a 12.7B MoE, a 28.6B Llama)
 #   kprof     #22 / #17: bench/gpu_kernel_profile.sh decode moe (ncu kernel times: decode tokens, one MoE step)
 #   kprofdec  #22: the decode profile alone, with each kernel per grid (shape): time, DRAM bytes, GB/s
+#   gemvchain #22: decode's GEMVs back to back in one CUDA graph, as a decode step runs them (each
+#             shape's in-place GB/s; cuda_ops_bench --only=gemvchain)
 #   fp8pg     #23: llama-1.5b DP=2 dist-opt bf16 / FP8 / FP8 with --fp8-param-gather (2 GPUs)
 #   optests   #18 / #22: the GPU tests of the opt-in paths not yet run on a GPU (FP8 cast switches,
 #             decode kernels, the decode graph arena) and of what they replace
@@ -93,6 +95,7 @@ for p in ${PARTS//,/ }; do
     dp4|l8b4|l8b4fp8|moe4|dp8|l8b8|l8b8fp8) MT_RUN_TIMEOUT=300 part "$p" 900 bash bench/gpu_dist_bench.sh "$p" ;;
     moe8|big30b) MT_RUN_TIMEOUT=540 part "$p" 600 bash bench/gpu_dist_bench.sh "$p" ;;
     kprof) part kprof 600 bash bench/gpu_kernel_profile.sh decode moe ;;
+    gemvchain) part gemvchain 200 bash -c "timeout 150 $B/bin/cuda_ops_bench --only=gemvchain 2>&1 | grep -v '^{'" ;;
     kprofdec) part kprofdec 300 bash -c "bash bench/gpu_kernel_profile.sh decode | tail -32" ;;
     fp8pg) MT_SKIP_LLAMA8=1 MT_RUN_TIMEOUT=200 part fp8pg 400 bash bench/gpu_dist_bench.sh fp8 ;;
     optests) part optests 400 bash -c "cd $B && ctest -L gpu -R 'Fp8|BackendOps|Decode|InferenceGpu|KvCache' --output-on-failure" ;;
