@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kWideThreads)
   write_block_best<kWideThreads>(scan_vectors<T, kWideThreads, kUnroll>(row, 0, vecs, vocab), out);
 }
 
-// Decode at 1-2 rows: the wide kernel's one block per row took 22 us for a 128k vocabulary on an
+// Decode (up to kSplitMaxRows rows): the wide kernel's one block per row took 22 us for a 128k vocabulary on an
 // H200 (ncu, session 17): one SM's loads. Here each row is split over gridDim.x blocks of 256
 // threads, each one round of 4 loads per thread (16 KB), launched as a programmatic dependent of
 // the output layer's GEMV (dependent_launch.cuh); each block leaves its best in part, and the
