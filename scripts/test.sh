@@ -15,4 +15,9 @@ export MT_WERROR=${MT_WERROR:-ON}
 # CTest's own cost-data format) makes it start the longest first. A local run's own timings win.
 mkdir -p build/Testing/Temporary
 [ -f build/Testing/Temporary/CTestCostData.txt ] || cp tests/ctest_costs.txt build/Testing/Temporary/CTestCostData.txt
-ctest --test-dir build -L cpu --output-on-failure -j"$(nproc)" --timeout 600
+# OMP_WAIT_POLICY=PASSIVE: ctest -j runs several tests at once and the parallel tests fork 2-4
+# ranks of 2 OpenMP threads each, so on CI's 2 cores OpenMP's default spinning between regions
+# burns the other processes' time slices (a TP=4 and a PP2xTP2 test: 20.4 s, 7.4 s passive). The
+# policy changes no result; `megatron launch` sets it for ranks that share cores likewise
+# (src/training/launch_env.h).
+OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} ctest --test-dir build -L cpu --output-on-failure -j"$(nproc)" --timeout 600

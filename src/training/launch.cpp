@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +36,7 @@
 #include "core/error.h"
 #include "training/commands.h"
 #include "training/flag_parser.h"
+#include "training/launch_env.h"
 
 extern char** environ;
 
@@ -214,6 +216,10 @@ Started start_ranks(const LaunchOptions& o, const std::vector<std::string>& comm
   const std::string exec_error = fmt::format("megatron launch: cannot run {}\n", exe);
   int64_t delay_ms = 0;
   if (const char* d = std::getenv("MT_LAUNCH_TEST_FORK_DELAY_MS")) delay_ms = std::clamp(std::atoll(d), 0LL, 10000LL);
+  // Ranks that share cores wait for each other passively (launch_env.h says why).
+  const std::optional<std::string> wait_policy =
+      training::rank_omp_wait_policy(o.nproc_per_node, std::getenv("OMP_NUM_THREADS"), std::getenv("OMP_WAIT_POLICY"),
+                           static_cast<int64_t>(std::thread::hardware_concurrency()));
   Started out;
   std::fflush(stdout);
   std::fflush(stderr);
@@ -221,15 +227,17 @@ Started start_ranks(const LaunchOptions& o, const std::vector<std::string>& comm
     if ((out.signal = wait_signal(sigs.stopping, i == 0 ? 0 : delay_ms))) break;
     const int64_t rank = o.node_rank * o.nproc_per_node + i;
     // Built before fork: the child only restores the signal mask and execs.
-    std::vector<std::string> env = child_environment({{"RANK", std::to_string(rank)},
-                                                      {"WORLD_SIZE", std::to_string(world)},
-                                                      {"LOCAL_RANK", std::to_string(i)},
-                                                      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
-                                                      {"GROUP_RANK", std::to_string(o.node_rank)},
-                                                      {"MASTER_ADDR", master_addr},
-                                                      {"MASTER_PORT", std::to_string(o.master_port)},
-                                                      {"MT_STORE_HOSTED", "1"},
-                                                      {comm::kStoreSecretEnv, secret}});
+    std::vector<std::pair<std::string, std::string>> set{{"RANK", std::to_string(rank)},
+                                                         {"WORLD_SIZE", std::to_string(world)},
+                                                         {"LOCAL_RANK", std::to_string(i)},
+                                                         {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+                                                         {"GROUP_RANK", std::to_string(o.node_rank)},
+                                                         {"MASTER_ADDR", master_addr},
+                                                         {"MASTER_PORT", std::to_string(o.master_port)},
+                                                         {"MT_STORE_HOSTED", "1"},
+                                                         {comm::kStoreSecretEnv, secret}};
+    if (wait_policy) set.emplace_back("OMP_WAIT_POLICY", *wait_policy);
+    std::vector<std::string> env = child_environment(set);
     std::vector<char*> envp = c_strings(env);
     const pid_t pid = ::fork();
     if (pid < 0) {
