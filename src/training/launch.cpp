@@ -217,9 +217,9 @@ Started start_ranks(const LaunchOptions& o, const std::vector<std::string>& comm
   int64_t delay_ms = 0;
   if (const char* d = std::getenv("MT_LAUNCH_TEST_FORK_DELAY_MS")) delay_ms = std::clamp(std::atoll(d), 0LL, 10000LL);
   // Ranks that share cores wait for each other passively (launch_env.h says why).
-  const std::optional<std::string> wait_policy =
-      training::rank_omp_wait_policy(o.nproc_per_node, std::getenv("OMP_NUM_THREADS"), std::getenv("OMP_WAIT_POLICY"),
-                           static_cast<int64_t>(std::thread::hardware_concurrency()));
+  const std::optional<std::string> wait_policy = training::rank_omp_wait_policy(
+      o.nproc_per_node, std::getenv("OMP_NUM_THREADS"), std::getenv("OMP_WAIT_POLICY"),
+      static_cast<int64_t>(std::thread::hardware_concurrency()));
   Started out;
   std::fflush(stdout);
   std::fflush(stderr);

@@ -35,17 +35,6 @@ inline bool dependent_launch_supported() {
   return on;
 }
 
-// The device's SM count (the grid sizes of decode's persistent and split kernels).
-inline int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    MT_CUDA_CHECK(cudaGetDevice(&dev));
-    MT_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v > 0 ? v : 1;
-  }();
-  return n;
-}
-
 // kernel<<<grid, block, 0, s>>>(args...) as a programmatic dependent of the stream's last kernel.
 template <typename... Params, typename... Args>
 void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t s, Args&&... args) {

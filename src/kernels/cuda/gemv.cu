@@ -339,24 +339,18 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-struct Launch {  // the launch's geometry, as a programmatic dependent (dependent_launch.cuh)
-  dim3 grid, block;
-  cudaStream_t s;
-  Launch(int64_t blocks, cudaStream_t st) : grid(static_cast<unsigned>(blocks)), block(kWarps * 32), s(st) {}
-};
-
 // The 16-byte kernel in the variant the open InferenceGemv scope asks for.
 template <typename TI, typename TO, int MR, bool NORM, Out OUT>
 void launch_vec(const TI* x, const TI* gamma, float eps, const TI* w, const TO* b, const TO* residual, TO* y,
                 int64_t M, int64_t N, int64_t K, const GemvQkvOut& qkv, cudaStream_t s) {
   const int64_t cols = OUT == Out::Plain ? N : N / 2, chunks = K / Vec<TI>::N;
-  const ops::InferenceGemv::Kernel kernel = ops::InferenceGemv::kernel();
-  const bool wide = kernel == ops::InferenceGemv::Kernel::Wide;
+  const bool wide = ops::InferenceGemv::kernel() == ops::InferenceGemv::Kernel::Wide;
   // Wide: a warp per column while the row is one round of 8 loads per lane, else 4 per column.
   const int wpc = wide && chunks > 32 * 8 ? 4 : 1;
+  // Each launch a programmatic dependent of the kernel before (dependent_launch.cuh).
   auto go = [&](auto* kern, int per_column) {
-    Launch l(ceil_div(cols, kWarps / per_column), s);
-    launch_dependent(kern, l.grid, l.block, l.s, x, gamma, eps, w, b, residual, y, static_cast<int>(M), N, K, qkv);
+    launch_dependent(kern, dim3(static_cast<unsigned>(ceil_div(cols, kWarps / per_column))), dim3(kWarps * 32), s, x,
+                     gamma, eps, w, b, residual, y, static_cast<int>(M), N, K, qkv);
   };
   if (!wide)
     go(gemv_kernel<TI, TO, MR, NORM, OUT, 1, 4>, 1);
@@ -383,9 +377,8 @@ void launch(const TI* x, const TI* w, const TO* b, const TO* residual, TO* y, in
     }
     return launch_vec<TI, TO, MR, false, Out::Plain>(x, nullptr, 0.f, w, b, residual, y, M, N, K, none, s);
   }
-  Launch l(ceil_div(N, kWarps), s);
-  launch_dependent(gemv_scalar_kernel<TI, TO, MR>, l.grid, l.block, l.s, x, w, b, residual, y, static_cast<int>(M), N,
-                   K);
+  launch_dependent(gemv_scalar_kernel<TI, TO, MR>, dim3(static_cast<unsigned>(ceil_div(N, kWarps))), dim3(kWarps * 32), s,
+                   x, w, b, residual, y, static_cast<int>(M), N, K);
 }
 
 }  // namespace

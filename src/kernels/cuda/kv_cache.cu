@@ -328,6 +328,16 @@ __global__ void __launch_bounds__(kGqaWarps * 32)
 }
 
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return std::max(v, 1);
+  }();
+  return n;
+}
+
 }  // namespace
 }  // namespace mt::cuda
 
