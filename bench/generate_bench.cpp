@@ -19,7 +19,8 @@
 // engine is built): "general" (MT_DECODE_FUSED=0: the general kernels, no fusions),
 // "default-fusions" (MT_DECODE_FUSIONS=0: the decode kernels without the norm/SwiGLU/KV-write
 // fusions), "default+gemv-base" (MT_GEMV_KERNEL=base: session 16's first GEMV kernel) and
-// "default-arena" (MT_DECODE_ARENA=0: the graphs' temporaries from the pool, as memory nodes);
+// "default-arena" (MT_DECODE_ARENA=0: the graphs' temporaries from the pool, as memory nodes),
+// "default-stack" (MT_DECODE_STACK=0: the layers one kernel each, not the whole-stack kernel);
 // each variant's generated tokens are compared with the default run's ("same_tokens": greedy
 // ties on a random model may break differently under another summation order).
 #include <cuda_runtime_api.h>
@@ -98,7 +99,8 @@ struct Timing {
 // engine (decode steps as CUDA graphs or not, their linears on the small-row GEMV or cuBLASLt);
 // times every token of request 0 and the whole run.
 // The switches inference::ModelRunner reads when an engine is built, for the A/B variants.
-const char* const kSwitches[] = {"MT_DECODE_FUSED", "MT_DECODE_ARENA", "MT_DECODE_FUSIONS", "MT_GEMV_KERNEL"};
+const char* const kSwitches[] = {"MT_DECODE_FUSED", "MT_DECODE_ARENA", "MT_DECODE_FUSIONS", "MT_GEMV_KERNEL",
+                                 "MT_DECODE_STACK"};
 
 // `env`: "NAME=VALUE" settings of kSwitches for this engine (the others unset: the defaults).
 Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_tokens, bool graphs, bool gemv = true,
@@ -208,7 +210,8 @@ int main(int argc, char** argv) {
     const char* path;  // "default": the engine's defaults; else the variant's name
     std::vector<std::string> env;
   };
-  const std::vector<Mode> variants{{true, true, "general", {"MT_DECODE_FUSED=0"}},
+  const std::vector<Mode> variants{{true, true, "default-stack", {"MT_DECODE_STACK=0"}},
+                                   {true, true, "general", {"MT_DECODE_FUSED=0"}},
                                    {true, true, "default-fusions", {"MT_DECODE_FUSIONS=0"}},
                                    {true, true, "default+gemv-base", {"MT_GEMV_KERNEL=base"}},
                                    {true, true, "default-arena", {"MT_DECODE_ARENA=0"}}};

@@ -46,6 +46,10 @@ ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, boo
   // split merge): part of the decode kernels on the GEMV; MT_DECODE_FUSIONS=0 leaves them out
   // alone (A/B runs).
   fusions_ = decode_kernels_ && small_rows_gemv && device_ == Device::CUDA && !off("MT_DECODE_FUSIONS");
+  // The whole-stack decode kernel (ops::decode_layer_stack, kernels/cuda/decode_stack.cu): one
+  // kernel for every layer of a batch-1 decode step, the same bits as the fused layers one by
+  // one; MT_DECODE_STACK=0 runs those (A/B runs).
+  stack_ = fusions_ && !off("MT_DECODE_STACK");
   // MT_GEMV_KERNEL=wide|base: the GEMV kernel (kernels/device.h, InferenceGemv), for A/B runs.
   if (const char* k = std::getenv("MT_GEMV_KERNEL"); k && *k) {
     if (std::strcmp(k, "base") == 0) gemv_kernel_ = ops::InferenceGemv::Kernel::Base;
@@ -176,6 +180,49 @@ Tensor ModelRunner::layer_forward(size_t li, const Tensor& x, const Inputs& in) 
   return y;
 }
 
+Tensor ModelRunner::stack_forward(const Tensor& x, const Inputs& in) {
+  const auto& c = m_.config();
+  if (!stack_ || in.fresh_prompt || x.dim(0) != 1 || c.qk_layernorm || !c.swiglu) return Tensor();
+  // What layer_forward would run: the QKV fusion into the cache, the residual inside proj's and
+  // fc2's GEMVs, the pre-MLP norm and SwiGLU inside fc1's.
+  for (const model::TransformerLayer& L : m_.layers())
+    if (L.is_moe || !L.input_norm.rms || !L.pre_mlp_norm.rms || !L.attn.proj.fuses_residual() ||
+        !L.mlp.fc2.fuses_residual() || !fusable(L.attn.qkv, in) || !fusable(L.attn.proj, in) ||
+        !fusable(L.mlp.fc1, in) || !fusable(L.mlp.fc2, in))
+      return Tensor();
+  const int64_t D = c.kv_channels;
+  std::vector<Tensor> scales;  // the norms' scales, alive for the call
+  scales.reserve(2 * m_.layers().size());
+  ops::DecodeStackRef s;
+  s.G = c.num_query_groups;
+  s.qpg = c.q_per_group();
+  s.D = D;
+  s.slot = &in.slot;
+  s.pos = &in.pos;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (size_t li = 0; li < m_.layers().size(); ++li) {
+    const model::TransformerLayer& L = m_.layers()[li];
+    if (L.attn.rope) s.rope = {&in.cos, &in.sin, rope_.rot_dim};
+    scales.push_back(L.input_norm.scale());
+    scales.push_back(L.pre_mlp_norm.scale());
+    ops::DecodeLayerRef r;
+    r.input_norm = &scales[scales.size() - 2];
+    r.input_eps = L.input_norm.eps;
+    r.qkv_w = &L.attn.qkv.weight->value;
+    r.qkv_b = L.attn.qkv.bias ? &L.attn.qkv.bias->value : nullptr;
+    r.proj_w = &L.attn.proj.weight->value;
+    r.mlp_norm = &scales.back();
+    r.mlp_eps = L.pre_mlp_norm.eps;
+    r.fc1_w = &L.mlp.fc1.weight->value;
+    r.fc1_b = L.mlp.fc1.bias ? &L.mlp.fc1.bias->value : nullptr;
+    r.fc2_w = &L.mlp.fc2.weight->value;
+    r.k_cache = &k_cache_[li];
+    r.v_cache = &v_cache_[li];
+    s.layers.push_back(r);
+  }
+  return ops::decode_layer_stack(x, s);
+}
+
 // A decode step's graph at one row count: its inputs and output live in fixed buffers, which
 // each step refills before the replay.
 struct ModelRunner::Graph {
@@ -222,7 +269,11 @@ Tensor ModelRunner::device_forward(const Inputs& in) {
     x = ops::embedding_forward(in.ids, m_.word_embedding()->value);
   }
   if (const model::Param* pe = m_.position_embedding()) ops::add_inplace(x, ops::embedding_forward(in.pos, pe->value));
-  for (size_t l = 0; l < m_.layers().size(); ++l) x = layer_forward(l, x, in);
+  if (Tensor y = stack_forward(x, in); y.defined()) {
+    x = y;
+  } else {
+    for (size_t l = 0; l < m_.layers().size(); ++l) x = layer_forward(l, x, in);
+  }
   if (in.rows.numel() == 0) return Tensor();  // a prompt chunk that is not the prompt's end
   const Tensor l = head_forward(x, in);
   return tp.on() ? model::all_gather_last_dim(l, tp) : l;  // this rank's vocabulary columns -> all

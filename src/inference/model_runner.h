@@ -65,6 +65,9 @@ class ModelRunner {
   // The decode fusions (norm -> GEMV, GEMV -> SwiGLU, QKV split -> KV cache; issue #22): with the
   // decode kernels on the GPU's GEMV, unless MT_DECODE_FUSIONS=0 at construction.
   bool decode_fusions() const { return fusions_; }
+  // The whole-stack decode kernel (ops::decode_layer_stack) for batch-1 decode steps of
+  // Llama-family stacks: with the decode fusions, unless MT_DECODE_STACK=0 at construction.
+  bool decode_stack() const { return stack_; }
   int64_t graph_replays() const { return replays_; }
   // Benches (issue #22): the decode graph of `rows` rows replayed `n` times back to back, with no
   // host work between, timed by compute-stream events: the GPU seconds of one replay, to set
@@ -93,6 +96,9 @@ class ModelRunner {
   Tensor graph_forward(const Inputs& in, int64_t N);
   static Inputs views(const Tensor& ints, const Tensor& floats, int64_t N);
   Tensor layer_forward(size_t l, const Tensor& x, const Inputs& in);
+  // Every layer through ops::decode_layer_stack where the pass is one decode row of a stack that
+  // it takes (decode_stack()); else an undefined tensor and the layers run one by one.
+  Tensor stack_forward(const Tensor& x, const Inputs& in);
   Tensor head_forward(const Tensor& x, const Inputs& in);  // the final norm and the output layer
   // Whether a decode pass's linear `l` may go through ops::fused_linear_forward: fusions on, and
   // the plain bf16/fp16 product (no TP split, no FP8).
@@ -110,6 +116,7 @@ class ModelRunner {
   bool decode_kernels_ = true;  // unless MT_DECODE_FUSED=0 (the constructor says why)
   bool arena_ = true;            // the decode graphs' temporaries in a DeviceArena (unless MT_DECODE_ARENA=0)
   bool fusions_ = false;         // decode_fusions()
+  bool stack_ = false;           // decode_stack()
   ops::InferenceGemv::Kernel gemv_kernel_ = ops::InferenceGemv::Kernel::Wide;  // MT_GEMV_KERNEL
   int64_t replays_ = 0;
   std::map<int64_t, std::unique_ptr<Graph>> graphs_;  // per row count

@@ -37,6 +37,20 @@ inline Tensor fused_qkv_composed(const Tensor& x, const Tensor& w, const Tensor*
   return ops::qkv_split_to_cache(ops::fused_linear_forward(x, w, b, f), k_cache, v_cache, slot, pos, G, qpg, D, rope);
 }
 
+// decode_layer_stack as the ops it runs, layer by layer.
+inline Tensor decode_stack_composed(const Tensor& x, const DecodeStackRef& s) {
+  Tensor h = x;
+  for (const DecodeLayerRef& L : s.layers) {
+    const Tensor q = ops::fused_qkv_forward(h, *L.qkv_w, L.qkv_b, {L.input_norm, L.input_eps}, *L.k_cache, *L.v_cache,
+                                            *s.slot, *s.pos, s.G, s.qpg, s.D, s.rope);
+    const Tensor core = ops::cached_attention(q, *L.k_cache, *L.v_cache, *s.slot, *s.pos, s.scale);
+    const Tensor a = ops::linear_forward_residual(core, *L.proj_w, nullptr, h);
+    const Tensor f = ops::fused_linear_forward(a, *L.fc1_w, L.fc1_b, {L.mlp_norm, L.mlp_eps, true});
+    h = ops::linear_forward_residual(f, *L.fc2_w, nullptr, a);
+  }
+  return h;
+}
+
 // Argument checks both implementations make (internal invariants: the callers pass these right).
 inline void check_vector(const Tensor& t, Device device, DType dtype, int64_t n, const char* what) {
   MT_CHECK(t.device() == device && t.dtype() == dtype && t.numel() == n,

@@ -40,6 +40,32 @@ struct LinearFusion {
   const Tensor* residual = nullptr;  // [rows, out], added to the product (not with swiglu)
 };
 
+// One decoder layer of ops::decode_layer_stack (inference's batch-1 decode, issue #22): a
+// Llama-family layer's tensors, in the model's half type on the GPU (fp32 on the CPU).
+struct DecodeLayerRef {
+  const Tensor* input_norm = nullptr;  // RMSNorm scale [hidden]
+  float input_eps = 0.f;
+  const Tensor* qkv_w = nullptr;  // linear_qkv [G * (qpg + 2) * D, hidden]
+  const Tensor* qkv_b = nullptr;  // or null
+  const Tensor* proj_w = nullptr;  // linear_proj [hidden, Hq * D], no bias
+  const Tensor* mlp_norm = nullptr;
+  float mlp_eps = 0.f;
+  const Tensor* fc1_w = nullptr;  // linear_fc1 [2F, hidden]: gate, then up
+  const Tensor* fc1_b = nullptr;  // or null
+  const Tensor* fc2_w = nullptr;  // linear_fc2 [hidden, F], no bias
+  Tensor* k_cache = nullptr;
+  Tensor* v_cache = nullptr;  // [slots, G, L, D]
+};
+// The stack and the step's row: its cache slot and position (I32 [1]) and RoPE tables.
+struct DecodeStackRef {
+  std::vector<DecodeLayerRef> layers;
+  int64_t G = 0, qpg = 0, D = 0;
+  RopeRef rope;
+  const Tensor* slot = nullptr;
+  const Tensor* pos = nullptr;
+  float scale = 0.f;  // the attention's softmax scale
+};
+
 // An in-place all-reduce over the ranks that hold the other shards of a vocabulary-parallel op,
 // which the caller supplies (the model: its tensor-parallel communicator): `count` values of
 // `type` at `data`, on the op's device. Empty when there are no other ranks.

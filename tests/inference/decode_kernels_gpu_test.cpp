@@ -25,6 +25,7 @@
 namespace mt::test {
 namespace {
 
+
 Tensor to_gpu(const Tensor& t, DType dt = DType::BF16) { return t.to(dt).to_device(Device::CUDA); }
 Tensor from_gpu(const Tensor& t) { return t.to_device(Device::CPU).to(DType::F32); }
 
@@ -188,7 +189,8 @@ TEST(DecodeKernelsGpu, EngineTokensEqualWithEachOptInSwitch) {
 }
 
 // The decode fusions (norm -> GEMV, GEMV -> SwiGLU, the QKV split into the cache; MT_DECODE_FUSIONS=0
-// turns them off) and the two GEMV kernels (MT_GEMV_KERNEL=base|wide): the same greedy tokens, on
+// turns them off), the whole-stack decode kernel (MT_DECODE_STACK=0 turns it off) and the two
+// GEMV kernels (MT_GEMV_KERNEL=base|wide): the same greedy tokens, on
 // the tiny family models (the fusions where their layers allow: no qk-norm split fusion for
 // qwen3, no norm fusion for gpt2's LayerNorm) and on a llama of head dim 64, where the split's
 // 16-byte kernel with RoPE and the decode attention kernel run as at llama-1.5b's shape. The
@@ -212,6 +214,12 @@ TEST(DecodeKernelsGpu, EngineTokensEqualWithAndWithoutTheDecodeFusions) {
     const std::vector<inference::Request> reqs = three_requests(c.orig_vocab_size, 91);
     expect_same_tokens_with("MT_DECODE_FUSIONS", m, reqs, false, f);
     expect_same_tokens_with("MT_GEMV_KERNEL", m, reqs, false, f, "base", "wide");
+    // The whole-stack kernel (batch-1 steps, head dim 64: llama64 only), eager and graphed.
+    const int64_t launches = stack_launches();
+    expect_same_tokens_with("MT_DECODE_STACK", m, reqs, false, f);
+    if (f == "llama64") {
+      EXPECT_GT(stack_launches(), launches) << "the whole-stack kernel never ran";
+    }
     unsetenv("MT_DECODE_FUSIONS");
     inference::ModelRunner dflt(m, 1, 32, true);
     EXPECT_TRUE(dflt.decode_fusions());  // on by default with the decode kernels

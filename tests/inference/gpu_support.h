@@ -9,6 +9,9 @@
 
 #include "core/tensor.h"
 #include "support/gpu.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/ops_cuda.h"
+#endif
 
 #ifdef MT_HAVE_CUDA
 #define MT_REQUIRE_GPU() \
@@ -30,6 +33,16 @@ inline Tensor random_bf16_values(const Shape& shape, uint32_t seed) {
     t.data<float>()[i] = static_cast<float>((x >> 8) % 2001) / 1000.f - 1.f;
   }
   return t.to(DType::BF16).to(DType::F32);
+}
+
+// The whole-stack decode kernel's launches so far (ops::decode_layer_stack; 0 in a build without
+// CUDA, where the GPU tests skip).
+inline int64_t stack_launches() {
+#ifdef MT_HAVE_CUDA
+  return cuda::decode_stack_launches();
+#else
+  return 0;
+#endif
 }
 
 // The largest |a - b| over two CPU f32 tensors of one size.

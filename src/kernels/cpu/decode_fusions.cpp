@@ -1,5 +1,5 @@
 // Inference's decode fusions on the CPU (ops.def: fused_linear_forward, qkv_split_to_cache,
-// fused_qkv_forward): the compositions of the ops they fuse (op_backends.h), which are the
+// fused_qkv_forward, decode_layer_stack): the compositions of the ops they fuse (op_backends.h), which are the
 // references the GPU's fused kernels (kernels/cuda/gemv.cu, layout.cu) are tested against.
 // Forward only: inference has no backward.
 #include "core/error.h"
@@ -25,5 +25,7 @@ Tensor fused_qkv_forward(const Tensor& x, const Tensor& w, const Tensor* b, cons
                          const RopeRef& rope) {
   return fused_qkv_composed(x, w, b, f, k_cache, v_cache, slot, pos, G, qpg, D, rope);
 }
+
+Tensor decode_layer_stack(const Tensor& x, const DecodeStackRef& s) { return decode_stack_composed(x, s); }
 
 }  // namespace mt::ops::host

@@ -56,7 +56,7 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStre
 // zeroed once; every launch leaves them zero (the last block resets its own). Allocated on first
 // use outside a stream capture (a decode graph's eager step comes first); null where that is not
 // possible (during a capture, or n over the pool's size): the caller then takes a path without.
-enum class ArrivalUser { DecodeAttention, DecodeArgmax };
+enum class ArrivalUser { DecodeAttention, DecodeArgmax, DecodeStack };
 int* arrival_counters(ArrivalUser user, int64_t n, cudaStream_t s);
 
 }  // namespace mt::cuda

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/tensor_args.h"
 #include "kernels/device.h"
@@ -138,23 +139,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Channel d of one (row, head)'s attention from its splits' partial results (base: per split D
-// unnormalised outputs, then max, then sum), normalised. Loads that bypass L1: the fused merge
-// below reads what other SMs wrote during the same kernel.
-__device__ __forceinline__ float merged_channel(const float* base, int64_t d, int64_t D, int splits) {
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(base + s * (D + 2) + D));
-  float Lsum = 0.f, o = 0.f;
-  for (int s = 0; s < splits; ++s) {
-    const float ms = __ldcg(base + s * (D + 2) + D);
-    if (ms == -INFINITY) continue;
-    const float e = __expf(ms - M);
-    Lsum += __ldcg(base + s * (D + 2) + D + 1) * e;
-    o += __ldcg(base + s * (D + 2) + d) * e;
-  }
-  return Lsum > 0.f ? o / Lsum : 0.f;
-}
-
 // One block per (row, head): merges the splits' partial results.
 template <typename T>
 __global__ void decode_merge_kernel(const float* __restrict__ part, T* __restrict__ out, int64_t Hq, int64_t D,
@@ -165,177 +149,25 @@ __global__ void decode_merge_kernel(const float* __restrict__ part, T* __restric
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[i * Hq * D + h * D + d] = from_f<T>(merged_channel(base, d, D, splits));
 }
 
-// The decode kernel of ops::DecodeKernels (MT_DECODE_FUSED=1). Why another: at batch 1 the kernel
-// above is a latency chain (each warp has 2 keys x 2-byte loads in flight, K then V, ~6 rounds per
-// split) and each of a group's query heads re-reads the group's K/V. Here a block owns one
-// (row, key/value group, split) and all of the group's query heads: LPK = D/8 lanes hold one key's
-// 16-byte chunks, a warp covers 32/LPK keys per step, and every lane issues kGqaUnroll steps of K
-// and V loads before using any, so a split of up to kWarps*32/LPK*kGqaUnroll keys costs about one
-// memory round trip. Each K/V element is loaded once and used by the QMAX (>= Hq/G) heads.
-// Same partial-result layout as decode_attention_kernel (decode_merge_kernel merges both).
-// Fused merge (`arrivals` set; the decode fusions, issue #22): each block counts itself in on its
-// (row, group)'s counter once its partial results are out, and the last of the splits to arrive
-// merges them for the group's heads (merged_channel, decode_merge_kernel's arithmetic: the same
-// bits) and sets the counter back to 0 for the next launch: no merge kernel after it.
-constexpr int kGqaWarps = 4, kGqaUnroll = 4;
-
-template <int LPK>
-__device__ __forceinline__ float key_sum(float v) {  // over the LPK lanes that share a key
-#pragma unroll
-  for (int o = LPK / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Folds softmax state (mb, lb, accb) into (m, l, acc): the running max, the sum of exp(s - m)
-// and the exp-weighted V sum, either side possibly empty (max -inf).
-__device__ __forceinline__ void fold(float& m, float& l, float* acc, float mb, float lb, const float* accb) {
-  const float M = fmaxf(m, mb);
-  const float a = m == -INFINITY ? 0.f : __expf(m - M), b = mb == -INFINITY ? 0.f : __expf(mb - M);
-  l = l * a + lb * b;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) acc[e] = acc[e] * a + accb[e] * b;
-  m = M;
-}
+// The decode kernel of ops::DecodeKernels (MT_DECODE_FUSED=1): a block is one team of
+// decode_attention.cuh's grouped-query attention, for (row, key/value group, split). Same
+// partial-result layout as decode_attention_kernel (decode_merge_kernel merges both); with
+// `arrivals` set (the decode fusions, issue #22) the last split to arrive merges: no merge kernel.
+struct BlockSync {
+  __device__ void operator()() const { __syncthreads(); }
+};
 
 template <typename T, int LPK, int QMAX>
-__global__ void __launch_bounds__(kGqaWarps * 32)
-    decode_attention_gqa_kernel(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
-                                const int32_t* __restrict__ slot, const int32_t* __restrict__ pos, T* __restrict__ out,
-                                float* __restrict__ part, int64_t N, int64_t Hq, int64_t G, int64_t L, int64_t slots,
-                                int splits, int64_t per_split, float scale, int* __restrict__ arrivals) {
-  constexpr int D = LPK * 8, KPW = 32 / LPK;  // head dim; keys per warp step
+__global__ void __launch_bounds__(kGqaWarps * 32) decode_attention_gqa_kernel(GqaArgs<T> a) {
   allow_dependent_launch();
   const int64_t i = blockIdx.x, g = blockIdx.y;
   const int split = static_cast<int>(blockIdx.z);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int sub = lane / LPK, d0 = (lane % LPK) * 8;
-  const int qpg = static_cast<int>(Hq / G);
-  const int64_t s = slot[i], p = pos[i];
-  const bool valid = s >= 0 && s < slots && p >= 0 && p < L;
-  const int64_t begin = split * per_split, end = valid ? min(p + 1, begin + per_split) : begin;
-  const T* kb = kc + (valid ? (s * G + g) * L * D : 0);
-  const T* vb = vc + (valid ? (s * G + g) * L * D : 0);
-  // Before the wait (launched as a programmatic dependent of the QKV projection, whose epilogue
-  // writes q and the new position's key and value): this split's older keys and values, which
-  // nothing in this step writes, into L2, a 16-byte-aligned row of D elements per thread and step.
-  if (valid)
-    for (int64_t j = begin + threadIdx.x; j < min(end, p); j += kGqaWarps * 32) {
-      for (int64_t o = 0; o < D; o += 128 / static_cast<int64_t>(sizeof(T))) {
-        prefetch_l2(kb + j * D + o);
-        prefetch_l2(vb + j * D + o);
-      }
-    }
-  wait_for_previous_grid();  // q, the new key and value, and the merge's buffers come after it
-  float qv[QMAX][8], acc[QMAX][8], m[QMAX], l[QMAX];
-#pragma unroll
-  for (int h = 0; h < QMAX; ++h) {
-    m[h] = -INFINITY, l[h] = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) qv[h][e] = acc[h][e] = 0.f;
-    if (h < qpg) {
-      Vec<T>::load(q + ((g * qpg + h) * N + i) * D + d0, qv[h]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qv[h][e] *= scale;
-    }
-  }
-  for (int64_t j0 = begin + static_cast<int64_t>(warp) * KPW * kGqaUnroll; j0 < end;
-       j0 += static_cast<int64_t>(kGqaWarps) * KPW * kGqaUnroll) {
-    uint4 kr[kGqaUnroll], vr[kGqaUnroll];
-#pragma unroll
-    for (int u = 0; u < kGqaUnroll; ++u) {  // every load of the round issued before any is used
-      const int64_t j = j0 + u * KPW + sub;
-      kr[u] = j < end ? __ldg(reinterpret_cast<const uint4*>(kb + j * D + d0)) : make_uint4(0, 0, 0, 0);
-      vr[u] = j < end ? __ldg(reinterpret_cast<const uint4*>(vb + j * D + d0)) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kGqaUnroll; ++u) {
-      const int64_t j = j0 + u * KPW + sub;
-      float kf[8], vf[8];
-      Vec<T>::unpack(kr[u], kf);
-      Vec<T>::unpack(vr[u], vf);
-#pragma unroll
-      for (int h = 0; h < QMAX; ++h) {
-        float dot = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dot = fmaf(qv[h][e], kf[e], dot);
-        dot = key_sum<LPK>(dot);  // every lane shuffles (uniform), the invalid keys' result unused
-        if (h < qpg && j < end) {
-          float one[8];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) one[e] = vf[e];
-          fold(m[h], l[h], acc[h], dot, 1.f, one);
-        }
-      }
-    }
-  }
-  // The warp's key groups (lanes sub = 0..KPW-1 with the same channels), then the block's warps.
-#pragma unroll
-  for (int h = 0; h < QMAX; ++h) {
-#pragma unroll
-    for (int o = LPK; o < 32; o <<= 1) {
-      float accb[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) accb[e] = __shfl_xor_sync(0xffffffffu, acc[h][e], o);
-      const float mb = __shfl_xor_sync(0xffffffffu, m[h], o), lb = __shfl_xor_sync(0xffffffffu, l[h], o);
-      fold(m[h], l[h], acc[h], mb, lb, accb);
-    }
-  }
-  __shared__ float sm_m[kGqaWarps][QMAX], sm_l[kGqaWarps][QMAX], sm_acc[kGqaWarps][QMAX][D];
-  if (sub == 0) {
-#pragma unroll
-    for (int h = 0; h < QMAX; ++h) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sm_acc[warp][h][d0 + e] = acc[h][e];
-      if (lane == 0) sm_m[warp][h] = m[h], sm_l[warp][h] = l[h];
-    }
-  }
-  __syncthreads();
-  for (int idx = static_cast<int>(threadIdx.x); idx < qpg * D; idx += kGqaWarps * 32) {
-    const int h = idx / D, d = idx % D;
-    float M = -INFINITY;
-    for (int w = 0; w < kGqaWarps; ++w) M = fmaxf(M, sm_m[w][h]);
-    float Lsum = 0.f, o = 0.f;
-    for (int w = 0; w < kGqaWarps; ++w) {
-      const float sw = sm_m[w][h] == -INFINITY ? 0.f : __expf(sm_m[w][h] - M);
-      Lsum += sm_l[w][h] * sw;
-      o += sm_acc[w][h][d] * sw;
-    }
-    const int64_t hq = g * qpg + h, row = (i * Hq + hq) * splits + split;
-    if (splits == 1) {
-      out[i * Hq * D + hq * D + d] = from_f<T>(Lsum > 0.f ? o / Lsum : 0.f);
-    } else {
-      part[row * (D + 2) + d] = o;
-      if (d == 0) part[row * (D + 2) + D] = M, part[row * (D + 2) + D + 1] = Lsum;
-    }
-  }
-  if (splits == 1 || !arrivals) return;
-  __shared__ bool last;
-  __threadfence();  // this block's partial results visible to the whole device before it counts
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* count = arrivals + i * G + g;
-    last = atomicAdd(count, 1) == splits - 1;
-    if (last) *count = 0;  // every split has arrived: ready for the next launch
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int idx = static_cast<int>(threadIdx.x); idx < qpg * D; idx += kGqaWarps * 32) {
-    const int h = idx / D, d = idx % D;
-    const int64_t hq = g * qpg + h;
-    out[i * Hq * D + hq * D + d] = from_f<T>(merged_channel(part + (i * Hq + hq) * splits * (D + 2), d, D, splits));
-  }
-}
-
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    MT_CUDA_CHECK(cudaGetDevice(&dev));
-    MT_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return std::max(v, 1);
-  }();
-  return n;
+  // Launched as a programmatic dependent of the QKV projection, whose epilogue writes q and the
+  // new position's key and value: the older ones into L2 before the wait.
+  gqa_prefetch<T, LPK>(a, i, g, split, static_cast<int>(threadIdx.x));
+  wait_for_previous_grid();
+  __shared__ GqaShared<QMAX, LPK * 8> sm;
+  gqa_attend<T, LPK, QMAX>(a, i, g, split, static_cast<int>(threadIdx.x), sm, BlockSync{});
 }
 
 }  // namespace
@@ -364,14 +196,7 @@ bool gqa_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache
       !cuda::aligned16(q.raw()) || !cuda::aligned16(k_cache.raw()) || !cuda::aligned16(v_cache.raw()))
     return false;
   MT_CHECK(c.G < 65536, "cached_attention: {} key/value groups exceed the grid", c.G);
-  const int64_t lpk = D / 8, keys_per_round = cuda::kGqaWarps * (32 / lpk) * cuda::kGqaUnroll;
-  // As the default: split the keys only while rows x groups leave SMs idle, here never below one
-  // round of the block's loads per split.
-  const int64_t blocks = N * c.G, want = 2 * static_cast<int64_t>(cuda::sm_count());
-  int splits = 1;
-  if (blocks < want)
-    splits = static_cast<int>(std::min<int64_t>({(want + blocks - 1) / blocks, (c.L + keys_per_round - 1) / keys_per_round, 64}));
-  splits = std::max(splits, 1);
+  const int splits = cuda::gqa_splits(N * c.G, c.L, D, cuda::sm_count());
   const int64_t per_split = (c.L + splits - 1) / splits;
   cuda::Scratch part(splits > 1 ? static_cast<size_t>(N * Hq * splits * (D + 2)) * sizeof(float) : 0,
                      cuda::compute_stream());
@@ -384,10 +209,10 @@ bool gqa_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache
   with_float_type(q, [&](auto* qp) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
     if constexpr (!std::is_same_v<T, float>) {
+      const cuda::GqaArgs<T> a{qp,    k_cache.data<T>(), v_cache.data<T>(), sp,        pp,    out.data<T>(),
+                               part.as<float>(), N, Hq, c.G, c.L, c.slots, splits, per_split, scale, arrivals};
       auto launch = [&](auto kernel) {
-        cuda::launch_dependent(kernel, grid, dim3(cuda::kGqaWarps * 32), cuda::compute_stream(), qp, k_cache.data<T>(),
-                               v_cache.data<T>(), sp, pp, out.data<T>(), part.as<float>(), N, Hq, c.G, c.L, c.slots,
-                               splits, per_split, scale, arrivals);
+        cuda::launch_dependent(kernel, grid, dim3(cuda::kGqaWarps * 32), cuda::compute_stream(), a);
       };
       if (D == 64 && qpg <= 4) launch(cuda::decode_attention_gqa_kernel<T, 8, 4>);
       else if (D == 64) launch(cuda::decode_attention_gqa_kernel<T, 8, 8>);

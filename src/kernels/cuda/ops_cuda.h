@@ -193,6 +193,51 @@ bool gemv_fusable(const void* x, const void* w, const void* norm_weight, int64_t
 bool gemv_applies(int64_t M);
 // gemv_forward calls so far in this process (tests: which kernel a linear layer chose).
 int64_t gemv_calls();
+// ops::decode_layer_stack's kernel (decode_stack.cu): one decode step of batch 1 through every
+// layer of a Llama-family stack (RMSNorm, grouped-query attention over the KV cache with RoPE,
+// SwiGLU, no biases but QKV's and fc1's) in one kernel, the same bits as the kernel-per-layer
+// path (gemv_forward's fusions, cached_attention's decode kernel). Pointers of the model's half
+// type; q, attn, h and part are the caller's scratch.
+struct DecodeStackLayer {
+  const void* in_norm = nullptr;  // RMSNorm scales [hidden]
+  const void* w_qkv = nullptr;    // [G * (qpg + 2) * D, hidden]
+  const void* b_qkv = nullptr;    // or null
+  const void* w_proj = nullptr;   // [hidden, Hq * D]
+  const void* mlp_norm = nullptr;
+  const void* w_fc1 = nullptr;  // [2F, hidden]: gate, then up
+  const void* b_fc1 = nullptr;  // or null
+  const void* w_fc2 = nullptr;  // [hidden, F]
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;  // [slots, G, L, D]
+  float in_eps = 0.f, mlp_eps = 0.f;
+};
+struct DecodeStack {
+  std::vector<DecodeStackLayer> layers;
+  const void* x_in = nullptr;  // [hidden], the first layer's input
+  void* x = nullptr;           // [hidden], the last layer's output (may be x_in)
+  void* q = nullptr;           // [Hq * D]
+  void* attn = nullptr;        // [Hq * D]
+  void* h = nullptr;           // [F]
+  float* part = nullptr;       // [Hq * splits * (D + 2)] where splits > 1
+  const int32_t* slot = nullptr;
+  const int32_t* pos = nullptr;  // [1]
+  const float* cos = nullptr;
+  const float* sin = nullptr;  // [D / 2] RoPE tables, or null
+  int64_t hidden = 0, F = 0, Hq = 0, G = 0, D = 0, slots = 0, L = 0;
+  int splits = 1;               // decode_stack_splits
+  int64_t per_split = 0;
+  float scale = 0.f;
+};
+// Whether the kernel takes this stack (head dim 64 or 128, at most 4 query heads per group,
+// hidden <= 4,096, 16-byte aligned data); decode_stack_forward returns false where it does not
+// (or where the GPU cannot hold its blocks at once), and the caller runs the layers one by one.
+bool decode_stack_applies(const DecodeStack& s);
+// The attention's key splits for a stack's cache length L (as cached_attention's decode kernel).
+int decode_stack_splits(int64_t G, int64_t L, int64_t D);
+template <typename T>
+bool decode_stack_forward(const DecodeStack& s, cudaStream_t st);
+// decode_stack_forward's kernel launches so far in this process (tests: that the kernel ran).
+int64_t decode_stack_launches();
 // dx[M,K] = dy @ w (written, if dx); dw[N,K] += dy^T @ x in fp32 (GEMM with beta = 1, if dw; with
 // !accumulate_dw, beta = 0: dw is written, as a step's first gradient is, with nothing read);
 // db[N] += column sums of dy (if db, deterministic). Storage types.
