@@ -34,6 +34,7 @@
 
 #include "inference/engine.h"
 #include "inference/model_runner.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "kernels/device.h"
 #include "model/fp8_inference.h"
 #include "model/gpt_model.h"
@@ -101,6 +102,8 @@ struct Timing {
 // The switches inference::ModelRunner reads when an engine is built, for the A/B variants.
 const char* const kSwitches[] = {"MT_DECODE_FUSED", "MT_DECODE_ARENA", "MT_DECODE_FUSIONS", "MT_GEMV_KERNEL",
                                  "MT_DECODE_STACK"};
+// The whole-stack kernel's own switches are read once per process (kernels/cuda/decode_stack.cu):
+// set them for the whole bench (gpu_generate_bench.sh), not per variant.
 
 // `env`: "NAME=VALUE" settings of kSwitches for this engine (the others unset: the defaults).
 Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_tokens, bool graphs, bool gemv = true,
@@ -139,6 +142,16 @@ Timing run(mt::model::GPTModel& m, int64_t batch, int64_t prompt, int64_t new_to
   // untimed), so that GPU time and host gaps per token are told apart.
   if (graphs && batch == 1 && e.runner().graph_replay_seconds(1, 10) > 0)
     t.replay_ms = 1e3 * e.runner().graph_replay_seconds(1, 200);
+  // MT_DECODE_STACK_TIMES=1: where the whole-stack kernel's time goes in the last replay.
+  if (graphs && batch == 1) {
+    const std::vector<double> ph = mt::cuda::decode_stack_phase_ns(static_cast<int>(m.config().num_layers));
+    if (!ph.empty())
+      std::printf("{\"bench\": \"decode_stack_phases_us\", \"qkv\": %.1f, \"attention\": %.1f, \"proj\": %.1f, "
+                  "\"fc1\": %.1f, \"fc2\": %.1f, \"barrier_qkv\": %.1f, \"barrier_attention\": %.1f, "
+                  "\"barrier_proj\": %.1f, \"barrier_fc1\": %.1f, \"barrier_fc2\": %.1f}\n",
+                  ph[0] / 1e3, ph[1] / 1e3, ph[2] / 1e3, ph[3] / 1e3, ph[4] / 1e3, ph[5] / 1e3, ph[6] / 1e3,
+                  ph[7] / 1e3, ph[8] / 1e3, ph[9] / 1e3);
+  }
   for (const char* s : kSwitches) unsetenv(s);
   return t;
 }

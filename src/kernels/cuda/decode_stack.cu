@@ -30,6 +30,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/common.cuh"
@@ -96,6 +99,9 @@ struct StackArgs {
   int64_t hidden, F, Hq, G, D, slots, L, per_split;
   int splits;
   float scale;
+  // Measurement switches (decode_stack_tuning, read once from the environment):
+  int64_t l2_prefetch_bytes;  // per phase, the next phase's later items into L2 before the barrier
+  unsigned long long* times;  // or null: per barrier, the last block's arrival and block 0's leave (ns)
 };
 
 template <typename T, int D>
@@ -112,20 +118,31 @@ __device__ __forceinline__ int load_acquire(const int* p) {
   return v;
 }
 
-// Every block's writes before it are visible to every block after it.
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Every block's writes before it are visible to every block after it. With `times`, barrier b
+// records when the last block arrived (times[2b]) and when block 0 left (times[2b + 1]), in the
+// device's global nanoseconds (later launches overwrite earlier ones: the clock only grows).
 struct GridBarrier {
   int* count;
+  unsigned long long* times;
   int target = 0;
-  __device__ void sync() {
+  __device__ void sync(int b) {
     target += static_cast<int>(gridDim.x);
     __syncthreads();
     if (threadIdx.x == 0) {
+      if (times) atomicMax(times + 2 * b, global_ns());
       __threadfence();
       atomicAdd(count, 1);
       const long long t0 = clock64();
       while (load_acquire(count) < target)
         if (clock64() - t0 > kBarrierCycles) __trap();  // a block never arrived: fail, do not hang
       __threadfence();
+      if (times && blockIdx.x == 0) times[2 * b + 1] = global_ns();
     }
     __syncthreads();
   }
@@ -194,6 +211,35 @@ __device__ __forceinline__ void preload(uint4 (&raw)[2][kU], const GemvOp<T>& op
     preload_wpc<T, OUT, R, kSplitWarps>(raw, op, warp, lane);
   else
     preload_wpc<T, OUT, R, 1>(raw, op, warp, lane);
+}
+
+// Before the barrier, with a budget (StackArgs::l2_prefetch_bytes): this warp's later items of the
+// next phase into L2 (its first round is in registers; `first`: that one too), while the grid waits.
+template <typename T, Out OUT, int R, int WPC>
+__device__ __forceinline__ void prefetch_later_wpc(const GemvOp<T>& op, int warp, int lane, int64_t budget,
+                                                   bool first) {
+  const int64_t row_bytes = op.K * static_cast<int64_t>(sizeof(T)), part_bytes = row_bytes / WPC;
+  const int64_t limit = min(op.N / R, budget / (R * row_bytes));
+  const int64_t p0 = static_cast<int64_t>(warp % WPC) * part_bytes;
+  for (int64_t n = first_item<WPC>(warp) + (first ? 0 : item_stride<WPC>()); n < limit; n += item_stride<WPC>()) {
+    int64_t col[R];
+    const T* wr[R];
+    item_weights<T, OUT, R>(op, n, true, col, wr);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      for (int64_t o = p0 + lane * 128; o < p0 + part_bytes; o += 32 * 128)
+        prefetch_l2(reinterpret_cast<const char*>(wr[r]) + o);
+  }
+}
+
+template <typename T, Out OUT, int R>
+__device__ __forceinline__ void prefetch_later(const GemvOp<T>& op, int warp, int lane, int64_t budget,
+                                               bool first = false) {
+  if (budget <= 0) return;
+  if (split_columns(op))
+    prefetch_later_wpc<T, OUT, R, kSplitWarps>(op, warp, lane, budget, first);
+  else
+    prefetch_later_wpc<T, OUT, R, 1>(op, warp, lane, budget, first);
 }
 
 // x [K] normalised into sm.xs, as gemv.cu's norm fusion (and rmsnorm_forward) computes it.
@@ -316,7 +362,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
   extern __shared__ __align__(16) unsigned char smem[];
   auto& sm = *reinterpret_cast<StackShared<T, D>*>(smem);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  GridBarrier bar{a.barrier};
+  GridBarrier bar{a.barrier, a.times};
+  if (a.times && blockIdx.x == 0 && threadIdx.x == 0) a.times[1] = global_ns();  // "barrier" 0: the start
   const int64_t qpg = a.Hq / a.G;
   auto qkv_op = [&](int l, const T* x) {
     const StackLayer<T>& L = a.layer[l];
@@ -324,40 +371,50 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
                        static_cast<int>(a.G), static_cast<int>(qpg), static_cast<int>(D), a.slots, a.L};
     return GemvOp<T>{L.w_qkv, L.b_qkv, a.G * (qpg + 2) * D, a.hidden, x, L.in_norm, L.in_eps, nullptr, nullptr, o};
   };
+  const int64_t pf = a.l2_prefetch_bytes;
   uint4 raw[2][kU];
   preload<T, Out::Qkv, 2>(raw, qkv_op(0, a.x_in), warp, lane);
   for (int l = 0; l < a.layers; ++l) {
     const StackLayer<T>& L = a.layer[l];
     const T* xin = l == 0 ? a.x_in : a.x;
-    if (l > 0) bar.sync();
+    const int b = 5 * l;  // this layer's barriers: b (before QKV; none in layer 0) to b + 4
+    if (l > 0) bar.sync(b);
     gemv_phase<T, Out::Qkv, 2>(raw, qkv_op(l, xin), sm, warp, lane);
 
     const GqaArgs<T> ga{a.q, L.k_cache, L.v_cache, a.slot, a.pos, a.attn, a.part, 1, a.Hq, a.G, a.L, a.slots,
                         a.splits, a.per_split, a.scale, a.arrivals};
+    const GemvOp<T> proj{L.w_proj, nullptr, a.hidden, a.Hq * D, a.attn, nullptr, 0.f, xin, a.x, {}};
     attention_items<T, LPK, true>(ga, sm);
-    bar.sync();
+    prefetch_later<T, Out::Plain, 1>(proj, warp, lane, pf, true);  // its first items too: no registers across the attention
+    bar.sync(b + 1);
     attention_items<T, LPK, false>(ga, sm);
 
-    const GemvOp<T> proj{L.w_proj, nullptr, a.hidden, a.Hq * D, a.attn, nullptr, 0.f, xin, a.x, {}};
     preload<T, Out::Plain, 1>(raw, proj, warp, lane);
-    bar.sync();
+    bar.sync(b + 2);
     gemv_phase<T, Out::Plain, 1>(raw, proj, sm, warp, lane);
 
     const GemvOp<T> fc1{L.w_fc1, L.b_fc1, 2 * a.F, a.hidden, a.x, L.mlp_norm, L.mlp_eps, nullptr, a.h, {}};
     preload<T, Out::SwiGlu, 2>(raw, fc1, warp, lane);
-    bar.sync();
+    prefetch_later<T, Out::SwiGlu, 2>(fc1, warp, lane, pf);
+    bar.sync(b + 3);
     gemv_phase<T, Out::SwiGlu, 2>(raw, fc1, sm, warp, lane);
 
     const GemvOp<T> fc2{L.w_fc2, nullptr, a.hidden, a.F, a.h, nullptr, 0.f, a.x, a.x, {}};
     preload<T, Out::Plain, 1>(raw, fc2, warp, lane);
-    bar.sync();
+    prefetch_later<T, Out::Plain, 1>(fc2, warp, lane, pf);
+    bar.sync(b + 4);
     if (l + 1 == a.layers) allow_dependent_launch();  // the output layer may start its weight loads
     gemv_phase<T, Out::Plain, 1>(raw, fc2, sm, warp, lane);
-    if (l + 1 < a.layers) preload<T, Out::Qkv, 2>(raw, qkv_op(l + 1, a.x), warp, lane);
+    if (l + 1 < a.layers) {
+      const GemvOp<T> next = qkv_op(l + 1, a.x);
+      preload<T, Out::Qkv, 2>(raw, next, warp, lane);
+      prefetch_later<T, Out::Qkv, 2>(next, warp, lane, pf);
+    }
   }
   // Every block is past its last barrier once it counts itself out: the last one out zeroes both
   // counters for the next launch.
   __syncthreads();
+  if (a.times && threadIdx.x == 0) atomicMax(a.times + 10 * a.layers, global_ns());  // the last block's end
   if (threadIdx.x == 0 && atomicAdd(a.barrier + 1, 1) == static_cast<int>(gridDim.x) - 1) {
     a.barrier[0] = 0;
     a.barrier[1] = 0;
@@ -376,6 +433,28 @@ int blocks_per_sm(size_t smem) {
     return b;
   }();
   return n;
+}
+
+// The measurement switches (issue #22's A/B runs): MT_DECODE_STACK_L2_MB (the L2 prefetch budget
+// per phase, MB; 0: none), MT_DECODE_STACK_TIMES=1 (phase timers, decode_stack_phase_ns).
+struct Tuning {
+  int64_t l2_bytes = 0;
+  unsigned long long* times = nullptr;
+};
+constexpr int kTimeSlots = 2 * (5 * kMaxLayers + 1);
+
+const Tuning& tuning() {
+  static const Tuning t = [] {
+    Tuning r;
+    if (const char* e = std::getenv("MT_DECODE_STACK_L2_MB")) r.l2_bytes = std::atoll(e) << 20;
+    const char* tm = std::getenv("MT_DECODE_STACK_TIMES");
+    if (tm && std::strcmp(tm, "1") == 0) {
+      MT_CUDA_CHECK(cudaMalloc(&r.times, kTimeSlots * sizeof(unsigned long long)));
+      MT_CUDA_CHECK(cudaMemset(r.times, 0, kTimeSlots * sizeof(unsigned long long)));
+    }
+    return r;
+  }();
+  return t;
 }
 
 template <typename T, int LPK>
@@ -400,6 +479,9 @@ bool launch_stack(const DecodeStack& s, cudaStream_t st) {
   a.splits = s.splits;
   a.per_split = s.per_split;
   a.scale = s.scale;
+  const Tuning& tu = tuning();
+  a.l2_prefetch_bytes = tu.l2_bytes;
+  a.times = tu.times;
   const int64_t layers = static_cast<int64_t>(s.layers.size());
   for (int64_t l0 = 0; l0 < layers; l0 += kMaxLayers) {
     a.layers = static_cast<int>(std::min<int64_t>(kMaxLayers, layers - l0));
@@ -453,6 +535,26 @@ bool decode_stack_forward(const DecodeStack& s, cudaStream_t st) {
 }
 
 int64_t decode_stack_launches() { return launches.load(std::memory_order_relaxed); }
+
+std::vector<double> decode_stack_phase_ns(int layers) {
+  const Tuning& tu = tuning();
+  if (!tu.times || layers < 1 || layers > kMaxLayers) return {};
+  std::vector<unsigned long long> t(kTimeSlots);
+  MT_CUDA_CHECK(cudaDeviceSynchronize());
+  MT_CUDA_CHECK(cudaMemcpy(t.data(), tu.times, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
+  // Phase k of layer l runs from barrier 5l + k's leave (layer 0's QKV: the start) to the next
+  // barrier's last arrival (the last layer's fc2: the end); barrier b from its last arrival to its leave.
+  std::vector<double> out(10, 0.0);
+  auto arrive = [&](int b) { return static_cast<double>(t[2 * b]); };
+  auto leave = [&](int b) { return static_cast<double>(t[2 * b + 1]); };
+  for (int l = 0; l < layers; ++l)
+    for (int k = 0; k < 5; ++k) {
+      const int b = 5 * l + k;
+      out[k] += arrive(b + 1) - leave(b);
+      if (b > 0) out[5 + k] += leave(b) - arrive(b);
+    }
+  return out;
+}
 
 MT_INSTANTIATE_HALF(decode_stack_forward);
 

@@ -238,6 +238,10 @@ template <typename T>
 bool decode_stack_forward(const DecodeStack& s, cudaStream_t st);
 // decode_stack_forward's kernel launches so far in this process (tests: that the kernel ran).
 int64_t decode_stack_launches();
+// With MT_DECODE_STACK_TIMES=1 (benches): the last launch's nanoseconds summed over its `layers`
+// layers, per phase (QKV, attention, proj, fc1, fc2: from the barrier's leave to the next one's
+// last arrival), then per barrier before each (the grid's wait); empty otherwise. Synchronises.
+std::vector<double> decode_stack_phase_ns(int layers);
 // dx[M,K] = dy @ w (written, if dx); dw[N,K] += dy^T @ x in fp32 (GEMM with beta = 1, if dw; with
 // !accumulate_dw, beta = 0: dw is written, as a step's first gradient is, with nothing read);
 // db[N] += column sums of dy (if db, deterministic). Storage types.
