@@ -71,17 +71,37 @@ inline int gqa_splits(int64_t rows_x_groups, int64_t L, int64_t D, int sms) {
 
 // Channel d of one (row, head)'s attention from its splits' partial results (base: per split D
 // unnormalised outputs, then max, then sum), normalised. Loads that bypass L1: the fused merge
-// reads what other SMs wrote during the same kernel.
+// reads what other SMs wrote during the same kernel. The loads go out kMergeBatch splits at a
+// time before any is used (one L2 round trip per batch, not one per split); the arithmetic is
+// the split-by-split order either way.
+constexpr int kMergeBatch = 8;
 __device__ __forceinline__ float merged_channel(const float* base, int64_t d, int64_t D, int splits) {
   float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(base + s * (D + 2) + D));
+  for (int s0 = 0; s0 < splits; s0 += kMergeBatch) {
+    float ms[kMergeBatch];
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) ms[j] = s0 + j < splits ? __ldcg(base + (s0 + j) * (D + 2) + D) : -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) M = fmaxf(M, ms[j]);
+  }
   float Lsum = 0.f, o = 0.f;
-  for (int s = 0; s < splits; ++s) {
-    const float ms = __ldcg(base + s * (D + 2) + D);
-    if (ms == -INFINITY) continue;
-    const float e = __expf(ms - M);
-    Lsum += __ldcg(base + s * (D + 2) + D + 1) * e;
-    o += __ldcg(base + s * (D + 2) + d) * e;
+  for (int s0 = 0; s0 < splits; s0 += kMergeBatch) {
+    float ms[kMergeBatch], ls[kMergeBatch], os[kMergeBatch];
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const bool in = s0 + j < splits;
+      const float* p = base + (in ? s0 + j : 0) * (D + 2);
+      ms[j] = in ? __ldcg(p + D) : -INFINITY;
+      ls[j] = __ldcg(p + D + 1);
+      os[j] = __ldcg(p + d);
+    }
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      if (ms[j] == -INFINITY) continue;
+      const float e = __expf(ms[j] - M);
+      Lsum += ls[j] * e;
+      o += os[j] * e;
+    }
   }
   return Lsum > 0.f ? o / Lsum : 0.f;
 }
@@ -155,8 +175,15 @@ __device__ __forceinline__ void gqa_attend(const GqaArgs<T>& a, int64_t i, int64
     m[h] = -INFINITY, l[h] = 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) qv[h][e] = acc[h][e] = 0.f;
+  }
+  uint4 qr[QMAX];  // every head's load out before any is used (heads past qpg read head 0, unused)
+#pragma unroll
+  for (int h = 0; h < QMAX; ++h)
+    qr[h] = __ldcg(reinterpret_cast<const uint4*>(a.q + ((g * qpg + (h < qpg ? h : 0)) * N + i) * D + d0));
+#pragma unroll
+  for (int h = 0; h < QMAX; ++h) {
     if (h < qpg) {
-      Vec<T>::unpack(__ldcg(reinterpret_cast<const uint4*>(a.q + ((g * qpg + h) * N + i) * D + d0)), qv[h]);
+      Vec<T>::unpack(qr[h], qv[h]);
 #pragma unroll
       for (int e = 0; e < 8; ++e) qv[h][e] *= a.scale;
     }

@@ -99,18 +99,23 @@ struct StackArgs {
   int64_t hidden, F, Hq, G, D, slots, L, per_split;
   int splits;
   float scale;
-  // Measurement switches (decode_stack_tuning, read once from the environment):
-  int64_t l2_prefetch_bytes;  // per phase, the next phase's later items into L2 before the barrier
   unsigned long long* times;  // or null: per barrier, the last block's arrival and block 0's leave (ns)
 };
 
+// The block's shared memory: this struct, then the phase's input row xs (x_elems(): the longest of
+// hidden, Hq * D and F), normalised where the phase has a norm. Every phase reads its x from
+// there: read through L2 per 16-byte chunk inside the product's loop, each round of a warp's
+// loads waited for a chain of L2 round trips (proj and fc2 ran at 0.9-1.4 TB/s that way).
 template <typename T, int D>
 struct StackShared {
   __align__(16) T xraw[kNormMaxK];  // x as read, for the norm
-  __align__(16) T xs[kNormMaxK];    // x normalised, as rmsnorm_forward stores it
   float red[kBlockWarps][2];        // the split columns' per-warp sums
   GqaShared<kQmax, D> team[kTeams];
 };
+template <typename T, int D>
+__device__ __forceinline__ T* stage_row(StackShared<T, D>& sm) {
+  return reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(&sm) + sizeof(StackShared<T, D>));
+}
 
 __device__ __forceinline__ int load_acquire(const int* p) {
   int v;
@@ -213,43 +218,18 @@ __device__ __forceinline__ void preload(uint4 (&raw)[2][kU], const GemvOp<T>& op
     preload_wpc<T, OUT, R, 1>(raw, op, warp, lane);
 }
 
-// Before the barrier, with a budget (StackArgs::l2_prefetch_bytes): this warp's later items of the
-// next phase into L2 (its first round is in registers; `first`: that one too), while the grid waits.
-template <typename T, Out OUT, int R, int WPC>
-__device__ __forceinline__ void prefetch_later_wpc(const GemvOp<T>& op, int warp, int lane, int64_t budget,
-                                                   bool first) {
-  const int64_t row_bytes = op.K * static_cast<int64_t>(sizeof(T)), part_bytes = row_bytes / WPC;
-  const int64_t limit = min(op.N / R, budget / (R * row_bytes));
-  const int64_t p0 = static_cast<int64_t>(warp % WPC) * part_bytes;
-  for (int64_t n = first_item<WPC>(warp) + (first ? 0 : item_stride<WPC>()); n < limit; n += item_stride<WPC>()) {
-    int64_t col[R];
-    const T* wr[R];
-    item_weights<T, OUT, R>(op, n, true, col, wr);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      for (int64_t o = p0 + lane * 128; o < p0 + part_bytes; o += 32 * 128)
-        prefetch_l2(reinterpret_cast<const char*>(wr[r]) + o);
-  }
-}
-
-template <typename T, Out OUT, int R>
-__device__ __forceinline__ void prefetch_later(const GemvOp<T>& op, int warp, int lane, int64_t budget,
-                                               bool first = false) {
-  if (budget <= 0) return;
-  if (split_columns(op))
-    prefetch_later_wpc<T, OUT, R, kSplitWarps>(op, warp, lane, budget, first);
-  else
-    prefetch_later_wpc<T, OUT, R, 1>(op, warp, lane, budget, first);
-}
-
-// x [K] normalised into sm.xs, as gemv.cu's norm fusion (and rmsnorm_forward) computes it.
-template <typename T, int D>
-__device__ __forceinline__ void stage_norm(const GemvOp<T>& op, StackShared<T, D>& sm, int lane) {
+// x [K] into the block's row, normalised where NORM as gemv.cu's norm fusion (and rmsnorm_forward)
+// computes it.
+template <typename T, bool NORM, int D>
+__device__ __forceinline__ void stage_x(const GemvOp<T>& op, StackShared<T, D>& sm, int lane) {
   constexpr int V = Vec<T>::N;
   const int64_t nv = op.K / V;
+  T* xs = stage_row(sm);
+  T* dst = NORM ? sm.xraw : xs;
   for (int64_t vi = threadIdx.x; vi < nv; vi += kThreads)
-    *reinterpret_cast<uint4*>(sm.xraw + vi * V) = __ldcg(reinterpret_cast<const uint4*>(op.x + vi * V));
+    *reinterpret_cast<uint4*>(dst + vi * V) = __ldcg(reinterpret_cast<const uint4*>(op.x + vi * V));
   __syncthreads();
+  if constexpr (!NORM) return;
   const float rs = row_rstd(sm.xraw, op.K, op.eps, lane);
   for (int64_t vi = threadIdx.x; vi < nv; vi += kThreads) {
     float xv[V], gv[V];
@@ -257,7 +237,7 @@ __device__ __forceinline__ void stage_norm(const GemvOp<T>& op, StackShared<T, D
     Vec<T>::load(op.gamma + vi * V, gv);
 #pragma unroll
     for (int e = 0; e < V; ++e) xv[e] = (xv[e] * rs) * gv[e];
-    Vec<T>::store(sm.xs + vi * V, xv);
+    Vec<T>::store(xs + vi * V, xv);
   }
   __syncthreads();
 }
@@ -268,8 +248,8 @@ __device__ __forceinline__ void gemv_phase_wpc(uint4 (&raw)[2][kU], const GemvOp
                                                int warp, int lane) {
   constexpr int V = Vec<T>::N;
   constexpr bool kNorm = OUT != Out::Plain;  // the QKV and fc1 phases read RMSNorm's output
-  if constexpr (kNorm) stage_norm(op, sm, lane);
-  const T* x = kNorm ? sm.xs : op.x;
+  stage_x<T, kNorm>(op, sm, lane);
+  const T* x = stage_row(sm);
   const int64_t cols = op.N / R, chunks = op.K / V, step = static_cast<int64_t>(WPC) * 32 * kU;
   const int part = warp % WPC;
   const int64_t n0 = first_item<WPC>(warp), stride = item_stride<WPC>();
@@ -292,10 +272,7 @@ __device__ __forceinline__ void gemv_phase_wpc(uint4 (&raw)[2][kU], const GemvOp
         float wf[R][V], xv[V];
 #pragma unroll
         for (int r = 0; r < R; ++r) Vec<T>::unpack(raw[r][u], wf[r]);
-        if constexpr (kNorm)
-          Vec<T>::load(x + c * V, xv);
-        else
-          Vec<T>::unpack(__ldcg(reinterpret_cast<const uint4*>(x + c * V)), xv);
+        Vec<T>::load(x + c * V, xv);
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -343,7 +320,8 @@ template <typename T, int LPK, bool PREFETCH>
 __device__ __forceinline__ void attention_items(const GqaArgs<T>& a, StackShared<T, LPK * 8>& sm) {
   const int team = static_cast<int>(threadIdx.x) / (kGqaWarps * 32), tid = static_cast<int>(threadIdx.x) % (kGqaWarps * 32);
   const int64_t items = a.G * a.splits;
-  for (int64_t it = static_cast<int64_t>(blockIdx.x) * kTeams + team; it < items;
+  // Team-major: the first gridDim.x items on different SMs.
+  for (int64_t it = static_cast<int64_t>(team) * gridDim.x + blockIdx.x; it < items;
        it += static_cast<int64_t>(gridDim.x) * kTeams) {
     const int64_t g = it / a.splits;
     const int split = static_cast<int>(it % a.splits);
@@ -371,7 +349,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
                        static_cast<int>(a.G), static_cast<int>(qpg), static_cast<int>(D), a.slots, a.L};
     return GemvOp<T>{L.w_qkv, L.b_qkv, a.G * (qpg + 2) * D, a.hidden, x, L.in_norm, L.in_eps, nullptr, nullptr, o};
   };
-  const int64_t pf = a.l2_prefetch_bytes;
   uint4 raw[2][kU];
   preload<T, Out::Qkv, 2>(raw, qkv_op(0, a.x_in), warp, lane);
   for (int l = 0; l < a.layers; ++l) {
@@ -385,7 +362,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
                         a.splits, a.per_split, a.scale, a.arrivals};
     const GemvOp<T> proj{L.w_proj, nullptr, a.hidden, a.Hq * D, a.attn, nullptr, 0.f, xin, a.x, {}};
     attention_items<T, LPK, true>(ga, sm);
-    prefetch_later<T, Out::Plain, 1>(proj, warp, lane, pf, true);  // its first items too: no registers across the attention
     bar.sync(b + 1);
     attention_items<T, LPK, false>(ga, sm);
 
@@ -395,20 +371,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
 
     const GemvOp<T> fc1{L.w_fc1, L.b_fc1, 2 * a.F, a.hidden, a.x, L.mlp_norm, L.mlp_eps, nullptr, a.h, {}};
     preload<T, Out::SwiGlu, 2>(raw, fc1, warp, lane);
-    prefetch_later<T, Out::SwiGlu, 2>(fc1, warp, lane, pf);
     bar.sync(b + 3);
     gemv_phase<T, Out::SwiGlu, 2>(raw, fc1, sm, warp, lane);
 
     const GemvOp<T> fc2{L.w_fc2, nullptr, a.hidden, a.F, a.h, nullptr, 0.f, a.x, a.x, {}};
     preload<T, Out::Plain, 1>(raw, fc2, warp, lane);
-    prefetch_later<T, Out::Plain, 1>(fc2, warp, lane, pf);
     bar.sync(b + 4);
     if (l + 1 == a.layers) allow_dependent_launch();  // the output layer may start its weight loads
     gemv_phase<T, Out::Plain, 1>(raw, fc2, sm, warp, lane);
     if (l + 1 < a.layers) {
-      const GemvOp<T> next = qkv_op(l + 1, a.x);
-      preload<T, Out::Qkv, 2>(raw, next, warp, lane);
-      prefetch_later<T, Out::Qkv, 2>(next, warp, lane, pf);
+      preload<T, Out::Qkv, 2>(raw, qkv_op(l + 1, a.x), warp, lane);
     }
   }
   // Every block is past its last barrier once it counts itself out: the last one out zeroes both
@@ -422,23 +394,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
   }
 }
 
+int64_t x_elems(const DecodeStack& s) { return std::max({s.hidden, s.F, s.Hq * s.D}); }
+
 // Resident blocks per SM for the kernel with this shared memory (0: it cannot run).
 template <typename T, int LPK>
 int blocks_per_sm(size_t smem) {
-  static const int n = [smem] {
-    MT_CUDA_CHECK(cudaFuncSetAttribute(decode_stack_kernel<T, LPK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)));
-    int b = 0;
-    MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, decode_stack_kernel<T, LPK>, kThreads, smem));
-    return b;
-  }();
-  return n;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(decode_stack_kernel<T, LPK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(smem)));
+  int b = 0;
+  MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, decode_stack_kernel<T, LPK>, kThreads, smem));
+  return b;
 }
 
-// The measurement switches (issue #22's A/B runs): MT_DECODE_STACK_L2_MB (the L2 prefetch budget
-// per phase, MB; 0: none), MT_DECODE_STACK_TIMES=1 (phase timers, decode_stack_phase_ns).
+// The measurement switch (issue #22's A/B runs): MT_DECODE_STACK_TIMES=1, phase timers
+// (decode_stack_phase_ns).
 struct Tuning {
-  int64_t l2_bytes = 0;
   unsigned long long* times = nullptr;
 };
 constexpr int kTimeSlots = 2 * (5 * kMaxLayers + 1);
@@ -446,7 +416,6 @@ constexpr int kTimeSlots = 2 * (5 * kMaxLayers + 1);
 const Tuning& tuning() {
   static const Tuning t = [] {
     Tuning r;
-    if (const char* e = std::getenv("MT_DECODE_STACK_L2_MB")) r.l2_bytes = std::atoll(e) << 20;
     const char* tm = std::getenv("MT_DECODE_STACK_TIMES");
     if (tm && std::strcmp(tm, "1") == 0) {
       MT_CUDA_CHECK(cudaMalloc(&r.times, kTimeSlots * sizeof(unsigned long long)));
@@ -459,7 +428,7 @@ const Tuning& tuning() {
 
 template <typename T, int LPK>
 bool launch_stack(const DecodeStack& s, cudaStream_t st) {
-  const size_t smem = sizeof(StackShared<T, LPK * 8>);
+  const size_t smem = sizeof(StackShared<T, LPK * 8>) + x_elems(s) * sizeof(T);
   if (blocks_per_sm<T, LPK>(smem) < 1) return false;
   int* counters = arrival_counters(ArrivalUser::DecodeStack, s.G + 2, st);
   if (!counters) return false;
@@ -480,7 +449,6 @@ bool launch_stack(const DecodeStack& s, cudaStream_t st) {
   a.per_split = s.per_split;
   a.scale = s.scale;
   const Tuning& tu = tuning();
-  a.l2_prefetch_bytes = tu.l2_bytes;
   a.times = tu.times;
   const int64_t layers = static_cast<int64_t>(s.layers.size());
   for (int64_t l0 = 0; l0 < layers; l0 += kMaxLayers) {
@@ -516,7 +484,7 @@ bool decode_stack_applies(const DecodeStack& s) {
   const int64_t V = 8;  // elements per 16-byte chunk, both half types
   const bool shapes = (s.D == 64 || s.D == 128) && s.G >= 1 && s.Hq % s.G == 0 && s.Hq / s.G <= kQmax &&
                       s.hidden % V == 0 && s.hidden <= kNormMaxK && s.F % V == 0 && (s.Hq * s.D) % V == 0 &&
-                      !s.layers.empty() && s.G + 2 <= 1 << 16;
+                      !s.layers.empty() && s.G + 2 <= 1 << 16 && x_elems(s) <= 64 * 1024;
   if (!shapes || !aligned16(s.x_in) || !aligned16(s.x) || !aligned16(s.q) || !aligned16(s.attn) || !aligned16(s.h))
     return false;
   for (const DecodeStackLayer& L : s.layers)
