@@ -242,6 +242,23 @@ __device__ __forceinline__ void stage_x(const GemvOp<T>& op, StackShared<T, D>& 
   __syncthreads();
 }
 
+// A work item's outputs (gemv_warp.cuh's store_item). Plain phases take columns in pairs (n,
+// n + N/2): two rows' loads in flight per warp, as SwiGLU's and QKV's, each column summed exactly
+// as alone (the same fmaf chain, the same butterfly), stored on its own.
+template <typename T, Out OUT, int R>
+__device__ __forceinline__ void store_columns(const float (&sum)[R][1], int64_t n, const int64_t (&col)[R],
+                                              const GemvOp<T>& op, int lane) {
+  if constexpr (OUT == Out::Plain) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float one[1][1] = {{sum[r][0]}};
+      store_item<T, 1, Out::Plain, 1>(one, col[r], col[r], op.N, op.N, op.b, op.residual, op.y, op.qkv, 1, lane);
+    }
+  } else {
+    store_item<T, 1, OUT, R>(sum, n, col[0], op.N / R, op.N, op.b, op.residual, op.y, op.qkv, 1, lane);
+  }
+}
+
 // A phase's GEMV (gemv.cu's gemv_kernel for one row, item by item), its first round in raw.
 template <typename T, Out OUT, int R, int WPC, int D>
 __device__ __forceinline__ void gemv_phase_wpc(uint4 (&raw)[2][kU], const GemvOp<T>& op, StackShared<T, D>& sm,
@@ -297,11 +314,11 @@ __device__ __forceinline__ void gemv_phase_wpc(uint4 (&raw)[2][kU], const GemvOp
           for (int j = 1; j < WPC; ++j) s += sm.red[warp + j][r];
           sum[r][0] = s;
         }
-        store_item<T, 1, OUT, R>(sum, n, col[0], cols, op.N, op.b, op.residual, op.y, op.qkv, 1, lane);
+        store_columns<T, OUT, R>(sum, n, col, op, lane);
       }
       __syncthreads();
     } else if (live) {
-      store_item<T, 1, OUT, R>(sum, n, col[0], cols, op.N, op.b, op.residual, op.y, op.qkv, 1, lane);
+      store_columns<T, OUT, R>(sum, n, col, op, lane);
     }
   }
 }
@@ -365,9 +382,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
     bar.sync(b + 1);
     attention_items<T, LPK, false>(ga, sm);
 
-    preload<T, Out::Plain, 1>(raw, proj, warp, lane);
+    preload<T, Out::Plain, 2>(raw, proj, warp, lane);
     bar.sync(b + 2);
-    gemv_phase<T, Out::Plain, 1>(raw, proj, sm, warp, lane);
+    gemv_phase<T, Out::Plain, 2>(raw, proj, sm, warp, lane);
 
     const GemvOp<T> fc1{L.w_fc1, L.b_fc1, 2 * a.F, a.hidden, a.x, L.mlp_norm, L.mlp_eps, nullptr, a.h, {}};
     preload<T, Out::SwiGlu, 2>(raw, fc1, warp, lane);
@@ -375,10 +392,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
     gemv_phase<T, Out::SwiGlu, 2>(raw, fc1, sm, warp, lane);
 
     const GemvOp<T> fc2{L.w_fc2, nullptr, a.hidden, a.F, a.h, nullptr, 0.f, a.x, a.x, {}};
-    preload<T, Out::Plain, 1>(raw, fc2, warp, lane);
+    preload<T, Out::Plain, 2>(raw, fc2, warp, lane);
     bar.sync(b + 4);
     if (l + 1 == a.layers) allow_dependent_launch();  // the output layer may start its weight loads
-    gemv_phase<T, Out::Plain, 1>(raw, fc2, sm, warp, lane);
+    gemv_phase<T, Out::Plain, 2>(raw, fc2, sm, warp, lane);
     if (l + 1 < a.layers) {
       preload<T, Out::Qkv, 2>(raw, qkv_op(l + 1, a.x), warp, lane);
     }
