@@ -20,7 +20,7 @@
 // "default-fusions" (MT_DECODE_FUSIONS=0: the decode kernels without the norm/SwiGLU/KV-write
 // fusions), "default+gemv-base" (MT_GEMV_KERNEL=base: session 16's first GEMV kernel) and
 // "default-arena" (MT_DECODE_ARENA=0: the graphs' temporaries from the pool, as memory nodes),
-// "default-stack" (MT_DECODE_STACK=0: the layers one kernel each, not the whole-stack kernel);
+// "default+stack" (MT_DECODE_STACK=1: the whole-stack kernel, one kernel for every layer);
 // each variant's generated tokens are compared with the default run's ("same_tokens": greedy
 // ties on a random model may break differently under another summation order).
 #include <cuda_runtime_api.h>
@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
     const char* path;  // "default": the engine's defaults; else the variant's name
     std::vector<std::string> env;
   };
-  const std::vector<Mode> variants{{true, true, "default-stack", {"MT_DECODE_STACK=0"}},
+  const std::vector<Mode> variants{{true, true, "default+stack", {"MT_DECODE_STACK=1"}},
                                    {true, true, "general", {"MT_DECODE_FUSED=0"}},
                                    {true, true, "default-fusions", {"MT_DECODE_FUSIONS=0"}},
                                    {true, true, "default+gemv-base", {"MT_GEMV_KERNEL=base"}},

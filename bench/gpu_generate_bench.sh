@@ -11,8 +11,8 @@
 #                   the Wide GEMV), "general" (MT_DECODE_FUSED=0), "default-fusions"
 #                   (MT_DECODE_FUSIONS=0), "default+gemv-base" (MT_GEMV_KERNEL=base) and
 #                   "default-arena" (the graph's temporaries as the pool's memory nodes,
-#                   MT_DECODE_ARENA=0), "default-stack" (the layers a kernel each, not the
-#                   whole-stack kernel, MT_DECODE_STACK=0), each variant with "same_tokens" (its greedy ids equal the
+#                   MT_DECODE_ARENA=0), "default+stack" (the opt-in whole-stack kernel,
+#                   one kernel for every layer, MT_DECODE_STACK=1), each variant with "same_tokens" (its greedy ids equal the
 #                   default run's)
 #   decode_batch64  generated tokens/s with 64 requests at once
 #   ttft_2048       ms to the first token of a 2,048-token prompt

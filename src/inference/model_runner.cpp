@@ -48,8 +48,10 @@ ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, boo
   fusions_ = decode_kernels_ && small_rows_gemv && device_ == Device::CUDA && !off("MT_DECODE_FUSIONS");
   // The whole-stack decode kernel (ops::decode_layer_stack, kernels/cuda/decode_stack.cu): one
   // kernel for every layer of a batch-1 decode step, the same bits as the fused layers one by
-  // one; MT_DECODE_STACK=0 runs those (A/B runs).
-  stack_ = fusions_ && !off("MT_DECODE_STACK");
+  // one. Opt-in (MT_DECODE_STACK=1): on an H200 at llama-1.5b's shape it measured 1.09-1.10 ms of
+  // GPU time per token against the layers' 0.96 (session 18; docs/decode_batch1_accounting.md).
+  const char* st = std::getenv("MT_DECODE_STACK");
+  stack_ = fusions_ && st && std::strcmp(st, "1") == 0;
   // MT_GEMV_KERNEL=wide|base: the GEMV kernel (kernels/device.h, InferenceGemv), for A/B runs.
   if (const char* k = std::getenv("MT_GEMV_KERNEL"); k && *k) {
     if (std::strcmp(k, "base") == 0) gemv_kernel_ = ops::InferenceGemv::Kernel::Base;

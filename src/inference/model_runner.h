@@ -66,7 +66,7 @@ class ModelRunner {
   // decode kernels on the GPU's GEMV, unless MT_DECODE_FUSIONS=0 at construction.
   bool decode_fusions() const { return fusions_; }
   // The whole-stack decode kernel (ops::decode_layer_stack) for batch-1 decode steps of
-  // Llama-family stacks: with the decode fusions, unless MT_DECODE_STACK=0 at construction.
+  // Llama-family stacks: with the decode fusions, where MT_DECODE_STACK=1 at construction.
   bool decode_stack() const { return stack_; }
   int64_t graph_replays() const { return replays_; }
   // Benches (issue #22): the decode graph of `rows` rows replayed `n` times back to back, with no

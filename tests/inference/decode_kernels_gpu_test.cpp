@@ -189,7 +189,7 @@ TEST(DecodeKernelsGpu, EngineTokensEqualWithEachOptInSwitch) {
 }
 
 // The decode fusions (norm -> GEMV, GEMV -> SwiGLU, the QKV split into the cache; MT_DECODE_FUSIONS=0
-// turns them off), the whole-stack decode kernel (MT_DECODE_STACK=0 turns it off) and the two
+// turns them off), the opt-in whole-stack decode kernel (MT_DECODE_STACK=1) and the two
 // GEMV kernels (MT_GEMV_KERNEL=base|wide): the same greedy tokens, on
 // the tiny family models (the fusions where their layers allow: no qk-norm split fusion for
 // qwen3, no norm fusion for gpt2's LayerNorm) and on a llama of head dim 64, where the split's

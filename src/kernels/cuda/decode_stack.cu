@@ -99,8 +99,7 @@ struct StackArgs {
   int64_t hidden, F, Hq, G, D, slots, L, per_split;
   int splits;
   float scale;
-  unsigned long long* times;
-  int64_t l2_items_fc1;  // MT_DECODE_STACK_L2_MB: proj, and fc1's first items, into L2 during the attention (-1: off)  // or null: per barrier, the last block's arrival and block 0's leave (ns)
+  unsigned long long* times;  // or null: per barrier, the last block's arrival and block 0's leave (ns)
 };
 
 // The block's shared memory: this struct, then the phase's input row xs (x_elems(): the longest of
@@ -136,7 +135,6 @@ __device__ __forceinline__ unsigned long long global_ns() {
 struct GridBarrier {
   int* count;
   unsigned long long* times;
-  int64_t l2_items_fc1;  // MT_DECODE_STACK_L2_MB: proj, and fc1's first items, into L2 during the attention (-1: off)
   int target = 0;
   __device__ void sync(int b) {
     target += static_cast<int>(gridDim.x);
@@ -218,21 +216,6 @@ __device__ __forceinline__ void preload(uint4 (&raw)[2][kU], const GemvOp<T>& op
     preload_wpc<T, OUT, R, kSplitWarps>(raw, op, warp, lane);
   else
     preload_wpc<T, OUT, R, 1>(raw, op, warp, lane);
-}
-
-// Items [0, items) of a phase into L2, 128-byte lines spread over the whole grid: issued while the
-// attention runs (it reads only the cache, ~1 MB a layer, and lasts ~10 us: the DRAM would idle).
-template <typename T, Out OUT, int R>
-__device__ __forceinline__ void prefetch_items_l2(const GemvOp<T>& op, int64_t items) {
-  const int64_t lines_per_row = op.K * static_cast<int64_t>(sizeof(T)) / 128, per_item = R * lines_per_row;
-  const int64_t total = min(items, op.N / R) * per_item;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t n = i / per_item, r = (i % per_item) / lines_per_row, line = i % lines_per_row;
-    int64_t col[R];
-    item_rows<OUT, R>(n, op.N / R, op.qkv, col);
-    prefetch_l2(reinterpret_cast<const char*>(op.w + col[r] * op.K) + line * 128);
-  }
 }
 
 // x [K] into the block's row, normalised where NORM as gemv.cu's norm fusion (and rmsnorm_forward)
@@ -396,11 +379,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
                         a.splits, a.per_split, a.scale, a.arrivals};
     const GemvOp<T> proj{L.w_proj, nullptr, a.hidden, a.Hq * D, a.attn, nullptr, 0.f, xin, a.x, {}};
     attention_items<T, LPK, true>(ga, sm);
-    const GemvOp<T> fc1{L.w_fc1, L.b_fc1, 2 * a.F, a.hidden, a.x, L.mlp_norm, L.mlp_eps, nullptr, a.h, {}};
-    if (a.l2_items_fc1 >= 0) {
-      prefetch_items_l2<T, Out::Plain, 2>(proj, proj.N);
-      prefetch_items_l2<T, Out::SwiGlu, 2>(fc1, a.l2_items_fc1);
-    }
     bar.sync(b + 1);
     attention_items<T, LPK, false>(ga, sm);
 
@@ -408,6 +386,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
     bar.sync(b + 2);
     gemv_phase<T, Out::Plain, 2>(raw, proj, sm, warp, lane);
 
+    const GemvOp<T> fc1{L.w_fc1, L.b_fc1, 2 * a.F, a.hidden, a.x, L.mlp_norm, L.mlp_eps, nullptr, a.h, {}};
     preload<T, Out::SwiGlu, 2>(raw, fc1, warp, lane);
     bar.sync(b + 3);
     gemv_phase<T, Out::SwiGlu, 2>(raw, fc1, sm, warp, lane);
@@ -448,14 +427,12 @@ int blocks_per_sm(size_t smem) {
 // (decode_stack_phase_ns).
 struct Tuning {
   unsigned long long* times = nullptr;
-  int64_t l2_mb = -1;
 };
 constexpr int kTimeSlots = 2 * (5 * kMaxLayers + 1);
 
 const Tuning& tuning() {
   static const Tuning t = [] {
     Tuning r;
-    if (const char* e = std::getenv("MT_DECODE_STACK_L2_MB")) r.l2_mb = std::atoll(e);
     const char* tm = std::getenv("MT_DECODE_STACK_TIMES");
     if (tm && std::strcmp(tm, "1") == 0) {
       MT_CUDA_CHECK(cudaMalloc(&r.times, kTimeSlots * sizeof(unsigned long long)));
@@ -490,7 +467,6 @@ bool launch_stack(const DecodeStack& s, cudaStream_t st) {
   a.scale = s.scale;
   const Tuning& tu = tuning();
   a.times = tu.times;
-  a.l2_items_fc1 = tu.l2_mb < 0 ? -1 : (tu.l2_mb << 20) / (2 * s.hidden * static_cast<int64_t>(sizeof(T)));
   const int64_t layers = static_cast<int64_t>(s.layers.size());
   for (int64_t l0 = 0; l0 < layers; l0 += kMaxLayers) {
     a.layers = static_cast<int>(std::min<int64_t>(kMaxLayers, layers - l0));
