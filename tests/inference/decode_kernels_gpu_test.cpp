@@ -223,6 +223,7 @@ TEST(DecodeKernelsGpu, EngineTokensEqualWithAndWithoutTheDecodeFusions) {
     unsetenv("MT_DECODE_FUSIONS");
     inference::ModelRunner dflt(m, 1, 32, true);
     EXPECT_TRUE(dflt.decode_fusions());  // on by default with the decode kernels
+    EXPECT_FALSE(dflt.decode_stack());   // opt-in (MT_DECODE_STACK=1)
     setenv("MT_DECODE_FUSED", "0", 1);
     inference::ModelRunner general(m, 1, 32, true);
     unsetenv("MT_DECODE_FUSED");

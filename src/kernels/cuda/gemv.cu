@@ -107,49 +107,20 @@ __global__ void __launch_bounds__(kWarps * 32)
             prefetch_l2(wr[r] + cb * V + l * (128 / static_cast<int>(sizeof(TI))));
   }
   load_round<TI, R>(raw, wr, c0, chunks, live, lane);
-  // NORM: this thread's share of gamma (a weight) into registers before the wait too.
-  constexpr int kNormVecs = NORM ? kNormMaxK / V / (kWarps * 32) : 1;  // 16-byte vectors per thread
-  uint4 gr[kNormVecs];
-  if constexpr (NORM) {
-#pragma unroll
-    for (int j = 0; j < kNormVecs; ++j) {
-      const int64_t vi = threadIdx.x + j * kWarps * 32;
-      gr[j] = vi < K / V ? __ldg(reinterpret_cast<const uint4*>(gamma + vi * V)) : make_uint4(0, 0, 0, 0);
-    }
-  }
   wait_for_previous_grid();  // x, b and residual come from the kernels before
   if constexpr (NORM) {
-    // x's rows into shared memory in one round of loads (then every warp finds rstd there in
-    // norms.cu's order, and the block writes the normalised rows in place, as rmsnorm_forward
-    // would have stored them): one L2 round trip after the wait, where reading x per warp from
-    // L2 for rstd and again for the normalisation took three or four.
 #pragma unroll
     for (int m = 0; m < MR; ++m) {
       if (m >= M) break;
-#pragma unroll
-      for (int j = 0; j < kNormVecs; ++j) {
-        const int64_t vi = threadIdx.x + j * kWarps * 32;
-        if (vi < K / V)
-          *reinterpret_cast<uint4*>(xs + m * K + vi * V) = *reinterpret_cast<const uint4*>(x + m * K + vi * V);
-      }
-    }
-    __syncthreads();
-    float rs[MR];
-#pragma unroll
-    for (int m = 0; m < MR; ++m) rs[m] = m < M ? row_rstd(xs + m * K, K, eps, lane) : 0.f;
-    __syncthreads();  // every warp has read the raw rows
-#pragma unroll
-    for (int m = 0; m < MR; ++m) {
-      if (m >= M) break;
-#pragma unroll
-      for (int j = 0; j < kNormVecs; ++j) {
-        const int64_t vi = threadIdx.x + j * kWarps * 32;
-        if (vi >= K / V) continue;
+      // Every warp finds rstd in norms.cu's order (a few KB from L1/L2), then the block writes x's
+      // normalised rows, as rmsnorm_forward would have stored them.
+      const float rs = row_rstd(x + m * K, K, eps, lane);
+      for (int64_t vi = threadIdx.x; vi < K / V; vi += kWarps * 32) {
         float xv[V], gv[V];
-        Vec<TI>::load(xs + m * K + vi * V, xv);
-        Vec<TI>::unpack(gr[j], gv);
+        Vec<TI>::load(x + m * K + vi * V, xv);
+        Vec<TI>::load(gamma + vi * V, gv);
 #pragma unroll
-        for (int e = 0; e < V; ++e) xv[e] = (xv[e] * rs[m]) * gv[e];
+        for (int e = 0; e < V; ++e) xv[e] = (xv[e] * rs) * gv[e];
         Vec<TI>::store(xs + m * K + vi * V, xv);
       }
     }
