@@ -1,6 +1,7 @@
 // ops::decode_layer_stack on the GPU (issue #22): the whole-stack decode kernel
 // (kernels/cuda/decode_stack.cu) against the ops it fuses run one by one on the decode kernels
-// (fused_qkv_forward, cached_attention, linear_forward_residual, fused_linear_forward): the same
+// (fused_qkv_forward, cached_attention, linear_forward_residual, fused_linear_forward; the op's
+// own composition, with the decode fusions' scope off so that the kernel stays out): the same
 // output and the same KV cache contents, bit for bit; and within 3% of the largest output of the
 // CPU's fp32 composition. Shapes cover both GEMV shapes of a column (fc2 rows of one round, and
 // longer ones split over 4 warps), head dims 64 and 128, 1-4 query heads per group, biases on
@@ -109,18 +110,15 @@ Stack to_gpu(const Stack& h, DType dt) {
   return g;
 }
 
-// The layers one by one, as inference::ModelRunner runs them without the stack.
+// The layers one by one, as inference::ModelRunner runs them without the stack: the op itself
+// with the decode fusions off, which leaves it to its composition (fused_qkv_forward,
+// cached_attention with the merge kernel, which gives the fused merge's bits, the GEMVs).
 Tensor layer_by_layer(const Tensor& x, const ops::DecodeStackRef& s) {
-  Tensor h = x;
-  for (const ops::DecodeLayerRef& L : s.layers) {
-    const Tensor q = ops::fused_qkv_forward(h, *L.qkv_w, L.qkv_b, {L.input_norm, L.input_eps}, *L.k_cache, *L.v_cache,
-                                            *s.slot, *s.pos, s.G, s.qpg, s.D, s.rope);
-    const Tensor core = ops::cached_attention(q, *L.k_cache, *L.v_cache, *s.slot, *s.pos, s.scale);
-    const Tensor a = ops::linear_forward_residual(core, *L.proj_w, nullptr, h);
-    const Tensor f = ops::fused_linear_forward(a, *L.fc1_w, L.fc1_b, {L.mlp_norm, L.mlp_eps, true});
-    h = ops::linear_forward_residual(f, *L.fc2_w, nullptr, a);
-  }
-  return h;
+  const ops::DecodeKernels unfused(true, false);
+  const int64_t before = stack_launches();
+  Tensor y = ops::decode_layer_stack(x, s);
+  EXPECT_EQ(stack_launches(), before) << "the reference ran the whole-stack kernel";
+  return y;
 }
 
 bool same_bytes(const Tensor& a, const Tensor& b) {

@@ -478,18 +478,8 @@ bool launch_stack(const DecodeStack& s, cudaStream_t st) {
                     static_cast<const T*>(L.b_fc1),   static_cast<const T*>(L.w_fc2),   static_cast<T*>(L.k_cache),
                     static_cast<T*>(L.v_cache),       L.in_eps,                          L.mlp_eps};
     }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(sm_count()));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeCooperative;
-    attr[0].val.cooperative = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_stack_kernel<T, LPK>, a));
-    MT_CUDA_LAUNCH_CHECK();
+    launch_cooperative(decode_stack_kernel<T, LPK>, dim3(static_cast<unsigned>(sm_count())), dim3(kThreads), smem, st,
+                       a);
     launches.fetch_add(1, std::memory_order_relaxed);
   }
   return true;

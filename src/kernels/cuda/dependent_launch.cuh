@@ -35,20 +35,38 @@ inline bool dependent_launch_supported() {
   return on;
 }
 
-// kernel<<<grid, block, 0, s>>>(args...) as a programmatic dependent of the stream's last kernel.
+// kernel<<<grid, block, smem, s>>>(args...) with one launch attribute (none where `on` is false).
 template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t s, Args&&... args) {
+void launch_with(cudaLaunchAttribute attr, bool on, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                 cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = dependent_launch_supported() ? 1 : 0;
+  cfg.attrs = &attr;
+  cfg.numAttrs = on ? 1 : 0;
   MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
   MT_CUDA_LAUNCH_CHECK();
+}
+
+// kernel<<<grid, block, 0, s>>>(args...) as a programmatic dependent of the stream's last kernel.
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t s, Args&&... args) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  launch_with(attr, dependent_launch_supported(), kernel, grid, block, 0, s, std::forward<Args>(args)...);
+}
+
+// A cooperative launch: refused unless every block can be resident at once (a grid barrier's need).
+template <typename... Params, typename... Args>
+void launch_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                        Args&&... args) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  launch_with(attr, true, kernel, grid, block, smem, s, std::forward<Args>(args)...);
 }
 
 // Counters for kernels whose last block to finish does a final step (a split merge, the last
