@@ -50,8 +50,10 @@ ModelRunner::ModelRunner(model::GPTModel& m, int64_t slots, int64_t max_len, boo
   // kernel for every layer of a batch-1 decode step, the same bits as the fused layers one by
   // one. Opt-in (MT_DECODE_STACK=1): on an H200 at llama-1.5b's shape it measured 1.09-1.10 ms of
   // GPU time per token against the layers' 0.96 (session 18; docs/decode_batch1_accounting.md).
+  // On the CPU the op is the ops it fuses, one by one: the same logits, and CI's check of how the
+  // runner hands the layers to it (DecodeStack.CpuRunnerGivesTheLayersLogits).
   const char* st = std::getenv("MT_DECODE_STACK");
-  stack_ = fusions_ && st && std::strcmp(st, "1") == 0;
+  stack_ = (fusions_ || device_ == Device::CPU) && st && std::strcmp(st, "1") == 0;
   // MT_GEMV_KERNEL=wide|base: the GEMV kernel (kernels/device.h, InferenceGemv), for A/B runs.
   if (const char* k = std::getenv("MT_GEMV_KERNEL"); k && *k) {
     if (std::strcmp(k, "base") == 0) gemv_kernel_ = ops::InferenceGemv::Kernel::Base;
@@ -187,10 +189,14 @@ Tensor ModelRunner::stack_forward(const Tensor& x, const Inputs& in) {
   if (!stack_ || in.fresh_prompt || x.dim(0) != 1 || c.qk_layernorm || !c.swiglu) return Tensor();
   // What layer_forward would run: the QKV fusion into the cache, the residual inside proj's and
   // fc2's GEMVs, the pre-MLP norm and SwiGLU inside fc1's.
+  // The plain product (no TP split, no FP8), and on the GPU the GEMV with its fusions.
+  auto fits = [&](const model::Linear& l) {
+    return l.mode == model::ParallelMode::None && !l.fp8.on() && (device_ == Device::CPU || fusable(l, in));
+  };
   for (const model::TransformerLayer& L : m_.layers())
     if (L.is_moe || !L.input_norm.rms || !L.pre_mlp_norm.rms || !L.attn.proj.fuses_residual() ||
-        !L.mlp.fc2.fuses_residual() || !fusable(L.attn.qkv, in) || !fusable(L.attn.proj, in) ||
-        !fusable(L.mlp.fc1, in) || !fusable(L.mlp.fc2, in))
+        !L.mlp.fc2.fuses_residual() || !fits(L.attn.qkv) || !fits(L.attn.proj) || !fits(L.mlp.fc1) ||
+        !fits(L.mlp.fc2))
       return Tensor();
   const int64_t D = c.kv_channels;
   std::vector<Tensor> scales;  // the norms' scales, alive for the call
@@ -222,6 +228,7 @@ Tensor ModelRunner::stack_forward(const Tensor& x, const Inputs& in) {
     r.v_cache = &v_cache_[li];
     s.layers.push_back(r);
   }
+  ++stack_steps_;
   return ops::decode_layer_stack(x, s);
 }
 

@@ -66,8 +66,10 @@ class ModelRunner {
   // decode kernels on the GPU's GEMV, unless MT_DECODE_FUSIONS=0 at construction.
   bool decode_fusions() const { return fusions_; }
   // The whole-stack decode kernel (ops::decode_layer_stack) for batch-1 decode steps of
-  // Llama-family stacks: with the decode fusions, where MT_DECODE_STACK=1 at construction.
+  // Llama-family stacks: where MT_DECODE_STACK=1 at construction, on the GPU with the decode
+  // fusions (on the CPU the op runs the layers' ops one by one: the same logits).
   bool decode_stack() const { return stack_; }
+  int64_t decode_stack_steps() const { return stack_steps_; }  // passes that went through it
   int64_t graph_replays() const { return replays_; }
   // Benches (issue #22): the decode graph of `rows` rows replayed `n` times back to back, with no
   // host work between, timed by compute-stream events: the GPU seconds of one replay, to set
@@ -117,6 +119,7 @@ class ModelRunner {
   bool arena_ = true;            // the decode graphs' temporaries in a DeviceArena (unless MT_DECODE_ARENA=0)
   bool fusions_ = false;         // decode_fusions()
   bool stack_ = false;           // decode_stack()
+  int64_t stack_steps_ = 0;
   ops::InferenceGemv::Kernel gemv_kernel_ = ops::InferenceGemv::Kernel::Wide;  // MT_GEMV_KERNEL
   int64_t replays_ = 0;
   std::map<int64_t, std::unique_ptr<Graph>> graphs_;  // per row count

@@ -98,13 +98,7 @@ TEST(InferenceGpu, RunnerLogitsCloseToTheCpu) {
     const int64_t V = p.cpu.config().orig_vocab_size;
     inference::ModelRunner rc(p.cpu, 2, 32), rg(p.gpu_model, 2, 32);
     const std::vector<int32_t> ids = make_prompt(12, 8, V);
-    inference::StepBatch sb;
-    for (int32_t i = 0; i < 12; ++i) {
-      sb.tokens.push_back(ids[static_cast<size_t>(i)]);
-      sb.slots.push_back(1);
-      sb.positions.push_back(i);
-    }
-    sb.logit_rows = {3, 11};
+    const inference::StepBatch sb = prompt_pass(ids, 1, 0, 12, {3, 11});
     const Tensor a = rc.forward(sb), b = rg.forward(sb);
     double scale = 0;
     for (int64_t i = 0; i < a.numel(); ++i) scale = std::max(scale, static_cast<double>(std::fabs(a.data<float>()[i])));

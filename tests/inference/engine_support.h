@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "inference/engine.h"
+#include "inference/model_runner.h"
 #include "model/gpt_model.h"
 #include "support/tiny_models.h"
 
@@ -47,6 +48,20 @@ inline std::vector<int32_t> make_prompt(int64_t n, uint32_t seed, int64_t V) {
     p.push_back(static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(V)));
   }
   return p;
+}
+
+// One pass of a prompt's tokens ids[b, e) into `slot` at their positions, with the given logit rows
+// (indices into the pass).
+inline inference::StepBatch prompt_pass(const std::vector<int32_t>& ids, int32_t slot, int32_t b, int32_t e,
+                                        std::vector<int32_t> logit_rows) {
+  inference::StepBatch sb;
+  for (int32_t i = b; i < e; ++i) {
+    sb.tokens.push_back(ids[static_cast<size_t>(i)]);
+    sb.slots.push_back(slot);
+    sb.positions.push_back(i);
+  }
+  sb.logit_rows = std::move(logit_rows);
+  return sb;
 }
 
 // Greedy continuation by full recomputation: argmax of the last row of m.logits(ids) per step.

@@ -27,6 +27,45 @@ Request greedy(std::vector<int32_t> prompt, int64_t n) {
   return r;
 }
 
+// MT_DECODE_STACK=1 on the CPU: the runner hands every batch-1 decode step's layers to
+// ops::decode_layer_stack, which runs their ops one by one: the same logits as the layers run by the
+// runner itself, for Llama (RoPE, GQA, SwiGLU, RMSNorm) with and without a QKV bias. Families the
+// op does not take (GPT-2's LayerNorm, Qwen3's qk-norm, MoE) never reach it. The GPU kernel is
+// checked against this op in DecodeStackGpu.
+TEST(DecodeStack, CpuRunnerGivesTheLayersLogits) {
+  for (const std::string& f : {std::string("llama"), std::string("llama-qkv-bias"), std::string("gpt2"),
+                               std::string("qwen3"), std::string("moe")}) {
+    model::TransformerConfig c = family_config(f == "llama-qkv-bias" ? "llama" : f);
+    if (f == "llama-qkv-bias") c.add_qkv_bias = true;
+    model::GPTModel m(c);
+    const int64_t V = c.orig_vocab_size;
+    setenv("MT_DECODE_STACK", "1", 1);
+    inference::ModelRunner stacked(m, 2, 32);
+    unsetenv("MT_DECODE_STACK");
+    inference::ModelRunner layers(m, 2, 32);
+    EXPECT_TRUE(stacked.decode_stack()) << f;
+    EXPECT_FALSE(layers.decode_stack()) << f;
+    const std::vector<int32_t> prompt = make_prompt(6, 3, V);
+    const inference::StepBatch pre = prompt_pass(prompt, 1, 0, 6, {5});
+    stacked.forward(pre);
+    layers.forward(pre);
+    for (int step = 0; step < 5; ++step) {
+      const int32_t next = make_prompt(1, 200 + static_cast<uint32_t>(step), V)[0];
+      const inference::StepBatch sb{{next}, {1}, {6 + step}, {0}};
+      const Tensor got = stacked.forward(sb), want = layers.forward(sb);
+      double max_diff = 0, max_abs = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        max_diff = std::max(max_diff, static_cast<double>(std::fabs(got.data<float>()[v] - want.data<float>()[v])));
+        max_abs = std::max(max_abs, static_cast<double>(std::fabs(want.data<float>()[v])));
+      }
+      EXPECT_LE(max_diff, 1e-5 * max_abs) << f << " step " << step;
+    }
+    const bool takes = f == "llama" || f == "llama-qkv-bias";
+    EXPECT_EQ(stacked.decode_stack_steps(), takes ? 5 : 0) << f;  // decode steps only, never the prompt
+    EXPECT_EQ(layers.decode_stack_steps(), 0) << f;
+  }
+}
+
 // Prefill in chunks then decode one token at a time through the runner: every step's logits equal
 // the last row of a full forward over the sequence so far.
 TEST(InferenceRunner, LogitsMatchFullForwardForEveryFamily) {
@@ -36,16 +75,7 @@ TEST(InferenceRunner, LogitsMatchFullForwardForEveryFamily) {
     inference::ModelRunner run(m, 2, 32);
     std::vector<int32_t> ids = make_prompt(9, 1, V);
     // The prompt in two chunks (5 + 4 tokens), in slot 1.
-    for (auto [b, e] : {std::pair<int, int>{0, 5}, {5, 9}}) {
-      inference::StepBatch sb;
-      for (int i = b; i < e; ++i) {
-        sb.tokens.push_back(ids[static_cast<size_t>(i)]);
-        sb.slots.push_back(1);
-        sb.positions.push_back(i);
-      }
-      sb.logit_rows = {e - b - 1};
-      run.forward(sb);
-    }
+    for (auto [b, e] : {std::pair<int, int>{0, 5}, {5, 9}}) run.forward(prompt_pass(ids, 1, b, e, {e - b - 1}));
     for (int step = 0; step < 6; ++step) {
       const int64_t T = static_cast<int64_t>(ids.size());
       const int32_t next = make_prompt(1, 100 + static_cast<uint32_t>(step), V)[0];
