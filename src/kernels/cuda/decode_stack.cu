@@ -13,6 +13,11 @@
 // across the boundary instead of draining: the boundary costs a barrier (~1 us), hidden behind
 // loads that are already in flight.
 //
+// Measured (H200, session 18): not yet faster. 1.09-1.10 ms of GPU time per token against the
+// layers' 0.96, so it is opt-in (MT_DECODE_STACK=1). The attention phase idles the DRAM for ~10 us
+// a layer and 12 warps per SM keep too few rounds in flight for fc2; the phase timers
+// (MT_DECODE_STACK_TIMES=1) and the next steps are in docs/decode_batch1_accounting.md.
+//
 // The same bits as the kernel-per-layer path (gemv.cu's Wide GEMV with the decode fusions,
 // kv_cache.cu's grouped-query attention with its fused split merge): each output column is the
 // same warp-shaped sum (gemv_warp.cuh: one warp per column for rows of up to 32 x 8 16-byte
