@@ -44,6 +44,9 @@ if [ "${MT_GEN_FP8:-0}" = 1 ]; then
   grep -h "FP8 weights" "$OUT/generate_bench_fp8.err"
 fi
 [ "${MT_GEN_HF:-1}" = 0 ] && exit 0
+# The anchor takes the shape flags only: generate_bench's own (--graphs-only, --fp8) are dropped
+# (session 18's call 7 lost its HF figures to "unrecognized arguments: --graphs-only 1").
+HF_ARGS=$(echo "$ARGS" | sed -E 's/--(graphs-only|fp8)[ =]+[0-9]+//g')
 # shellcheck disable=SC2086
-python3 bench/hf_generate_anchor.py $ARGS ${MT_HF_ARGS:-} 2>"$OUT/hf_generate.err" ||
+python3 bench/hf_generate_anchor.py $HF_ARGS ${MT_HF_ARGS:-} 2>"$OUT/hf_generate.err" ||
   { echo "hf anchor failed"; tail -5 "$OUT/hf_generate.err"; }

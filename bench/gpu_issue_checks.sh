@@ -41,7 +41,7 @@
 #             MT_FP8_CAST_AB=1 adds a tensorwise run with MT_FP8_CAST_KERNEL=tile, ~50 s more)
 #   genopt    #22: the decode ops' GPU tests (ctest -L gpu -R 'Decode|Gemv|InferenceGpu|KvCache':
 #             the fusions, both GEMV kernels, the decode kernels, the engine), then batch-1 decode,
-#             graphs only: default / general / default-fusions / default+gemv-base / default-arena,
+#             graphs only: default / default+stack / general / default-fusions / default+gemv-base / default-arena,
 #             each with graph_gpu_ms_per_token (the graph alone) and host_gap_ms_per_token, and each
 #             graph's node census (kernels, memory nodes, programmatic edges); no HF anchor
 # Every part's log stays in /tmp/mt_logs; $OUT gets summary.txt and logs.tar.gz (two files: the
