@@ -44,6 +44,9 @@
 #             graphs only: default / default+stack / general / default-fusions / default+gemv-base / default-arena,
 #             each with graph_gpu_ms_per_token (the graph alone) and host_gap_ms_per_token, and each
 #             graph's node census (kernels, memory nodes, programmatic edges); no HF anchor
+#   stack     #22: the whole-stack decode kernel (MT_DECODE_STACK=1): its GPU tests, then batch-1
+#             decode, graphs only, every variant, with the stack's phase timers
+#             (MT_DECODE_STACK_TIMES=1: us per token per phase and barrier, the decode_stack_phases_us lines)
 # Every part's log stays in /tmp/mt_logs; $OUT gets summary.txt and logs.tar.gz (two files: the
 # device tool returns at most 8). Run: bash bench/gpu_issue_checks.sh build,tests,longseq,...
 set -uo pipefail
@@ -107,6 +110,10 @@ for p in ${PARTS//,/ }; do
     genopt) MT_DECODE_GRAPH_STATS=1 MT_GEN_HF=0 MT_GEN_ARGS="--graphs-only 1 --ttft-prompt 0" part genopt 500 bash -c \
               "(cd $B && ctest -L gpu -R 'Decode|Gemv|InferenceGpu|KvCache' --output-on-failure);
                bash bench/gpu_generate_bench.sh && grep -h 'decode graph at' $OUT/generate_bench.err | head -12" ;;
+    stack) MT_DECODE_STACK_TIMES=1 part stack 300 bash -c \
+              "(cd $B && ctest -L gpu -R 'DecodeStack' --output-on-failure);
+               timeout 150 $B/bin/generate_bench --graphs-only 1 --ttft-prompt 0 --batch 1 2>/dev/null |
+               grep -E 'decode_stack_phases|decode_batch1' | awk '!seen[\$0]++'" ;;
     *) say "unknown part $p" ;;
   esac
 done
