@@ -188,15 +188,17 @@ Tensor ModelRunner::stack_forward(const Tensor& x, const Inputs& in) {
   const auto& c = m_.config();
   if (!stack_ || in.fresh_prompt || x.dim(0) != 1 || c.qk_layernorm || !c.swiglu) return Tensor();
   // What layer_forward would run: the QKV fusion into the cache, the residual inside proj's and
-  // fc2's GEMVs, the pre-MLP norm and SwiGLU inside fc1's.
-  // The plain product (no TP split, no FP8), and on the GPU the GEMV with its fusions.
+  // fc2's GEMVs, the pre-MLP norm and SwiGLU inside fc1's; each linear the plain product (no TP
+  // split, no FP8), on the GPU the GEMV with its fusions. One RoPE (or none) for every layer: the
+  // op takes one.
   auto fits = [&](const model::Linear& l) {
     return l.mode == model::ParallelMode::None && !l.fp8.on() && (device_ == Device::CPU || fusable(l, in));
   };
+  const bool rope = m_.layers().front().attn.rope != nullptr;
   for (const model::TransformerLayer& L : m_.layers())
-    if (L.is_moe || !L.input_norm.rms || !L.pre_mlp_norm.rms || !L.attn.proj.fuses_residual() ||
-        !L.mlp.fc2.fuses_residual() || !fits(L.attn.qkv) || !fits(L.attn.proj) || !fits(L.mlp.fc1) ||
-        !fits(L.mlp.fc2))
+    if (L.is_moe || (L.attn.rope != nullptr) != rope || !L.input_norm.rms || !L.pre_mlp_norm.rms ||
+        !L.attn.proj.fuses_residual() || !L.mlp.fc2.fuses_residual() || !fits(L.attn.qkv) || !fits(L.attn.proj) ||
+        !fits(L.mlp.fc1) || !fits(L.mlp.fc2))
       return Tensor();
   const int64_t D = c.kv_channels;
   std::vector<Tensor> scales;  // the norms' scales, alive for the call
@@ -208,9 +210,9 @@ Tensor ModelRunner::stack_forward(const Tensor& x, const Inputs& in) {
   s.slot = &in.slot;
   s.pos = &in.pos;
   s.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  if (rope) s.rope = {&in.cos, &in.sin, rope_.rot_dim};
   for (size_t li = 0; li < m_.layers().size(); ++li) {
     const model::TransformerLayer& L = m_.layers()[li];
-    if (L.attn.rope) s.rope = {&in.cos, &in.sin, rope_.rot_dim};
     scales.push_back(L.input_norm.scale());
     scales.push_back(L.pre_mlp_norm.scale());
     ops::DecodeLayerRef r;

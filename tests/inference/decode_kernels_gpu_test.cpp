@@ -25,7 +25,6 @@
 namespace mt::test {
 namespace {
 
-
 Tensor to_gpu(const Tensor& t, DType dt = DType::BF16) { return t.to(dt).to_device(Device::CUDA); }
 Tensor from_gpu(const Tensor& t) { return t.to_device(Device::CPU).to(DType::F32); }
 

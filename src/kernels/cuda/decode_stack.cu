@@ -55,8 +55,9 @@ using gemv::Out;
 using gemv::row_rstd;
 using gemv::store_item;
 
-// Attention teams per block: 3 gives 384 threads, one block per SM with up to 170 registers each.
-// With 4 (512 threads, 128 registers) the GEMV phases spilled (ptxas: ~1 KB of spill loads).
+// Attention teams per block: 3 gives 384 threads, one block per SM with up to 170 registers each
+// (ptxas: 168 used, 0.6 KB of spill loads). With 4 (512 threads, 128 registers) the two-row GEMV
+// phases with the norm spilled ~2 KB (docs/decode_batch1_accounting.md, session 18).
 constexpr int kTeams = 3;
 constexpr int kThreads = kTeams * kGqaWarps * 32;
 constexpr int kBlockWarps = kThreads / 32;
@@ -101,7 +102,7 @@ struct StackArgs {
   const int32_t* pos;
   const float* cos;
   const float* sin;  // [D / 2] or null (no RoPE)
-  int64_t hidden, F, Hq, G, D, slots, L, per_split;
+  int64_t hidden, F, Hq, G, slots, L, per_split;  // the head dim is the kernel's template argument
   int splits;
   float scale;
   unsigned long long* times;  // or null: per barrier, the last block's arrival and block 0's leave (ns)
@@ -109,8 +110,8 @@ struct StackArgs {
 
 // The block's shared memory: this struct, then the phase's input row xs (x_elems(): the longest of
 // hidden, Hq * D and F), normalised where the phase has a norm. Every phase reads its x from
-// there: read through L2 per 16-byte chunk inside the product's loop, each round of a warp's
-// loads waited for a chain of L2 round trips (proj and fc2 ran at 0.9-1.4 TB/s that way).
+// there. (Read through L2 per 16-byte chunk inside the product's loop instead, each round of a
+// warp's loads waited for a chain of L2 round trips: proj and fc2 ran at 0.9-1.4 TB/s that way.)
 template <typename T, int D>
 struct StackShared {
   __align__(16) T xraw[kNormMaxK];  // x as read, for the norm
@@ -171,7 +172,7 @@ struct GemvOp {
   const T* w;
   const T* b;
   int64_t N, K;
-  const T* x;      // read through L2, or normalised into shared memory where gamma is set
+  const T* x;      // staged into the block's shared memory (stage_x), normalised where gamma is set
   const T* gamma;  // RMSNorm's scale
   float eps;
   const T* residual;
@@ -428,22 +429,18 @@ int blocks_per_sm(size_t smem) {
   return b;
 }
 
-// The measurement switch (issue #22's A/B runs): MT_DECODE_STACK_TIMES=1, phase timers
-// (decode_stack_phase_ns).
-struct Tuning {
-  unsigned long long* times = nullptr;
-};
+// The phase timers' buffer where MT_DECODE_STACK_TIMES=1 (issue #22's A/B runs; read by
+// decode_stack_phase_ns), else null. Read once per process.
 constexpr int kTimeSlots = 2 * (5 * kMaxLayers + 1);
 
-const Tuning& tuning() {
-  static const Tuning t = [] {
-    Tuning r;
+unsigned long long* phase_times() {
+  static unsigned long long* const t = []() -> unsigned long long* {
     const char* tm = std::getenv("MT_DECODE_STACK_TIMES");
-    if (tm && std::strcmp(tm, "1") == 0) {
-      MT_CUDA_CHECK(cudaMalloc(&r.times, kTimeSlots * sizeof(unsigned long long)));
-      MT_CUDA_CHECK(cudaMemset(r.times, 0, kTimeSlots * sizeof(unsigned long long)));
-    }
-    return r;
+    if (!tm || std::strcmp(tm, "1") != 0) return nullptr;
+    unsigned long long* p = nullptr;
+    MT_CUDA_CHECK(cudaMalloc(&p, kTimeSlots * sizeof(unsigned long long)));
+    MT_CUDA_CHECK(cudaMemset(p, 0, kTimeSlots * sizeof(unsigned long long)));
+    return p;
   }();
   return t;
 }
@@ -466,12 +463,11 @@ bool launch_stack(const DecodeStack& s, cudaStream_t st) {
   a.pos = s.pos;
   a.cos = s.cos;
   a.sin = s.sin;
-  a.hidden = s.hidden, a.F = s.F, a.Hq = s.Hq, a.G = s.G, a.D = s.D, a.slots = s.slots, a.L = s.L;
+  a.hidden = s.hidden, a.F = s.F, a.Hq = s.Hq, a.G = s.G, a.slots = s.slots, a.L = s.L;
   a.splits = s.splits;
   a.per_split = s.per_split;
   a.scale = s.scale;
-  const Tuning& tu = tuning();
-  a.times = tu.times;
+  a.times = phase_times();
   const int64_t layers = static_cast<int64_t>(s.layers.size());
   for (int64_t l0 = 0; l0 < layers; l0 += kMaxLayers) {
     a.layers = static_cast<int>(std::min<int64_t>(kMaxLayers, layers - l0));
@@ -517,11 +513,11 @@ bool decode_stack_forward(const DecodeStack& s, cudaStream_t st) {
 int64_t decode_stack_launches() { return launches.load(std::memory_order_relaxed); }
 
 std::vector<double> decode_stack_phase_ns(int layers) {
-  const Tuning& tu = tuning();
-  if (!tu.times || layers < 1 || layers > kMaxLayers) return {};
+  unsigned long long* times = phase_times();
+  if (!times || layers < 1 || layers > kMaxLayers) return {};
   std::vector<unsigned long long> t(kTimeSlots);
   MT_CUDA_CHECK(cudaDeviceSynchronize());
-  MT_CUDA_CHECK(cudaMemcpy(t.data(), tu.times, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
+  MT_CUDA_CHECK(cudaMemcpy(t.data(), times, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
   // Phase k of layer l runs from barrier 5l + k's leave (layer 0's QKV: the start) to the next
   // barrier's last arrival (the last layer's fc2: the end); barrier b from its last arrival to its leave.
   std::vector<double> out(10, 0.0);
